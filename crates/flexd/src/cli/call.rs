@@ -1,0 +1,79 @@
+//! `flexd call`: run one call-out by hand, as kubelet would, and show the parsed reply.
+//!
+//! Exit status: 0 Success, 1 Failure or error, 3 Not supported.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use flexvolume::runner::{self, CallError};
+use flexvolume::{layout, CallOut, CallOutKind, DriverName, RunnerConfig};
+use serde::Serialize;
+
+use super::{Global, OutputFormat};
+
+pub const EXIT_NOT_SUPPORTED: u8 = 3;
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    /// Timeout of the call-out (default: 10m for waitforattach, 2m for the others).
+    #[arg(long, value_parser = super::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// The driver, as in a volume spec: vendor/driver.
+    pub driver: String,
+    /// init, getvolumename, attach, waitforattach, isattached, mountdevice, detach,
+    /// unmountdevice, mount, unmount, expandvolume, expandfs.
+    pub callout: String,
+    /// The call-out's arguments, passed as they are (a JSON argument is one argument).
+    #[arg(allow_hyphen_values = true)]
+    pub args: Vec<OsString>,
+}
+
+#[derive(Serialize)]
+struct Outcome<'a> {
+    status: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+pub fn run(global: &Global, args: CallArgs) -> anyhow::Result<ExitCode> {
+    let name = DriverName::parse(&args.driver)?;
+    let kind: CallOutKind = args.callout.parse().map_err(anyhow::Error::msg)?;
+    let call = CallOut::from_raw(kind, args.args)?;
+    let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
+        .with_context(|| format!("driver {name} is not usable"))?;
+    let mut config = RunnerConfig::default();
+    if let Some(timeout) = args.timeout {
+        config = config.with_timeout_for_all(timeout);
+    }
+    match runner::call(&config, &driver.path, &call) {
+        Ok(reply) => {
+            match global.output {
+                OutputFormat::Json => super::print_json(&reply)?,
+                OutputFormat::Text => println!("{}", serde_json::to_string_pretty(&reply)?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(CallError::Failure { message, .. }) => {
+            print_outcome(global, "Failure", Some(message))?;
+            Ok(ExitCode::from(1))
+        }
+        Err(CallError::NotSupported { .. }) => {
+            print_outcome(global, "Not supported", None)?;
+            Ok(ExitCode::from(EXIT_NOT_SUPPORTED))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_outcome(global: &Global, status: &str, message: Option<String>) -> anyhow::Result<()> {
+    let outcome = Outcome { status, message };
+    match global.output {
+        OutputFormat::Json => super::print_json(&outcome),
+        OutputFormat::Text => {
+            println!("{}", serde_json::to_string_pretty(&outcome)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Subcommands. Output is for humans by default and JSON with `--output json`.
+
+pub mod call;
+pub mod drivers;
+pub mod logging;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use flexvolume::layout::{LayoutPolicy, DEFAULT_PLUGIN_DIR};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "flexd",
+    version,
+    about = "Discover, run and serve FlexVolume drivers"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every subcommand understands.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The FlexVolume plugin dir (kubelet's --volume-plugin-dir).
+    #[arg(long, global = true, env = "FLEXD_PLUGIN_DIR", default_value = DEFAULT_PLUGIN_DIR)]
+    pub plugin_dir: PathBuf,
+    /// Accept driver executables that are symlinks resolving outside the plugin dir.
+    #[arg(long, global = true)]
+    pub allow_symlinks: bool,
+    /// Output for humans (text) or for scripts (json).
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `flexvolume=debug`); RUST_LOG wins.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+}
+
+impl Global {
+    pub fn layout_policy(&self) -> LayoutPolicy {
+        LayoutPolicy {
+            allow_symlinks: self.allow_symlinks,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Probe the plugin dir once (every driver's init, in parallel) and list the drivers.
+    Drivers(drivers::DriversArgs),
+    /// Run one call-out of a driver and print its parsed reply.
+    Call(call::CallArgs),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Drivers(args) => drivers::run(&cli.global, args),
+        Command::Call(args) => call::run(&cli.global, args),
+    }
+}
+
+/// Durations as written everywhere in the CLI: `500ms`, `2s`, `10m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like 500ms, 2s, 10m)"))
+}
+
+/// Prints a value as one line of JSON on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! # flexvolume — a FlexVolume host runtime
+//!
+//! Kubernetes' FlexVolume drivers are executables in a plugin dir
+//! (`<plugin-dir>/<vendor~driver>/<driver>`), called with a call-out name (`init`, `attach`,
+//! `mount`, …) and JSON arguments, answering one JSON object. This crate is everything kubelet
+//! and the controller manager do with them, as a library:
+//!
+//! - [`name`]: driver names and their on-disk form, validated before any path is built;
+//! - [`protocol`]: call-outs, replies, capabilities, the tolerant reply parser (pure);
+//! - [`options`] and [`spec`]: the options JSON, byte-for-byte as kubelet builds it (pure);
+//! - [`runner`]: running a driver safely (no shell, timeouts, process groups, capped output);
+//! - [`layout`]: reading the plugin dir; [`plugin`]: an initialised driver;
+//! - [`prober`]: finding drivers.
+//!
+//! Data flows one way: plugin dir → prober → plugins → call-outs → driver processes.
+
+pub mod layout;
+pub mod name;
+pub mod options;
+pub mod plugin;
+pub mod prober;
+pub mod protocol;
+pub mod runner;
+pub mod spec;
+
+pub use layout::{Driver, LayoutPolicy};
+pub use name::DriverName;
+pub use options::Options;
+pub use plugin::Plugin;
+pub use protocol::{CallOut, CallOutKind, Capabilities, Reply, Status};
+pub use runner::{CallError, RunnerConfig};
+pub use spec::{PodInfo, VolumeSpec};

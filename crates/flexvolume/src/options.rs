@@ -1,0 +1,250 @@
+//! The options JSON a driver receives, built exactly the way kubelet builds it.
+//!
+//! Pure. Drivers expand this JSON unquoted (`$*`) in shell, so the serialised form must be
+//! compact (no whitespace), with keys sorted and every value a string — byte-for-byte what
+//! kubelet passes. Secret values live only inside [`Options`]; every printable form redacts them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use base64::Engine as _;
+
+use crate::spec::{PodInfo, VolumeSpec};
+
+pub const FS_TYPE: &str = "kubernetes.io/fsType";
+pub const READ_WRITE: &str = "kubernetes.io/readwrite";
+pub const PV_OR_VOLUME_NAME: &str = "kubernetes.io/pvOrVolumeName";
+pub const POD_NAME: &str = "kubernetes.io/pod.name";
+pub const POD_NAMESPACE: &str = "kubernetes.io/pod.namespace";
+pub const POD_UID: &str = "kubernetes.io/pod.uid";
+pub const SERVICE_ACCOUNT_NAME: &str = "kubernetes.io/serviceAccount.name";
+pub const FS_GROUP: &str = "kubernetes.io/mounterArgs.FsGroup";
+pub const SECRET_PREFIX: &str = "kubernetes.io/secret/";
+
+/// What is shown in place of a secret value.
+pub const REDACTED: &str = "<redacted>";
+
+/// The options of one call-out. Construct with [`Options::for_volume`] (attach, waitforattach,
+/// mountdevice, … — no pod info, no secrets) or [`Options::for_mount`].
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    map: BTreeMap<String, String>,
+    /// Raw secret values, kept so that anything echoing them can be redacted.
+    secret_values: Vec<String>,
+}
+
+impl Options {
+    /// Options for every call-out but mount: defaults, then extra options, then the user's.
+    pub fn for_volume(spec: &VolumeSpec) -> Self {
+        Self::build(spec, BTreeMap::new())
+    }
+
+    /// Options for mount: adds pod information, the fsGroup and the secrets (base64).
+    pub fn for_mount(spec: &VolumeSpec, pod: &PodInfo, fs_group: Option<u32>) -> Self {
+        let mut extra = BTreeMap::new();
+        let pod_fields = [
+            (POD_NAME, &pod.name),
+            (POD_NAMESPACE, &pod.namespace),
+            (POD_UID, &pod.uid),
+            (SERVICE_ACCOUNT_NAME, &pod.service_account),
+        ];
+        for (key, value) in pod_fields {
+            extra.insert(key.to_owned(), value.clone());
+        }
+        if let Some(gid) = fs_group {
+            extra.insert(FS_GROUP.to_owned(), gid.to_string());
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut secret_values = Vec::new();
+        for (key, value) in &spec.secrets {
+            extra.insert(format!("{SECRET_PREFIX}{key}"), b64.encode(value));
+            secret_values.push(String::from_utf8_lossy(value).into_owned());
+        }
+        let mut options = Self::build(spec, extra);
+        options.secret_values = secret_values;
+        options
+    }
+
+    fn build(spec: &VolumeSpec, extra: BTreeMap<String, String>) -> Self {
+        let mut map = BTreeMap::new();
+        map.insert(FS_TYPE.to_owned(), spec.fs_type.clone());
+        let rw = if spec.read_only { "ro" } else { "rw" };
+        map.insert(READ_WRITE.to_owned(), rw.to_owned());
+        map.insert(PV_OR_VOLUME_NAME.to_owned(), spec.volume_name.clone());
+        map.extend(extra);
+        map.extend(spec.options.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Self {
+            map,
+            secret_values: Vec::new(),
+        }
+    }
+
+    /// The exact argv element: compact, sorted keys, string values.
+    pub fn to_json(&self) -> String {
+        // Serialising a map of strings cannot fail.
+        serde_json::to_string(&self.map).unwrap_or_default()
+    }
+
+    /// The same JSON with every `kubernetes.io/secret/*` value replaced, for logs and output.
+    pub fn to_redacted_json(&self) -> String {
+        let shown: BTreeMap<&str, &str> = self
+            .map
+            .iter()
+            .map(|(k, v)| {
+                let v = if k.starts_with(SECRET_PREFIX) {
+                    REDACTED
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        serde_json::to_string(&shown).unwrap_or_default()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.map.get(key).map(String::as_str)
+    }
+
+    /// Every value that must never be shown: raw secrets and the base64 forms we pass.
+    pub fn sensitive_values(&self) -> Vec<String> {
+        let encoded = self
+            .map
+            .iter()
+            .filter(|(k, _)| k.starts_with(SECRET_PREFIX))
+            .map(|(_, v)| v.clone());
+        self.secret_values
+            .iter()
+            .cloned()
+            .chain(encoded)
+            .filter(|v| !v.is_empty())
+            .collect()
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_redacted_json())
+    }
+}
+
+/// Replaces every occurrence of each value in `text` (longest first, so a value that contains
+/// another is removed whole).
+pub fn redact_values(text: &str, values: &[String]) -> String {
+    if values.is_empty() {
+        return text.to_owned();
+    }
+    let mut sorted: Vec<&String> = values.iter().filter(|v| !v.is_empty()).collect();
+    sorted.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut out = text.to_owned();
+    for value in sorted {
+        if out.contains(value.as_str()) {
+            out = out.replace(value.as_str(), REDACTED);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> VolumeSpec {
+        let mut spec = VolumeSpec::new("vol-1".into(), crate::DriverName::parse("v/d").unwrap());
+        spec.fs_type = "ext4".into();
+        spec
+    }
+
+    #[test]
+    fn volume_options_are_compact_sorted_strings() {
+        let mut spec = spec();
+        spec.options.insert("zeta".into(), "z z".into());
+        spec.options.insert("alpha".into(), "1".into());
+        let json = Options::for_volume(&spec).to_json();
+        assert_eq!(
+            json,
+            r#"{"alpha":"1","kubernetes.io/fsType":"ext4","kubernetes.io/pvOrVolumeName":"vol-1","kubernetes.io/readwrite":"rw","zeta":"z z"}"#
+        );
+        assert!(!json.contains(": ") && !json.contains(", "));
+    }
+
+    #[test]
+    fn read_only_and_empty_fs_type() {
+        let mut spec = spec();
+        spec.read_only = true;
+        spec.fs_type.clear();
+        let o = Options::for_volume(&spec);
+        assert_eq!(o.get(READ_WRITE), Some("ro"));
+        assert_eq!(o.get(FS_TYPE), Some(""));
+    }
+
+    #[test]
+    fn user_options_win_over_defaults_and_extras() {
+        let mut spec = spec();
+        spec.options.insert(FS_TYPE.into(), "xfs".into());
+        spec.options.insert(POD_NAME.into(), "override".into());
+        let pod = PodInfo {
+            name: "p".into(),
+            ..PodInfo::default()
+        };
+        let o = Options::for_mount(&spec, &pod, None);
+        assert_eq!(o.get(FS_TYPE), Some("xfs"));
+        assert_eq!(o.get(POD_NAME), Some("override"));
+    }
+
+    #[test]
+    fn mount_options_carry_pod_fs_group_and_base64_secrets() {
+        let mut spec = spec();
+        spec.secrets.insert("password".into(), b"hunter2".to_vec());
+        let pod = PodInfo {
+            name: "web-0".into(),
+            namespace: "prod".into(),
+            uid: "1234-5678".into(),
+            service_account: "default".into(),
+        };
+        let o = Options::for_mount(&spec, &pod, Some(2000));
+        assert_eq!(o.get(POD_NAME), Some("web-0"));
+        assert_eq!(o.get(POD_NAMESPACE), Some("prod"));
+        assert_eq!(o.get(POD_UID), Some("1234-5678"));
+        assert_eq!(o.get(SERVICE_ACCOUNT_NAME), Some("default"));
+        assert_eq!(o.get(FS_GROUP), Some("2000"));
+        assert_eq!(o.get("kubernetes.io/secret/password"), Some("aHVudGVyMg=="));
+        assert!(Options::for_mount(&spec, &pod, None)
+            .get(FS_GROUP)
+            .is_none());
+        // Non-mount options never see secrets or pod info.
+        let v = Options::for_volume(&spec);
+        assert!(v.get("kubernetes.io/secret/password").is_none());
+        assert!(v.get(POD_NAME).is_none());
+    }
+
+    #[test]
+    fn secrets_are_redacted_everywhere_they_are_shown() {
+        let mut spec = spec();
+        spec.secrets.insert("password".into(), b"hunter2".to_vec());
+        let o = Options::for_mount(&spec, &PodInfo::default(), None);
+        for shown in [o.to_redacted_json(), format!("{o:?}")] {
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("aHVudGVyMg=="),
+                "{shown}"
+            );
+            assert!(shown.contains(REDACTED));
+        }
+        let echoed = format!("driver said: pw=hunter2 json={}", o.to_json());
+        let clean = redact_values(&echoed, &o.sensitive_values());
+        assert!(
+            !clean.contains("hunter2") && !clean.contains("aHVudGVyMg=="),
+            "{clean}"
+        );
+    }
+
+    #[test]
+    fn redaction_prefers_the_longest_value() {
+        let values = vec!["abc".to_owned(), "abcdef".to_owned(), String::new()];
+        assert_eq!(
+            redact_values("x abcdef y abc", &values),
+            "x <redacted> y <redacted>"
+        );
+        assert_eq!(redact_values("nothing", &[]), "nothing");
+    }
+}

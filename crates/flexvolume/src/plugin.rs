@@ -1,0 +1,54 @@
+//! A plugin: a driver that answered `init`, with its capabilities and what it does not support.
+
+use crate::layout::Driver;
+use crate::protocol::{CallOut, CallOutSet, Capabilities, Reply};
+use crate::runner::{self, CallError, RunnerConfig};
+
+/// A loaded driver. One instance per successful `init`: a re-probe makes a new one, which also
+/// forgets the call-outs the old version did not support (the driver may have learnt them).
+#[derive(Debug)]
+pub struct Plugin {
+    pub driver: Driver,
+    pub capabilities: Capabilities,
+    unsupported: CallOutSet,
+}
+
+impl Plugin {
+    /// Runs `init`. Any answer but `Success` (including `Not supported`) means the driver is not
+    /// usable, as in kubelet; a reply without capabilities gets the defaults.
+    pub fn init(driver: Driver, config: &RunnerConfig) -> Result<Self, CallError> {
+        let reply = runner::call(config, &driver.path, &CallOut::init())?;
+        Ok(Self::from_init_reply(driver, &reply))
+    }
+
+    /// A plugin from an `init` reply obtained elsewhere.
+    pub fn from_init_reply(driver: Driver, reply: &Reply) -> Self {
+        Self {
+            driver,
+            capabilities: reply.capabilities.unwrap_or_default(),
+            unsupported: CallOutSet::default(),
+        }
+    }
+
+    /// Runs a call-out. A call-out the driver answered `Not supported` to is not executed again:
+    /// the error is returned straight away and the caller applies Kubernetes' default.
+    pub fn call(&self, config: &RunnerConfig, call: &CallOut) -> Result<Reply, CallError> {
+        if self.unsupported.contains(call.kind) {
+            return Err(CallError::NotSupported {
+                path: self.driver.path.clone(),
+                kind: call.kind,
+            });
+        }
+        let result = runner::call(config, &self.driver.path, call);
+        if let Err(CallError::NotSupported { kind, .. }) = &result {
+            tracing::debug!(driver = %self.driver.name, callout = %kind, "remembering Not supported");
+            self.unsupported.insert(*kind);
+        }
+        result
+    }
+
+    /// Whether the driver said `Not supported` to this call-out.
+    pub fn is_unsupported(&self, kind: crate::protocol::CallOutKind) -> bool {
+        self.unsupported.contains(kind)
+    }
+}

@@ -1,0 +1,376 @@
+//! Executing a driver: spawn, capture, time out, reap.
+//!
+//! Rules (SPEC §2 "Execution"), each learnt from drivers in the field:
+//! - no shell, stdin `/dev/null` (a driver that reads stdin must not hang on ours);
+//! - its own process group, so a timeout kills the helpers it started too;
+//! - we wait for the *process*, not for the pipes to close: FUSE helpers and `mount.cifs`
+//!   daemonize children that keep stdout open for their whole life;
+//! - output is capped per stream; the rest is drained and dropped so the driver never blocks on a
+//!   full pipe.
+//!
+//! One thread per call: `poll(2)` on both pipes and a pidfd. Kernels without pidfd (< 5.3) get a
+//! short poll interval and `try_wait` instead.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+use crate::protocol::{self, CallOut, CallOutKind, ExitStatus, ProtocolError, Reply, Status};
+
+/// Kubernetes' timeout for waitforattach (volume manager's `waitForAttachTimeout`).
+pub const DEFAULT_WAIT_FOR_ATTACH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// Ours for every other call-out; kubelet has none and hangs forever on a stuck driver.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2 * 60);
+/// Between SIGTERM and SIGKILL to the driver's process group.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
+/// Kept per stream; a reply is a few hundred bytes, a chatty driver's log a few kilobytes.
+pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
+
+/// How driver processes are run. Cheap to clone; shared by every plugin.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    pub default_timeout: Duration,
+    pub overrides: BTreeMap<CallOutKind, Duration>,
+    pub kill_grace: Duration,
+    pub output_cap: usize,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        let mut overrides = BTreeMap::new();
+        overrides.insert(CallOutKind::WaitForAttach, DEFAULT_WAIT_FOR_ATTACH_TIMEOUT);
+        Self {
+            default_timeout: DEFAULT_TIMEOUT,
+            overrides,
+            kill_grace: DEFAULT_KILL_GRACE,
+            output_cap: DEFAULT_OUTPUT_CAP,
+        }
+    }
+}
+
+impl RunnerConfig {
+    pub fn timeout_for(&self, kind: CallOutKind) -> Duration {
+        self.overrides
+            .get(&kind)
+            .copied()
+            .unwrap_or(self.default_timeout)
+    }
+
+    /// Sets one timeout for every call-out (the `flexd call --timeout` case).
+    pub fn with_timeout_for_all(mut self, timeout: Duration) -> Self {
+        self.default_timeout = timeout;
+        self.overrides.clear();
+        self
+    }
+}
+
+/// What a finished driver process left us.
+#[derive(Debug, Clone)]
+pub struct RawOutput {
+    pub exit: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes read past the cap and dropped, per stream.
+    pub dropped: (u64, u64),
+    pub elapsed: Duration,
+}
+
+/// Why a call-out did not produce a usable reply.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot execute driver {path}: {source}")]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("driver {path}: {kind} timed out after {after:?}; its process group was killed")]
+    Timeout {
+        path: PathBuf,
+        kind: CallOutKind,
+        after: Duration,
+    },
+    #[error("driver {path}: {kind}: i/o error while running it: {source}")]
+    Io {
+        path: PathBuf,
+        kind: CallOutKind,
+        #[source]
+        source: io::Error,
+    },
+    #[error("driver {path}: {source}")]
+    Protocol {
+        path: PathBuf,
+        #[source]
+        source: ProtocolError,
+    },
+    #[error("driver {path}: {kind} failed: {message}")]
+    Failure {
+        path: PathBuf,
+        kind: CallOutKind,
+        /// The driver's message, redacted.
+        message: String,
+    },
+    #[error("driver {path}: {kind} is not supported")]
+    NotSupported { path: PathBuf, kind: CallOutKind },
+}
+
+impl CallError {
+    pub fn is_not_supported(&self) -> bool {
+        matches!(self, Self::NotSupported { .. })
+    }
+}
+
+/// Runs one call-out of the executable at `program` and interprets the answer.
+///
+/// `Failure` and `Not supported` become [`CallError::Failure`] / [`CallError::NotSupported`], so
+/// `Ok` always means `Success`. The reply's message is redacted.
+pub fn call(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<Reply, CallError> {
+    let raw = run(config, program, call)?;
+    let quote = |bytes: &[u8]| call.redact(&protocol::excerpt(bytes));
+    let reply = protocol::interpret(call.kind, raw.exit, &raw.stdout, &raw.stderr, quote).map_err(
+        |source| CallError::Protocol {
+            path: program.to_owned(),
+            source,
+        },
+    )?;
+    let path = || program.to_owned();
+    match reply.status {
+        Status::Success => Ok(Reply {
+            message: call.redact(&reply.message),
+            ..reply
+        }),
+        Status::Failure => Err(CallError::Failure {
+            path: path(),
+            kind: call.kind,
+            message: call.redact(&reply.message),
+        }),
+        Status::NotSupported => Err(CallError::NotSupported {
+            path: path(),
+            kind: call.kind,
+        }),
+    }
+}
+
+/// Runs one call-out and returns its raw output; no interpretation.
+pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawOutput, CallError> {
+    let start = Instant::now();
+    let timeout = config.timeout_for(call.kind);
+    let io_err = |source| CallError::Io {
+        path: program.to_owned(),
+        kind: call.kind,
+        source,
+    };
+    let mut child = Command::new(program)
+        .arg(call.kind.as_str())
+        .args(&call.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| CallError::Spawn {
+            path: program.to_owned(),
+            source,
+        })?;
+    let result = supervise(config, &mut child, timeout, start);
+    if result.is_err() {
+        // Abandoned half-way (an i/o error): no driver is ever left running or as a zombie.
+        if let Some(pgid) = Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+        }
+        let _ = child.wait();
+    }
+    result.map_err(|outcome| match outcome {
+        Supervised::Io(source) => io_err(source),
+        Supervised::TimedOut => CallError::Timeout {
+            path: program.to_owned(),
+            kind: call.kind,
+            after: timeout,
+        },
+    })
+}
+
+enum Supervised {
+    TimedOut,
+    Io(io::Error),
+}
+
+/// Captures output until the driver exits or times out; reaps it in both cases.
+fn supervise(
+    config: &RunnerConfig,
+    child: &mut Child,
+    timeout: Duration,
+    start: Instant,
+) -> Result<RawOutput, Supervised> {
+    let mut out = Capture::new(child.stdout.take().map(OwnedFd::from), config.output_cap)
+        .map_err(Supervised::Io)?;
+    let mut err = Capture::new(child.stderr.take().map(OwnedFd::from), config.output_cap)
+        .map_err(Supervised::Io)?;
+    let pid = Pid::from_raw(child.id() as i32);
+    let pidfd = pid.and_then(|pid| rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok());
+
+    let deadline = start + timeout;
+    let exited =
+        wait_until(child, pidfd.as_ref(), &mut out, &mut err, deadline).map_err(Supervised::Io)?;
+    if !exited {
+        kill_group(child, pidfd.as_ref(), &mut out, &mut err, config.kill_grace);
+        return Err(Supervised::TimedOut);
+    }
+    // The driver is gone; take what is already in the pipes, without waiting for writers that
+    // outlive it (a daemonized helper holding stdout).
+    out.drain_available();
+    err.drain_available();
+    let status = child.wait().map_err(Supervised::Io)?;
+    let exit = match (status.code(), status.signal()) {
+        (Some(code), _) => ExitStatus::Code(code),
+        (None, Some(signal)) => ExitStatus::Signal(signal),
+        (None, None) => ExitStatus::Code(-1),
+    };
+    Ok(RawOutput {
+        exit,
+        dropped: (out.dropped, err.dropped),
+        stdout: out.buf,
+        stderr: err.buf,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Pumps both pipes until the process exits (true) or the deadline passes (false).
+fn wait_until(
+    child: &mut Child,
+    pidfd: Option<&OwnedFd>,
+    out: &mut Capture,
+    err: &mut Capture,
+    deadline: Instant,
+) -> io::Result<bool> {
+    // Without a pidfd, exit is noticed by try_wait at this interval.
+    const FALLBACK_TICK: Duration = Duration::from_millis(5);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        let mut wait = deadline - now;
+        if pidfd.is_none() {
+            wait = wait.min(FALLBACK_TICK);
+        }
+        let mut fds = Vec::with_capacity(3);
+        let out_fd = out.fd.as_ref().map(|f| f.as_fd());
+        let err_fd = err.fd.as_ref().map(|f| f.as_fd());
+        for fd in [pidfd.map(|f| f.as_fd()), out_fd, err_fd]
+            .into_iter()
+            .flatten()
+        {
+            fds.push(PollFd::from_borrowed_fd(fd, PollFlags::IN));
+        }
+        if fds.is_empty() {
+            // Both pipes closed and no pidfd: only try_wait can tell.
+            std::thread::sleep(wait);
+        } else {
+            let ts = Timespec {
+                tv_sec: wait.as_secs() as _,
+                tv_nsec: wait.subsec_nanos() as _,
+            };
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        out.drain_available();
+        err.drain_available();
+        let exited = match pidfd {
+            Some(fd) => poll_ready(fd),
+            None => child.try_wait()?.is_some(),
+        };
+        if exited {
+            return Ok(true);
+        }
+    }
+}
+
+fn poll_ready(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+}
+
+/// SIGTERM to the group, a grace period, then SIGKILL; always reaps the driver.
+fn kill_group(
+    child: &mut Child,
+    pidfd: Option<&OwnedFd>,
+    out: &mut Capture,
+    err: &mut Capture,
+    grace: Duration,
+) {
+    let Some(pgid) = Pid::from_raw(child.id() as i32) else {
+        return;
+    };
+    let _ = rustix::process::kill_process_group(pgid, Signal::TERM);
+    let exited = wait_until(child, pidfd, out, err, Instant::now() + grace).unwrap_or(false);
+    if !exited {
+        let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+    }
+    let _ = child.wait();
+    // Helpers that ignored SIGTERM after their parent died must not outlive the timeout.
+    let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+}
+
+/// One output stream: non-blocking reads into a capped buffer.
+struct Capture {
+    fd: Option<File>,
+    buf: Vec<u8>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl Capture {
+    fn new(fd: Option<OwnedFd>, cap: usize) -> io::Result<Self> {
+        if let Some(fd) = &fd {
+            rustix::io::ioctl_fionbio(fd, true)?;
+        }
+        Ok(Self {
+            fd: fd.map(File::from),
+            buf: Vec::new(),
+            cap,
+            dropped: 0,
+        })
+    }
+
+    /// Reads what is available now. Bounded, so a writer that outlives the driver and writes
+    /// faster than we read cannot keep us here.
+    fn drain_available(&mut self) {
+        let Some(file) = self.fd.as_mut() else { return };
+        let mut chunk = [0u8; 64 * 1024];
+        let mut budget = self.cap.max(chunk.len()) * 2;
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) => {
+                    self.fd = None;
+                    return;
+                }
+                Ok(n) => {
+                    let keep = n.min(self.cap - self.buf.len());
+                    self.buf.extend_from_slice(&chunk[..keep]);
+                    self.dropped += (n - keep) as u64;
+                    budget = budget.saturating_sub(n);
+                    if budget == 0 {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return, // WouldBlock: nothing more for now
+            }
+        }
+    }
+}

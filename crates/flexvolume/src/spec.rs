@@ -1,0 +1,56 @@
+//! What a volume is, as the lifecycle and the options builder see it: the fields of a
+//! Kubernetes `flexVolume` source plus the volume's name. Pure data.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::name::DriverName;
+
+/// A FlexVolume volume: `driver`, `fsType`, `readOnly`, `options` and the resolved `secretRef`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VolumeSpec {
+    /// The PV name or the pod volume name (`kubernetes.io/pvOrVolumeName`).
+    pub volume_name: String,
+    pub driver: DriverName,
+    /// May be empty: the driver (or the format default) decides.
+    pub fs_type: String,
+    pub read_only: bool,
+    pub options: BTreeMap<String, String>,
+    /// Secret key → raw value. Never printed (see the Debug impl).
+    pub secrets: BTreeMap<String, Vec<u8>>,
+}
+
+impl VolumeSpec {
+    pub fn new(volume_name: String, driver: DriverName) -> Self {
+        Self {
+            volume_name,
+            driver,
+            fs_type: String::new(),
+            read_only: false,
+            options: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+        }
+    }
+}
+
+impl fmt::Debug for VolumeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VolumeSpec")
+            .field("volume_name", &self.volume_name)
+            .field("driver", &self.driver)
+            .field("fs_type", &self.fs_type)
+            .field("read_only", &self.read_only)
+            .field("options", &self.options)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The pod a mount is for; all fields may be empty outside Kubernetes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub service_account: String,
+}
