@@ -168,18 +168,7 @@ pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawO
         kind: call.kind,
         source,
     };
-    let mut child = Command::new(program)
-        .arg(call.kind.as_str())
-        .args(&call.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|source| CallError::Spawn {
-            path: program.to_owned(),
-            source,
-        })?;
+    let mut child = spawn(program, call)?;
     let result = supervise(config, &mut child, timeout, start);
     if result.is_err() {
         // Abandoned half-way (an i/o error): no driver is ever left running or as a zombie.
@@ -196,6 +185,44 @@ pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawO
             after: timeout,
         },
     })
+}
+
+/// How often a spawn that failed with ETXTBSY is retried, and the first pause between tries.
+const TEXT_BUSY_RETRIES: u32 = 5;
+const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Spawns the driver. ETXTBSY is retried briefly: in a multi-threaded host, another thread's
+/// fork can hold a just-written executable open for writing until its own exec, which makes our
+/// exec of that file fail for a moment even though nobody is writing it any more.
+fn spawn(program: &Path, call: &CallOut) -> Result<Child, CallError> {
+    let mut pause = TEXT_BUSY_PAUSE;
+    let mut tries = 0;
+    loop {
+        let result = Command::new(program)
+            .arg(call.kind.as_str())
+            .args(&call.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn();
+        match result {
+            Err(e)
+                if e.kind() == io::ErrorKind::ExecutableFileBusy && tries < TEXT_BUSY_RETRIES =>
+            {
+                tries += 1;
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            Err(source) => {
+                return Err(CallError::Spawn {
+                    path: program.to_owned(),
+                    source,
+                })
+            }
+            Ok(child) => return Ok(child),
+        }
+    }
 }
 
 enum Supervised {

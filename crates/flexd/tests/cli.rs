@@ -1,0 +1,292 @@
+//! `flexd drivers` and `flexd call` through the real binary, against real driver executables.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(plugin_dir)
+        .args(args)
+        .output()
+        .expect("flexd runs")
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
+}
+
+/// Installs `examples/drivers/<source>` as driver `<dir_name>` (e.g. `acme~tmpfs`).
+fn install(plugin_dir: &Path, source: &str, dir_name: &str) {
+    let dir = plugin_dir.join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir_name.rsplit('~').next().unwrap();
+    std::fs::copy(examples().join(source), dir.join(exe)).unwrap();
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {:?} / stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn drivers_lists_ready_and_failed_drivers_as_json() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    install(p, "tmpfs/tmpfs", "acme~tmpfs");
+    install(p, "attachable/attachable", "attachable");
+    install(p, "quirks/usage-text", "acme~broken-init");
+    // Its executable is named after the source, not the driver: missing.
+    std::fs::create_dir(p.join("acme~empty")).unwrap();
+    std::fs::write(p.join("stray-file"), "x").unwrap();
+    // Invisible: dot-names are never probed.
+    std::fs::create_dir(p.join(".staging")).unwrap();
+    // usage-text answers init correctly; make a driver whose init really fails.
+    let bad = p.join("acme~bad");
+    std::fs::create_dir(&bad).unwrap();
+    std::fs::copy(examples().join("quirks/empty-output"), bad.join("bad")).unwrap();
+
+    let out = flexd(p, &["drivers", "--output", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let list = stdout_json(&out);
+    let list = list.as_array().unwrap();
+    let names: Vec<&str> = list.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "acme/bad",
+            "acme/broken-init",
+            "acme/empty",
+            "acme/tmpfs",
+            "attachable",
+            "stray-file"
+        ]
+    );
+    let by_name = |n: &str| list.iter().find(|d| d["name"] == n).unwrap();
+
+    let tmpfs = by_name("acme/tmpfs");
+    assert_eq!(tmpfs["status"], "ready");
+    assert_eq!(tmpfs["error"], Value::Null);
+    assert_eq!(tmpfs["capabilities"]["attach"], false);
+    assert_eq!(tmpfs["capabilities"]["fsGroup"], true);
+    assert!(tmpfs["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("acme~tmpfs/tmpfs"));
+    assert!(tmpfs["dir"].as_str().unwrap().ends_with("acme~tmpfs"));
+    assert_eq!(by_name("attachable")["capabilities"]["attach"], true);
+    assert_eq!(by_name("acme/broken-init")["status"], "ready");
+
+    let bad = by_name("acme/bad");
+    assert_eq!(bad["status"], "failed");
+    assert_eq!(bad["capabilities"], Value::Null);
+    assert!(
+        bad["error"].as_str().unwrap().contains("init failed"),
+        "{bad}"
+    );
+    let empty = by_name("acme/empty");
+    assert!(
+        empty["error"].as_str().unwrap().contains("missing"),
+        "{empty}"
+    );
+    let stray = by_name("stray-file");
+    assert!(
+        stray["error"].as_str().unwrap().contains("plain file"),
+        "{stray}"
+    );
+}
+
+#[test]
+fn drivers_prints_a_table_for_humans() {
+    let plugin = tempfile::tempdir().unwrap();
+    install(plugin.path(), "tmpfs/tmpfs", "acme~tmpfs");
+    let out = flexd(plugin.path(), &["drivers"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("NAME"));
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["acme/tmpfs", "ready", "no"]);
+}
+
+#[test]
+fn drivers_fails_clearly_on_a_missing_plugin_dir() {
+    let out = flexd(Path::new("/nonexistent/flexd-plugins"), &["drivers"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read plugin dir /nonexistent/flexd-plugins"),
+        "{err}"
+    );
+}
+
+#[test]
+fn call_exit_status_follows_the_reply() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    install(p, "quirks/capitalised", "t~capitalised");
+    install(p, "quirks/failure-exit0", "t~failure-exit0");
+
+    let ok = flexd(p, &["--output", "json", "call", "t/capitalised", "init"]);
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    let reply = stdout_json(&ok);
+    assert_eq!(reply["status"], "Success");
+    assert_eq!(reply["capabilities"]["attach"], false);
+
+    let ns = flexd(
+        p,
+        &[
+            "--output",
+            "json",
+            "call",
+            "t/capitalised",
+            "attach",
+            "{}",
+            "node-1",
+        ],
+    );
+    assert_eq!(ns.status.code(), Some(3), "{ns:?}");
+    assert_eq!(stdout_json(&ns)["status"], "Not supported");
+
+    let fail = flexd(
+        p,
+        &[
+            "--output",
+            "json",
+            "call",
+            "t/failure-exit0",
+            "unmount",
+            "/x",
+        ],
+    );
+    assert_eq!(fail.status.code(), Some(1), "{fail:?}");
+    let reply = stdout_json(&fail);
+    assert_eq!(
+        (reply["status"].as_str(), reply["message"].as_str()),
+        (Some("Failure"), Some("backend unreachable"))
+    );
+}
+
+#[test]
+fn call_times_out_with_a_clear_error() {
+    let plugin = tempfile::tempdir().unwrap();
+    install(plugin.path(), "quirks/hang", "t~hang");
+    let out = flexd(
+        plugin.path(),
+        &[
+            "call",
+            "--timeout",
+            "300ms",
+            "t/hang",
+            "unmount",
+            "/dev/null",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unmount timed out after 300ms"), "{err}");
+}
+
+#[test]
+fn call_refuses_hostile_names_and_bad_arguments_before_running_anything() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    for (name, why) in [
+        ("../x", "starting with '.'"),
+        ("a//b", "empty segment"),
+        ("-rf", "starting with '-'"),
+        ("a b", "contains ' '"),
+        (&"x".repeat(300), "300 bytes long"),
+    ] {
+        let out = flexd(p, &["call", "--", name, "init"]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{name}: {err}");
+    }
+    let out = flexd(p, &["call", "t/x", "frobnicate"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown call-out \"frobnicate\""));
+    let out = flexd(p, &["call", "t/x", "mount", "/only-one-arg"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mount <target-dir> <json>"));
+    let out = flexd(p, &["call", "--timeout", "soon", "t/x", "init"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("500ms, 2s, 10m"));
+    let out = flexd(p, &["call", "t/absent", "init"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("driver t/absent is not usable"));
+}
+
+#[test]
+fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
+    let plugin = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("evil");
+    std::fs::copy(examples().join("quirks/capitalised"), &target).unwrap();
+    let dir = plugin.path().join("t~evil");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("evil")).unwrap();
+
+    let out = flexd(plugin.path(), &["call", "t/evil", "init"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("outside the plugin dir") && err.contains("--allow-symlinks"),
+        "{err}"
+    );
+    let out = flexd(
+        plugin.path(),
+        &["--allow-symlinks", "call", "t/evil", "init"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+struct Unmount(PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want))
+}
+
+#[test]
+fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount tmpfs");
+        return;
+    }
+    let plugin = tempfile::tempdir().unwrap();
+    install(plugin.path(), "tmpfs/tmpfs", "acme~tmpfs");
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().canonicalize().unwrap().join("vol");
+    let _cleanup = Unmount(target.clone());
+    let t = target.to_str().unwrap();
+
+    let out = flexd(
+        plugin.path(),
+        &["call", "acme/tmpfs", "mount", t, r#"{"size":"8m"}"#],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("data"), "hello").unwrap();
+    // Idempotent: a second mount succeeds and keeps the data.
+    let again = flexd(plugin.path(), &["call", "acme/tmpfs", "mount", t, "{}"]);
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(target.join("data")).unwrap(),
+        "hello"
+    );
+    let out = flexd(plugin.path(), &["call", "acme/tmpfs", "unmount", t]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!is_mounted(&target));
+}

@@ -1,0 +1,93 @@
+//! Call-out overhead: N sequential `init` call-outs of a tiny compiled driver through the
+//! library (spawn in a process group, pidfd wait, capped capture, reply parsing) against N plain
+//! spawn-and-wait (`Command::output`) of the same binary, measured side by side in one run.
+//!
+//! Run: `bench/callout.sh` (or `cargo bench -p flexvolume --bench callout -- [N] [ROUNDS]`).
+//! Prints each round's ratio and the median; the target is a median ratio ≤ 1.10.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flexvolume::runner::{self, RunnerConfig};
+use flexvolume::CallOut;
+
+fn build_tiny_driver(dir: &Path) -> PathBuf {
+    let source =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/rust-tiny/src/main.rs");
+    let exe = dir.join("tiny");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let status = Command::new(rustc)
+        .args(["--edition", "2021", "-C", "opt-level=3", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .status()
+        .expect("rustc runs");
+    assert!(status.success(), "cannot compile {source:?}");
+    exe
+}
+
+fn through_library(exe: &Path, n: usize, config: &RunnerConfig) -> Duration {
+    let call = CallOut::init();
+    let start = Instant::now();
+    for _ in 0..n {
+        let reply = runner::call(config, exe, &call).expect("init succeeds");
+        assert!(reply.capabilities.is_some());
+    }
+    start.elapsed()
+}
+
+fn plain_spawn(exe: &Path, n: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        let out = Command::new(exe)
+            .arg("init")
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn");
+        assert!(out.status.success() && !out.stdout.is_empty());
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let n: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build_tiny_driver(dir.path());
+    let config = RunnerConfig::default();
+    // Warm up the page cache and the allocator.
+    through_library(&exe, 50, &config);
+    plain_spawn(&exe, 50);
+
+    println!("call-out overhead: {n} sequential init call-outs per side, {rounds} rounds (order alternates)");
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let (lib, plain) = if round % 2 == 0 {
+            let l = through_library(&exe, n, &config);
+            (l, plain_spawn(&exe, n))
+        } else {
+            let p = plain_spawn(&exe, n);
+            (through_library(&exe, n, &config), p)
+        };
+        let ratio = lib.as_secs_f64() / plain.as_secs_f64();
+        ratios.push(ratio);
+        println!(
+            "round {}: library {:>7.1} µs/call, plain spawn {:>7.1} µs/call, ratio {:.3}",
+            round + 1,
+            lib.as_secs_f64() * 1e6 / n as f64,
+            plain.as_secs_f64() * 1e6 / n as f64,
+            ratio
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    println!(
+        "median ratio library/plain = {median:.3} (target <= 1.10): {}",
+        if median <= 1.10 { "MET" } else { "NOT MET" }
+    );
+}
