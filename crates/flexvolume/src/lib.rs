@@ -10,10 +10,11 @@
 //! - [`options`] and [`spec`]: the options JSON, byte-for-byte as kubelet builds it (pure);
 //! - [`runner`]: running a driver safely (no shell, timeouts, process groups, capped output);
 //! - [`layout`]: reading the plugin dir; [`plugin`]: an initialised driver;
-//! - [`prober`]: finding drivers.
+//! - [`prober`]: finding drivers; [`install`]: putting them in place atomically.
 //!
 //! Data flows one way: plugin dir → prober → plugins → call-outs → driver processes.
 
+pub mod install;
 pub mod layout;
 pub mod name;
 pub mod options;

@@ -1,5 +1,7 @@
 //! Structured logs on stderr through `tracing`, as text or JSON lines.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::EnvFilter;
 
 use super::{Global, LogFormat};
@@ -9,6 +11,7 @@ pub fn init(global: &Global) -> anyhow::Result<()> {
         EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&global.log_level))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match global.log_format {
         LogFormat::Text => builder.try_init(),

@@ -2,7 +2,9 @@
 
 pub mod call;
 pub mod drivers;
+pub mod install;
 pub mod logging;
+pub mod signals;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,12 +72,18 @@ pub enum Command {
     Drivers(drivers::DriversArgs),
     /// Run one call-out of a driver and print its parsed reply.
     Call(call::CallArgs),
+    /// Install a driver (file or directory) atomically into the plugin dir.
+    Install(install::InstallArgs),
+    /// Remove an installed driver.
+    Uninstall(install::UninstallArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Drivers(args) => drivers::run(&cli.global, args),
         Command::Call(args) => call::run(&cli.global, args),
+        Command::Install(args) => install::run_install(&cli.global, args),
+        Command::Uninstall(args) => install::run_uninstall(&cli.global, args),
     }
 }
 

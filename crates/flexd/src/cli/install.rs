@@ -1,0 +1,70 @@
+//! `flexd install` / `flexd uninstall`: the seed's deployment script, done atomically.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use flexvolume::install;
+use flexvolume::DriverName;
+
+use super::{Global, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// The driver's name, as in volume specs: vendor/driver.
+    #[arg(long)]
+    pub driver: String,
+    /// The driver executable, or a directory holding it (named after the driver) and its helpers.
+    pub source: PathBuf,
+    /// Stay in the foreground after installing, until SIGTERM/SIGINT (as a DaemonSet container).
+    #[arg(long)]
+    pub then_sleep: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    /// The driver's name: vendor/driver.
+    #[arg(long)]
+    pub driver: String,
+}
+
+pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCode> {
+    let name = DriverName::parse(&args.driver)?;
+    let termination = match args.then_sleep {
+        true => Some(super::signals::Termination::catch()?),
+        false => None,
+    };
+    let installed = install::install(&global.plugin_dir, &name, &args.source)
+        .with_context(|| format!("cannot install driver {name}"))?;
+    tracing::info!(driver = %name, path = %installed.path.display(), method = installed.method, replaced = installed.replaced, "driver installed");
+    match global.output {
+        OutputFormat::Json => super::print_json(&installed)?,
+        OutputFormat::Text => println!(
+            "{} driver {} at {}",
+            if installed.replaced {
+                "updated"
+            } else {
+                "installed"
+            },
+            name,
+            installed.path.display()
+        ),
+    }
+    if let Some(termination) = termination {
+        let signal = termination.wait();
+        tracing::info!(signal, "stopping");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_uninstall(global: &Global, args: UninstallArgs) -> anyhow::Result<ExitCode> {
+    let name = DriverName::parse(&args.driver)?;
+    let dir = install::uninstall(&global.plugin_dir, &name)
+        .with_context(|| format!("cannot uninstall driver {name}"))?;
+    match global.output {
+        OutputFormat::Json => super::print_json(&serde_json::json!({"name": name, "dir": dir}))?,
+        OutputFormat::Text => println!("removed driver {name} ({})", dir.display()),
+    }
+    Ok(ExitCode::SUCCESS)
+}

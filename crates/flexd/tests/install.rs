@@ -1,0 +1,398 @@
+//! `flexd install` / `flexd uninstall` through the real binary: atomic file and directory
+//! installs, with readers running concurrently.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flexvolume::runner::{self, RunnerConfig};
+use flexvolume::CallOut;
+
+fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(plugin_dir)
+        .args(args)
+        .output()
+        .expect("flexd runs")
+}
+
+/// A driver script whose init reports `version`.
+fn write_driver(path: &Path, version: &str) {
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in init) echo '{{\"status\":\"Success\",\"message\":\"{version}\",\"capabilities\":{{\"attach\":false}}}}';; *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n"
+    );
+    std::fs::write(path, script).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn dot_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn install_creates_then_atomically_replaces_a_driver() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let v1 = src.path().join("v1");
+    write_driver(&v1, "v1");
+    std::fs::set_permissions(&v1, std::fs::Permissions::from_mode(0o750)).unwrap();
+    // The plugin dir does not exist yet: install creates it.
+    let plugin_dir = plugin.path().join("exec");
+
+    let out = flexd(
+        &plugin_dir,
+        &[
+            "--output",
+            "json",
+            "install",
+            "--driver",
+            "acme/drv",
+            v1.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (report["replaced"].as_bool(), report["method"].as_str()),
+        (Some(false), Some("rename"))
+    );
+    let installed = plugin_dir.join("acme~drv/drv");
+    let meta = std::fs::metadata(&installed).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o750, "mode is kept");
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        std::fs::read(&v1).unwrap()
+    );
+    let first_inode = meta.ino();
+
+    let v2 = src.path().join("v2");
+    write_driver(&v2, "v2");
+    let out = flexd(
+        &plugin_dir,
+        &["install", "--driver", "acme/drv", v2.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("updated driver acme/drv"));
+    let meta = std::fs::metadata(&installed).unwrap();
+    assert_ne!(
+        meta.ino(),
+        first_inode,
+        "replaced by rename, not rewritten in place"
+    );
+    let reply = runner::call(&RunnerConfig::default(), &installed, &CallOut::init()).unwrap();
+    assert_eq!(reply.message, "v2");
+    assert!(
+        dot_files(&plugin_dir.join("acme~drv")).is_empty(),
+        "no staging file left"
+    );
+}
+
+#[test]
+fn a_reader_calling_the_driver_during_200_reinstalls_never_fails() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let sources: Vec<PathBuf> = ["v1", "v2"]
+        .iter()
+        .map(|v| {
+            let p = src.path().join(v);
+            write_driver(&p, v);
+            p
+        })
+        .collect();
+    let p = plugin.path().to_owned();
+    assert!(flexd(
+        &p,
+        &[
+            "install",
+            "--driver",
+            "acme/drv",
+            sources[0].to_str().unwrap()
+        ]
+    )
+    .status
+    .success());
+    let exe = p.join("acme~drv/drv");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (stop, calls, exe) = (stop.clone(), calls.clone(), exe.clone());
+        std::thread::spawn(move || -> Result<(), String> {
+            let config = RunnerConfig::default();
+            while !stop.load(Ordering::Relaxed) {
+                let reply =
+                    runner::call(&config, &exe, &CallOut::init()).map_err(|e| e.to_string())?;
+                if reply.message != "v1" && reply.message != "v2" {
+                    return Err(format!("unexpected reply {reply:?}"));
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    };
+    for i in 0..200 {
+        let source = &sources[i % 2];
+        let out = flexd(
+            &p,
+            &["install", "--driver", "acme/drv", source.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "install {i}: {out:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap().unwrap();
+    assert!(calls.load(Ordering::Relaxed) > 0, "the reader ran");
+}
+
+/// A driver directory whose executable and helper file both carry `version`.
+fn write_driver_dir(dir: &Path, version: &str) {
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    write_driver(&dir.join("drv"), version);
+    std::fs::write(dir.join("lib/helper.txt"), version).unwrap();
+    std::fs::write(dir.join("VERSION"), version).unwrap();
+}
+
+/// Reads the driver's and the helper's versions through one directory fd, i.e. one snapshot of
+/// whichever directory was in place when it was opened. None if that snapshot was deleted
+/// under us (the old set being cleaned up after an exchange).
+fn snapshot(driver_dir: &Path) -> Option<(String, String)> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    let dir = openat(
+        CWD,
+        driver_dir,
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    )
+    .ok()?;
+    let read = |name: &str| -> Option<String> {
+        let fd = openat(&dir, name, OFlags::RDONLY, Mode::empty()).ok()?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).ok()?;
+        Some(text)
+    };
+    let driver = read("drv")?;
+    let helper = read("lib/helper.txt")?;
+    let driver_version = if driver.contains("\"v1\"") {
+        "v1"
+    } else if driver.contains("\"v2\"") {
+        "v2"
+    } else {
+        "?"
+    };
+    Some((driver_version.to_owned(), helper))
+}
+
+#[test]
+fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let sources: Vec<PathBuf> = ["v1", "v2"]
+        .iter()
+        .map(|v| {
+            let d = src.path().join(v);
+            write_driver_dir(&d, v);
+            d
+        })
+        .collect();
+    let p = plugin.path().to_owned();
+    let out = flexd(
+        &p,
+        &[
+            "--output",
+            "json",
+            "install",
+            "--driver",
+            "acme/drv",
+            sources[0].to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["method"], "rename-directory");
+    let driver_dir = p.join("acme~drv");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, driver_dir) = (stop.clone(), driver_dir.clone());
+        std::thread::spawn(move || -> Result<usize, String> {
+            let mut consistent = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Some((driver, helper)) = snapshot(&driver_dir) {
+                    if driver != helper {
+                        return Err(format!("mixed set: driver {driver}, helper {helper}"));
+                    }
+                    consistent += 1;
+                }
+            }
+            Ok(consistent)
+        })
+    };
+    for i in 0..100 {
+        let out = flexd(
+            &p,
+            &[
+                "--output",
+                "json",
+                "install",
+                "--driver",
+                "acme/drv",
+                sources[i % 2].to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "install {i}: {out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            report["method"], "exchange",
+            "this filesystem supports RENAME_EXCHANGE"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let consistent = reader.join().unwrap().unwrap();
+    assert!(consistent > 0, "the reader saw snapshots");
+    // The last install (i = 99) was v2; nothing staged is left behind.
+    assert_eq!(
+        std::fs::read_to_string(driver_dir.join("VERSION")).unwrap(),
+        "v2"
+    );
+    assert!(dot_files(&p).is_empty(), "{:?}", dot_files(&p));
+    let reply = runner::call(
+        &RunnerConfig::default(),
+        &driver_dir.join("drv"),
+        &CallOut::init(),
+    )
+    .unwrap();
+    assert_eq!(reply.message, "v2");
+}
+
+#[test]
+fn bad_sources_and_names_are_refused_and_the_live_driver_is_untouched() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    let good = src.path().join("good");
+    write_driver(&good, "good");
+    assert!(flexd(
+        p,
+        &["install", "--driver", "acme/drv", good.to_str().unwrap()]
+    )
+    .status
+    .success());
+    let live = p.join("acme~drv/drv");
+    let before = std::fs::read(&live).unwrap();
+
+    let plain = src.path().join("plain");
+    std::fs::write(&plain, "not executable").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["acme/drv".into(), plain.display().to_string()],
+            "is not executable (mode 644)",
+        ),
+        (
+            vec!["acme/drv".into(), "/nonexistent/driver".into()],
+            "source /nonexistent/driver",
+        ),
+        (
+            vec!["acme/drv".into(), src.path().display().to_string()],
+            "has no executable named \"drv\"",
+        ),
+        (
+            vec!["../etc".into(), good.display().to_string()],
+            "starting with '.'",
+        ),
+        (
+            vec!["a//b".into(), good.display().to_string()],
+            "empty segment",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = flexd(p, &["install", "--driver", &args[0], &args[1]]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(
+            std::fs::read(&live).unwrap(),
+            before,
+            "live driver changed by {args:?}"
+        );
+    }
+    assert!(dot_files(&p.join("acme~drv")).is_empty());
+
+    // A driver directory that is a symlink is never written through.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), p.join("acme~sneaky")).unwrap();
+    let out = flexd(
+        p,
+        &["install", "--driver", "acme/sneaky", good.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory (or is a symlink)"));
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn uninstall_removes_the_driver_and_refuses_an_absent_one() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    let good = src.path().join("good");
+    write_driver(&good, "good");
+    assert!(flexd(
+        p,
+        &["install", "--driver", "acme/drv", good.to_str().unwrap()]
+    )
+    .status
+    .success());
+    let out = flexd(p, &["uninstall", "--driver", "acme/drv"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!p.join("acme~drv").exists());
+    assert!(dot_files(p).is_empty());
+    let out = flexd(p, &["uninstall", "--driver", "acme/drv"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("driver acme/drv is not installed"));
+}
+
+#[test]
+fn then_sleep_stays_up_until_sigterm_and_exits_zero() {
+    let plugin = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let good = src.path().join("good");
+    write_driver(&good, "good");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(plugin.path())
+        .args(["install", "--then-sleep", "--driver", "acme/drv"])
+        .arg(&good)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let installed = plugin.path().join("acme~drv/drv");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !installed.exists() {
+        assert!(Instant::now() < deadline, "never installed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited instead of sleeping"
+    );
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}
