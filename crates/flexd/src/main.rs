@@ -4,6 +4,7 @@
 //! up logging and maps errors to exit statuses.
 
 mod cli;
+mod serve;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,2 @@
+pub mod naming;
+pub mod proto;
