@@ -76,6 +76,8 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove an installed driver.
     Uninstall(install::UninstallArgs),
+    /// Serve every discovered driver to Kubernetes through CSI.
+    Serve(crate::serve::ServeArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -84,6 +86,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Call(args) => call::run(&cli.global, args),
         Command::Install(args) => install::run_install(&cli.global, args),
         Command::Uninstall(args) => install::run_uninstall(&cli.global, args),
+        Command::Serve(args) => crate::serve::run(&cli.global, args),
     }
 }
 

@@ -1,2 +1,201 @@
+//! `flexd serve`: every discovered FlexVolume driver served to Kubernetes through CSI.
+//!
+//! Each ready driver gets a CSI endpoint (`<csi-dir>/<csi-name>/csi.sock`) and, in node mode, a
+//! kubelet registration socket (`<registration-dir>/<csi-name>-reg.sock`). The CSI name comes
+//! from [`naming`]. Drivers found later get their sockets when the prober reports them; removed
+//! drivers lose them.
+
+pub mod driver;
+pub mod endpoint;
+pub mod identity;
 pub mod naming;
 pub mod proto;
+pub mod registration;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use flexvolume::prober::{self, Probed};
+use flexvolume::{DriverName, Plugin, RunnerConfig};
+
+use crate::cli::Global;
+use driver::ServedDriver;
+use endpoint::Endpoint;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Node service (+ kubelet registration): runs on every node.
+    Node,
+    /// Controller service only (attach/detach), e.g. beside a CSI external-attacher.
+    Controller,
+    Both,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[arg(long, value_enum, default_value_t = Mode::Node)]
+    pub mode: Mode,
+    /// This node's name, as Kubernetes knows it (NodeGetInfo, attach/detach).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Where each driver's CSI socket lives: <csi-dir>/<csi-name>/csi.sock.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    pub csi_dir: PathBuf,
+    /// kubelet's plugin registration directory.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    pub registration_dir: PathBuf,
+    /// flexd's state (what must survive a crash to undo operations).
+    #[arg(long, default_value = "/var/lib/flexd")]
+    pub state_dir: PathBuf,
+}
+
+/// The drivers currently served, by name.
+pub struct Served {
+    args: ServeArgs,
+    endpoints: HashMap<DriverName, Endpoint>,
+}
+
+impl Served {
+    fn socket_paths(&self, csi_name: &str) -> (PathBuf, Option<PathBuf>) {
+        let csi = self.args.csi_dir.join(csi_name).join("csi.sock");
+        let registration = match self.args.mode {
+            Mode::Node | Mode::Both => Some(
+                self.args
+                    .registration_dir
+                    .join(format!("{csi_name}-reg.sock")),
+            ),
+            Mode::Controller => None,
+        };
+        (csi, registration)
+    }
+
+    /// A driver became ready or was updated: serve it (or swap its plugin in place).
+    pub fn ready(&mut self, name: &DriverName, plugin: Option<Arc<Plugin>>) {
+        if let Some(existing) = self.endpoints.get(name) {
+            existing.driver.set_plugin(plugin);
+            return;
+        }
+        let csi_name = match naming::csi_name(name) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(driver = %name, error = %e, "driver cannot be served through CSI");
+                return;
+            }
+        };
+        let (csi_socket, registration_socket) = self.socket_paths(&csi_name);
+        let driver = Arc::new(ServedDriver::new(
+            name.clone(),
+            csi_name,
+            csi_socket,
+            registration_socket,
+            plugin,
+        ));
+        match Endpoint::start(driver, |router| router) {
+            Ok(endpoint) => {
+                self.endpoints.insert(name.clone(), endpoint);
+            }
+            Err(e) => {
+                tracing::error!(driver = %name, error = format!("{e:#}"), "cannot serve driver")
+            }
+        }
+    }
+
+    /// A driver went away: its sockets go too.
+    #[allow(dead_code, reason = "called on prober remove events")]
+    pub async fn remove(&mut self, name: &DriverName) {
+        if let Some(endpoint) = self.endpoints.remove(name) {
+            endpoint.stop().await;
+        }
+    }
+
+    pub async fn stop_all(&mut self) {
+        for (_, endpoint) in self.endpoints.drain() {
+            endpoint.stop().await;
+        }
+    }
+
+    /// Removes sockets a previous flexd left behind (after a crash) for drivers not served now.
+    /// Only names that decode as flexd's own CSI names are touched.
+    fn remove_stale_sockets(&self) {
+        let served: Vec<&str> = self
+            .endpoints
+            .values()
+            .map(|e| e.driver.csi_name.as_str())
+            .collect();
+        let stale =
+            |csi_name: &str| naming::driver_name(csi_name).is_ok() && !served.contains(&csi_name);
+        if let Ok(entries) = std::fs::read_dir(&self.args.csi_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if stale(&name) {
+                    let _ = std::fs::remove_file(entry.path().join("csi.sock"));
+                    let _ = std::fs::remove_dir(entry.path());
+                    tracing::info!(csi_name = %name, "removed stale CSI endpoint");
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.args.registration_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.strip_suffix("-reg.sock").is_some_and(stale) {
+                    let _ = std::fs::remove_file(entry.path());
+                    tracing::info!(socket = %name, "removed stale registration socket");
+                }
+            }
+        }
+    }
+
+    fn apply_probed(&mut self, probed: &Probed) {
+        let Ok(name) = DriverName::parse(&probed.name) else {
+            tracing::warn!(entry = %probed.name, "not a driver name; not served");
+            return;
+        };
+        match &probed.result {
+            Ok(plugin) => self.ready(&name, Some(plugin.clone())),
+            Err(e) => {
+                tracing::warn!(driver = %name, error = %e, "driver not ready");
+                // A driver that failed init keeps (or gets) its socket with Probe answering not
+                // ready, so kubelet and operators see it instead of it silently vanishing.
+                self.ready(&name, None);
+            }
+        }
+    }
+}
+
+pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let termination = crate::cli::signals::Termination::catch()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    std::fs::create_dir_all(&global.plugin_dir)
+        .with_context(|| format!("cannot create plugin dir {}", global.plugin_dir.display()))?;
+    let config = RunnerConfig::default();
+    let probed = prober::probe_all(
+        &global.plugin_dir,
+        global.layout_policy(),
+        &config,
+        prober::default_parallelism(),
+    )
+    .with_context(|| format!("cannot read plugin dir {}", global.plugin_dir.display()))?;
+    runtime.block_on(async move {
+        let mut served = Served {
+            args,
+            endpoints: HashMap::new(),
+        };
+        for p in &probed {
+            served.apply_probed(p);
+        }
+        served.remove_stale_sockets();
+        let signal = tokio::task::spawn_blocking(move || termination.wait())
+            .await
+            .unwrap_or(0);
+        tracing::info!(signal, "stopping");
+        served.stop_all().await;
+    });
+    Ok(ExitCode::SUCCESS)
+}
