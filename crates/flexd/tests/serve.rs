@@ -33,6 +33,13 @@ struct Server {
     plugin_dir: PathBuf,
     csi_dir: PathBuf,
     registration_dir: PathBuf,
+    metrics_address: String,
+}
+
+/// A free loopback port for this server's metrics (tests run in parallel).
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
 }
 
 impl Server {
@@ -43,6 +50,7 @@ impl Server {
         setup(&plugin_dir);
         let csi_dir = root.path().join("plugins");
         let registration_dir = root.path().join("plugins_registry");
+        let metrics_address = free_address();
         let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
             .arg("--plugin-dir")
             .arg(&plugin_dir)
@@ -53,7 +61,12 @@ impl Server {
             .arg(&registration_dir)
             .arg("--state-dir")
             .arg(root.path().join("state"))
-            .args(["--node-name", "node-1"])
+            .args([
+                "--node-name",
+                "node-1",
+                "--metrics-address",
+                &metrics_address,
+            ])
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
@@ -63,6 +76,23 @@ impl Server {
             plugin_dir,
             csi_dir,
             registration_dir,
+            metrics_address,
+        }
+    }
+
+    /// GET a path from the metrics endpoint, retrying until it answers.
+    fn http_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut stream) = std::net::TcpStream::connect(&self.metrics_address) {
+                write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                return response;
+            }
+            assert!(Instant::now() < deadline, "metrics endpoint never answered");
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -254,6 +284,35 @@ async fn stale_sockets_of_a_crashed_flexd_are_removed_and_others_left_alone() {
         .registration_dir
         .join("ebs.csi.aws.com-reg.sock")
         .exists());
+}
+
+#[test]
+fn metrics_count_call_outs_and_drivers_and_health_answers() {
+    let server = Server::start(|p| {
+        install(p, "tmpfs/tmpfs", "acme~tmpfs");
+        let dir = p.join("acme~broken");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::copy(examples().join("quirks/empty-output"), dir.join("broken")).unwrap();
+    });
+    wait_for(&server.csi_dir.join("flexvolume-acme--tmpfs/csi.sock"));
+    let health = server.http_get("/healthz");
+    assert!(
+        health.starts_with("HTTP/1.0 200") || health.starts_with("HTTP/1.1 200"),
+        "{health}"
+    );
+    assert!(health.ends_with("ok\n"));
+    let metrics = server.http_get("/metrics");
+    for line in [
+        r#"flexd_callout_duration_seconds_count{driver="acme/tmpfs",callout="init",result="success"} 1"#,
+        r#"flexd_callout_duration_seconds_count{driver="acme/broken",callout="init",result="error"} 1"#,
+        r#"flexd_drivers{status="ready"} 1"#,
+        r#"flexd_drivers{status="failed"} 1"#,
+        r#"flexd_probe_events_total{event="add"} 1"#,
+        r#"flexd_probe_events_total{event="failed"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line} in:\n{metrics}");
+    }
+    assert!(server.http_get("/nope").contains(" 404 "));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 
 use crate::layout::Driver;
 use crate::protocol::{CallOut, CallOutSet, Capabilities, Reply};
-use crate::runner::{self, CallError, RunnerConfig};
+use crate::runner::{self, CallError, CallOutcome, RunnerConfig};
 
 /// A loaded driver. One instance per successful `init`: a re-probe makes a new one, which also
 /// forgets the call-outs the old version did not support (the driver may have learnt them).
@@ -17,7 +17,7 @@ impl Plugin {
     /// Runs `init`. Any answer but `Success` (including `Not supported`) means the driver is not
     /// usable, as in kubelet; a reply without capabilities gets the defaults.
     pub fn init(driver: Driver, config: &RunnerConfig) -> Result<Self, CallError> {
-        let reply = runner::call(config, &driver.path, &CallOut::init())?;
+        let reply = observed_call(config, &driver, &CallOut::init())?;
         Ok(Self::from_init_reply(driver, &reply))
     }
 
@@ -39,7 +39,7 @@ impl Plugin {
                 kind: call.kind,
             });
         }
-        let result = runner::call(config, &self.driver.path, call);
+        let result = observed_call(config, &self.driver, call);
         if let Err(CallError::NotSupported { kind, .. }) = &result {
             tracing::debug!(driver = %self.driver.name, callout = %kind, "remembering Not supported");
             self.unsupported.insert(*kind);
@@ -51,4 +51,23 @@ impl Plugin {
     pub fn is_unsupported(&self, kind: crate::protocol::CallOutKind) -> bool {
         self.unsupported.contains(kind)
     }
+}
+
+/// Runs a call-out and tells the configured observer how it went and how long it took.
+fn observed_call(
+    config: &RunnerConfig,
+    driver: &Driver,
+    call: &CallOut,
+) -> Result<Reply, CallError> {
+    let start = std::time::Instant::now();
+    let result = runner::call(config, &driver.path, call);
+    if let Some(observer) = &config.observer {
+        observer.0.call_finished(
+            &driver.name,
+            call.kind,
+            CallOutcome::of(&result),
+            start.elapsed(),
+        );
+    }
+    result
 }

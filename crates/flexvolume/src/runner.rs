@@ -41,6 +41,61 @@ pub struct RunnerConfig {
     pub overrides: BTreeMap<CallOutKind, Duration>,
     pub kill_grace: Duration,
     pub output_cap: usize,
+    /// Told about every finished call-out (metrics); `None` costs nothing.
+    pub observer: Option<Observer>,
+}
+
+/// How a call-out ended, as metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallOutcome {
+    Success,
+    Failure,
+    NotSupported,
+    Timeout,
+    Error,
+}
+
+impl CallOutcome {
+    pub fn of(result: &Result<crate::protocol::Reply, CallError>) -> Self {
+        match result {
+            Ok(_) => Self::Success,
+            Err(CallError::Failure { .. }) => Self::Failure,
+            Err(CallError::NotSupported { .. }) => Self::NotSupported,
+            Err(CallError::Timeout { .. }) => Self::Timeout,
+            Err(_) => Self::Error,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::NotSupported => "not_supported",
+            Self::Timeout => "timeout",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Receives one record per executed call-out.
+pub trait CallObserver: Send + Sync {
+    fn call_finished(
+        &self,
+        driver: &crate::DriverName,
+        kind: CallOutKind,
+        outcome: CallOutcome,
+        elapsed: Duration,
+    );
+}
+
+/// A shared [`CallObserver`].
+#[derive(Clone)]
+pub struct Observer(pub std::sync::Arc<dyn CallObserver>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 impl Default for RunnerConfig {
@@ -52,6 +107,7 @@ impl Default for RunnerConfig {
             overrides,
             kill_grace: DEFAULT_KILL_GRACE,
             output_cap: DEFAULT_OUTPUT_CAP,
+            observer: None,
         }
     }
 }

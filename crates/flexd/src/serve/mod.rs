@@ -8,6 +8,7 @@
 pub mod driver;
 pub mod endpoint;
 pub mod identity;
+pub mod metrics;
 pub mod naming;
 pub mod proto;
 pub mod registration;
@@ -51,12 +52,16 @@ pub struct ServeArgs {
     /// flexd's state (what must survive a crash to undo operations).
     #[arg(long, default_value = "/var/lib/flexd")]
     pub state_dir: PathBuf,
+    /// Where /metrics (Prometheus text) and /healthz are served.
+    #[arg(long, default_value = "127.0.0.1:9808")]
+    pub metrics_address: std::net::SocketAddr,
 }
 
 /// The drivers currently served, by name.
 pub struct Served {
     args: ServeArgs,
     endpoints: HashMap<DriverName, Endpoint>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 impl Served {
@@ -149,14 +154,29 @@ impl Served {
         }
     }
 
+    /// Refreshes the drivers-by-status gauge.
+    fn count_drivers(&self) {
+        let ready = self
+            .endpoints
+            .values()
+            .filter(|e| e.driver.plugin().is_some())
+            .count();
+        self.metrics
+            .set_drivers(ready, self.endpoints.len() - ready);
+    }
+
     fn apply_probed(&mut self, probed: &Probed) {
         let Ok(name) = DriverName::parse(&probed.name) else {
             tracing::warn!(entry = %probed.name, "not a driver name; not served");
             return;
         };
         match &probed.result {
-            Ok(plugin) => self.ready(&name, Some(plugin.clone())),
+            Ok(plugin) => {
+                self.metrics.probe_event("add");
+                self.ready(&name, Some(plugin.clone()));
+            }
             Err(e) => {
+                self.metrics.probe_event("failed");
                 tracing::warn!(driver = %name, error = %e, "driver not ready");
                 // A driver that failed init keeps (or gets) its socket with Probe answering not
                 // ready, so kubelet and operators see it instead of it silently vanishing.
@@ -174,7 +194,11 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     std::fs::create_dir_all(&global.plugin_dir)
         .with_context(|| format!("cannot create plugin dir {}", global.plugin_dir.display()))?;
-    let config = RunnerConfig::default();
+    let metrics = metrics::Metrics::new();
+    let config = RunnerConfig {
+        observer: Some(flexvolume::runner::Observer(metrics.clone())),
+        ..RunnerConfig::default()
+    };
     let probed = prober::probe_all(
         &global.plugin_dir,
         global.layout_policy(),
@@ -183,19 +207,26 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .with_context(|| format!("cannot read plugin dir {}", global.plugin_dir.display()))?;
     runtime.block_on(async move {
+        let listener = metrics::bind(args.metrics_address).await?;
         let mut served = Served {
             args,
             endpoints: HashMap::new(),
+            metrics: metrics.clone(),
         };
         for p in &probed {
             served.apply_probed(p);
         }
+        served.count_drivers();
         served.remove_stale_sockets();
+        // Health and metrics answer once the drivers present at start are served.
+        let metrics_task = tokio::spawn(metrics::serve(listener, metrics));
         let signal = tokio::task::spawn_blocking(move || termination.wait())
             .await
             .unwrap_or(0);
         tracing::info!(signal, "stopping");
         served.stop_all().await;
-    });
+        metrics_task.abort();
+        Ok::<_, anyhow::Error>(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
