@@ -290,3 +290,50 @@ fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(!is_mounted(&target));
 }
+
+#[test]
+fn check_passes_a_conforming_driver_and_explains_failures() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    install(p, "tmpfs/tmpfs", "acme~tmpfs");
+    install(p, "quirks/usage-text", "q~usage-text");
+    install(p, "quirks/log-lines", "q~log-lines");
+    install(p, "quirks/empty-output", "q~empty-output");
+
+    let out = flexd(p, &["--output", "json", "check", "acme/tmpfs"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report = stdout_json(&out);
+    assert_eq!(report["passed"], true);
+    let checks = report["checks"].as_array().unwrap();
+    assert!(checks.len() >= 4);
+    assert!(checks.iter().all(|c| c["verdict"] == "pass"), "{report}");
+    assert!(checks.iter().all(|c| c["ms"].as_f64().unwrap() >= 0.0));
+
+    let verdict = |report: &Value, name: &str| -> String {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().starts_with(name))
+            .unwrap()["verdict"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let out = flexd(p, &["--output", "json", "check", "q/usage-text"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = stdout_json(&out);
+    assert_eq!(verdict(&report, "unknown call-out"), "fail");
+    assert_eq!(verdict(&report, "init answers"), "pass");
+
+    let out = flexd(p, &["--output", "json", "check", "q/log-lines"]);
+    let report = stdout_json(&out);
+    assert_eq!(verdict(&report, "init output is strict JSON"), "warn");
+
+    let out = flexd(p, &["check", "q/empty-output"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("FAIL  init answers Success"), "{text}");
+    assert!(text.contains("SKIP  unknown call-out"), "{text}");
+    assert!(text.trim_end().ends_with("some required checks FAILED"));
+}

@@ -217,14 +217,28 @@ pub fn call(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<Rep
 
 /// Runs one call-out and returns its raw output; no interpretation.
 pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawOutput, CallError> {
+    let mut argv: Vec<&std::ffi::OsStr> = vec![call.kind.as_str().as_ref()];
+    argv.extend(call.args.iter().map(|a| a.as_os_str()));
+    run_argv(config, program, call.kind, &argv)
+}
+
+/// Runs the driver with an arbitrary argv (after the executable), under the timeout of `kind`.
+/// For tools that must send what the protocol does not define, such as `flexd check` asking an
+/// unknown call-out; everything else goes through [`run`].
+pub fn run_argv(
+    config: &RunnerConfig,
+    program: &Path,
+    kind: CallOutKind,
+    argv: &[&std::ffi::OsStr],
+) -> Result<RawOutput, CallError> {
     let start = Instant::now();
-    let timeout = config.timeout_for(call.kind);
+    let timeout = config.timeout_for(kind);
     let io_err = |source| CallError::Io {
         path: program.to_owned(),
-        kind: call.kind,
+        kind,
         source,
     };
-    let mut child = spawn(program, call)?;
+    let mut child = spawn(program, argv)?;
     let result = supervise(config, &mut child, timeout, start);
     if result.is_err() {
         // Abandoned half-way (an i/o error): no driver is ever left running or as a zombie.
@@ -237,7 +251,7 @@ pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawO
         Supervised::Io(source) => io_err(source),
         Supervised::TimedOut => CallError::Timeout {
             path: program.to_owned(),
-            kind: call.kind,
+            kind,
             after: timeout,
         },
     })
@@ -250,13 +264,12 @@ const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// Spawns the driver. ETXTBSY is retried briefly: in a multi-threaded host, another thread's
 /// fork can hold a just-written executable open for writing until its own exec, which makes our
 /// exec of that file fail for a moment even though nobody is writing it any more.
-fn spawn(program: &Path, call: &CallOut) -> Result<Child, CallError> {
+fn spawn(program: &Path, argv: &[&std::ffi::OsStr]) -> Result<Child, CallError> {
     let mut pause = TEXT_BUSY_PAUSE;
     let mut tries = 0;
     loop {
         let result = Command::new(program)
-            .arg(call.kind.as_str())
-            .args(&call.args)
+            .args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

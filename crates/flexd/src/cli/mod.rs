@@ -1,6 +1,7 @@
 //! Subcommands. Output is for humans by default and JSON with `--output json`.
 
 pub mod call;
+pub mod check;
 pub mod drivers;
 pub mod install;
 pub mod logging;
@@ -76,6 +77,8 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Remove an installed driver.
     Uninstall(install::UninstallArgs),
+    /// Check a driver's conformance to the protocol (a report for driver authors).
+    Check(check::CheckArgs),
     /// Serve every discovered driver to Kubernetes through CSI.
     Serve(crate::serve::ServeArgs),
 }
@@ -86,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Call(args) => call::run(&cli.global, args),
         Command::Install(args) => install::run_install(&cli.global, args),
         Command::Uninstall(args) => install::run_uninstall(&cli.global, args),
+        Command::Check(args) => check::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
     }
 }

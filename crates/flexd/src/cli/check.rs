@@ -1,0 +1,280 @@
+//! `flexd check DRIVER`: a conformance report for driver authors.
+//!
+//! Each check runs the driver for real and records what it answered and how long it took.
+//! Required checks decide the exit status (0 only when all pass); advisory ones point at
+//! behaviour that works with flexd's tolerance but would break kubelet (e.g. log lines before
+//! the JSON, which kubelet cannot parse).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args;
+use flexvolume::protocol::{self, CallOutKind, Status};
+use flexvolume::runner::{self, RunnerConfig};
+use flexvolume::{layout, CallOut, Driver, DriverName, Options, Plugin, VolumeSpec};
+use serde::Serialize;
+
+use super::{Global, OutputFormat};
+
+const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
+const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
+
+/// A call-out name no driver implements.
+pub const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The driver to check: vendor/driver.
+    pub driver: String,
+    /// Timeout of each call-out.
+    #[arg(long, value_parser = super::parse_duration, default_value = "2m")]
+    pub timeout: Duration,
+    /// Options of the scratch volume used by the checks (JSON object of strings).
+    #[arg(long, default_value = "{}")]
+    pub options: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    /// Works, but not as the protocol (or kubelet) expects.
+    Warn,
+    Skip,
+}
+
+/// One line of the report.
+#[derive(Debug, Serialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub required: bool,
+    pub verdict: Verdict,
+    /// Wall time of the check, in milliseconds.
+    pub ms: f64,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub driver: String,
+    pub path: String,
+    pub passed: bool,
+    pub checks: Vec<CheckResult>,
+}
+
+impl Report {
+    fn push(
+        &mut self,
+        name: &str,
+        required: bool,
+        verdict: Verdict,
+        elapsed: Duration,
+        detail: impl Into<String>,
+    ) {
+        self.checks.push(CheckResult {
+            name: name.to_owned(),
+            required,
+            verdict,
+            ms: (elapsed.as_secs_f64() * 10_000.0).round() / 10.0,
+            detail: detail.into(),
+        });
+    }
+}
+
+/// Whether the raw output is exactly one JSON object (what kubelet can parse), besides
+/// whitespace.
+fn is_strict_json(stdout: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(stdout.trim_ascii())
+        .is_ok()
+}
+
+/// Runs one call-out raw and interprets it, so the report can say both what flexd understood
+/// and whether kubelet would have.
+fn run_checked(
+    config: &RunnerConfig,
+    driver: &Driver,
+    call: &CallOut,
+) -> (Result<protocol::Reply, String>, bool, Duration) {
+    let start = Instant::now();
+    match runner::run(config, &driver.path, call) {
+        Ok(raw) => {
+            let strict = is_strict_json(&raw.stdout);
+            let quote = |b: &[u8]| call.redact(&protocol::excerpt(b));
+            let reply = protocol::interpret(call.kind, raw.exit, &raw.stdout, &raw.stderr, quote)
+                .map_err(|e| e.to_string());
+            (reply, strict, start.elapsed())
+        }
+        Err(e) => (Err(e.to_string()), false, start.elapsed()),
+    }
+}
+
+fn parse_options(text: &str) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    serde_json::from_str(text)
+        .context("--options must be a JSON object of strings, e.g. {\"server\":\"nfs.example\"}")
+}
+
+pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let name = DriverName::parse(&args.driver)?;
+    let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
+        .with_context(|| format!("driver {name} is not usable"))?;
+    let config = RunnerConfig::default().with_timeout_for_all(args.timeout);
+    let mut spec = VolumeSpec::new("flexd-check".to_owned(), name.clone());
+    spec.options = parse_options(&args.options)?;
+    let mut report = Report {
+        driver: name.to_string(),
+        path: driver.path.display().to_string(),
+        passed: false,
+        checks: Vec::new(),
+    };
+
+    // init: required, and everything else depends on it.
+    let (init, strict, elapsed) = run_checked(&config, &driver, &CallOut::init());
+    let plugin = match init {
+        Ok(reply) if reply.status == Status::Success => {
+            let caps = reply.capabilities.unwrap_or_default();
+            let detail = format!(
+                "capabilities: attach={} fsGroup={} supportsMetrics={} requiresFSResize={} selinuxRelabel={}{}",
+                caps.attach,
+                caps.fs_group,
+                caps.supports_metrics,
+                caps.requires_fs_resize,
+                caps.selinux_relabel,
+                if reply.capabilities.is_none() { " (none in the reply: defaults)" } else { "" }
+            );
+            report.push(
+                "init answers Success with capabilities",
+                true,
+                Verdict::Pass,
+                elapsed,
+                detail,
+            );
+            Some(Plugin::from_init_reply(driver.clone(), &reply))
+        }
+        Ok(reply) => {
+            let detail = format!("answered {:?}: {}", reply.status, reply.message);
+            report.push(
+                "init answers Success with capabilities",
+                true,
+                Verdict::Fail,
+                elapsed,
+                detail,
+            );
+            None
+        }
+        Err(e) => {
+            report.push(
+                "init answers Success with capabilities",
+                true,
+                Verdict::Fail,
+                elapsed,
+                e,
+            );
+            None
+        }
+    };
+    let strict_verdict = if strict { Verdict::Pass } else { Verdict::Warn };
+    let strict_detail = if strict {
+        "stdout is exactly one JSON object"
+    } else {
+        "stdout has more than the JSON reply; flexd copes, kubelet would fail to parse it"
+    };
+    report.push(
+        "init output is strict JSON (kubelet-compatible)",
+        false,
+        strict_verdict,
+        elapsed,
+        strict_detail,
+    );
+
+    if plugin.is_none() {
+        for name in [UNKNOWN_CHECK, GETVOLUMENAME_CHECK] {
+            report.push(
+                name,
+                true,
+                Verdict::Skip,
+                Duration::ZERO,
+                "not run: init failed",
+            );
+        }
+    } else {
+        // An unknown call-out must answer Not supported, so future call-outs degrade safely.
+        let start = Instant::now();
+        let argv = [std::ffi::OsStr::new(UNKNOWN_CALLOUT)];
+        let outcome = runner::run_argv(&config, &driver.path, CallOutKind::Init, &argv);
+        let elapsed = start.elapsed();
+        let (verdict, detail) = match outcome {
+            Ok(raw) => match protocol::find_reply(&raw.stdout).or_else(|| protocol::find_reply(&raw.stderr)) {
+                Some(reply) if reply.status == Status::NotSupported => (Verdict::Pass, "Not supported".to_owned()),
+                Some(reply) => (Verdict::Fail, format!("answered {:?}; unknown call-outs must answer Not supported", reply.status)),
+                None => (Verdict::Fail, format!("no JSON reply ({}); unknown call-outs must answer {{\"status\":\"Not supported\"}}", raw.exit)),
+            },
+            Err(e) => (Verdict::Fail, e.to_string()),
+        };
+        report.push(UNKNOWN_CHECK, true, verdict, elapsed, detail);
+
+        // getvolumename: valid JSON or Not supported (kubelet ignores the name, detach uses it).
+        let options = Options::for_volume(&spec);
+        let (reply, _, elapsed) =
+            run_checked(&config, &driver, &CallOut::get_volume_name(&options));
+        let (verdict, detail) = match reply {
+            Ok(r) if r.status == Status::Success => match r.volume_name {
+                Some(v) if !v.is_empty() => (Verdict::Pass, format!("volumeName {v:?}")),
+                _ => (Verdict::Fail, "Success without a volumeName".to_owned()),
+            },
+            Ok(r) if r.status == Status::NotSupported => (
+                Verdict::Pass,
+                "Not supported (the volume's name is used)".to_owned(),
+            ),
+            Ok(r) => (Verdict::Warn, format!("Failure: {}", r.message)),
+            Err(e) => (Verdict::Fail, e),
+        };
+        report.push(GETVOLUMENAME_CHECK, true, verdict, elapsed, detail);
+    }
+
+    report.passed = report
+        .checks
+        .iter()
+        .all(|c| !c.required || c.verdict == Verdict::Pass);
+    match global.output {
+        OutputFormat::Json => super::print_json(&report)?,
+        OutputFormat::Text => print_table(&report),
+    }
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_table(report: &Report) {
+    println!("driver {} ({})", report.driver, report.path);
+    let width = report
+        .checks
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(5);
+    for c in &report.checks {
+        let verdict = match c.verdict {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+            Verdict::Warn => "WARN",
+            Verdict::Skip => "SKIP",
+        };
+        let kind = if c.required { "required" } else { "advisory" };
+        println!(
+            "{verdict}  {:width$}  {kind:8}  {:>8.1} ms  {}",
+            c.name, c.ms, c.detail
+        );
+    }
+    println!(
+        "{}",
+        if report.passed {
+            "all required checks passed"
+        } else {
+            "some required checks FAILED"
+        }
+    );
+}
