@@ -238,7 +238,7 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
     std::fs::create_dir(p.join("fifo~x")).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &p.join("fifo~x/x"),
+        p.join("fifo~x/x"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o755),
         0,
