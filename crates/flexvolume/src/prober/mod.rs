@@ -1,8 +1,17 @@
-//! Finding drivers: the one-shot probe of the whole plugin dir (start-up, `flexd drivers`).
+//! Finding drivers: the one-shot probe of the whole plugin dir (`flexd drivers`) and the running
+//! [`Prober`] that reports every install, upgrade and removal (`flexd watch`, `flexd serve`).
 //!
 //! Every driver's `init` runs in parallel, so one slow or hung driver costs its own timeout and
 //! never delays the others; a broken entry is reported next to the good ones, never instead of
 //! them.
+
+pub mod coalesce;
+pub mod event;
+pub mod live;
+pub mod watch;
+
+pub use event::{EventKind, ProbeEvent};
+pub use live::{Prober, ProberConfig, ProberError, DEFAULT_PROBE_INTERVAL};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
