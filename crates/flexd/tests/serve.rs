@@ -54,6 +54,7 @@ impl Server {
         let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
             .arg("--plugin-dir")
             .arg(&plugin_dir)
+            .args(["--probe-interval", "300ms"])
             .arg("serve")
             .arg("--csi-dir")
             .arg(&csi_dir)
@@ -332,4 +333,52 @@ async fn a_driver_whose_init_fails_is_served_as_not_ready() {
         .into_inner();
     assert_eq!(probe.ready, Some(false));
     drop(server.plugin_dir.clone());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_removed() {
+    let server = Server::start(|_| {});
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(&server.plugin_dir)
+        .args(["install", "--driver", "late/comer"])
+        .arg(examples().join("tmpfs/tmpfs"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sock = server.csi_dir.join("flexvolume-late--comer/csi.sock");
+    let reg = server
+        .registration_dir
+        .join("flexvolume-late--comer-reg.sock");
+    wait_for(&sock);
+    wait_for(&reg);
+    let mut identity = csi::identity_client::IdentityClient::new(connect(&sock).await);
+    let probe = identity
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(&server.plugin_dir)
+        .args(["uninstall", "--driver", "late/comer"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sock.exists() || reg.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "sockets of a removed driver were not removed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let metrics = server.http_get("/metrics");
+    assert!(
+        metrics.contains(r#"flexd_probe_events_total{event="remove"} 1"#),
+        "{metrics}"
+    );
 }

@@ -6,6 +6,7 @@ pub mod drivers;
 pub mod install;
 pub mod logging;
 pub mod signals;
+pub mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,9 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Minimum time between two processings of one driver directory.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "1s")]
+    pub probe_interval: Duration,
     /// Log filter (tracing EnvFilter syntax, e.g. `info` or `flexvolume=debug`); RUST_LOG wins.
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,
@@ -73,6 +77,8 @@ pub enum Command {
     Drivers(drivers::DriversArgs),
     /// Run one call-out of a driver and print its parsed reply.
     Call(call::CallArgs),
+    /// Print every driver install, update and removal as it happens.
+    Watch(watch::WatchArgs),
     /// Install a driver (file or directory) atomically into the plugin dir.
     Install(install::InstallArgs),
     /// Remove an installed driver.
@@ -87,6 +93,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Drivers(args) => drivers::run(&cli.global, args),
         Command::Call(args) => call::run(&cli.global, args),
+        Command::Watch(args) => watch::run(&cli.global, args),
         Command::Install(args) => install::run_install(&cli.global, args),
         Command::Uninstall(args) => install::run_uninstall(&cli.global, args),
         Command::Check(args) => check::run(&cli.global, args),

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use flexvolume::prober::{self, Probed};
+use flexvolume::prober::{EventKind, ProbeEvent, Prober};
 use flexvolume::{DriverName, Plugin, RunnerConfig};
 
 use crate::cli::Global;
@@ -110,7 +110,6 @@ impl Served {
     }
 
     /// A driver went away: its sockets go too.
-    #[allow(dead_code, reason = "called on prober remove events")]
     pub async fn remove(&mut self, name: &DriverName) {
         if let Some(endpoint) = self.endpoints.remove(name) {
             endpoint.stop().await;
@@ -165,24 +164,28 @@ impl Served {
             .set_drivers(ready, self.endpoints.len() - ready);
     }
 
-    fn apply_probed(&mut self, probed: &Probed) {
-        let Ok(name) = DriverName::parse(&probed.name) else {
-            tracing::warn!(entry = %probed.name, "not a driver name; not served");
+    /// Applies one processed driver change.
+    async fn apply(&mut self, event: &ProbeEvent) {
+        let kind = match event.kind {
+            EventKind::Add => "add",
+            EventKind::Update => "update",
+            EventKind::Remove => "remove",
+            EventKind::Failed => "failed",
+        };
+        self.metrics.probe_event(kind);
+        let Ok(name) = DriverName::parse(&event.driver) else {
+            tracing::warn!(entry = %event.driver, "not a driver name; not served");
             return;
         };
-        match &probed.result {
-            Ok(plugin) => {
-                self.metrics.probe_event("add");
-                self.ready(&name, Some(plugin.clone()));
-            }
-            Err(e) => {
-                self.metrics.probe_event("failed");
-                tracing::warn!(driver = %name, error = %e, "driver not ready");
-                // A driver that failed init keeps (or gets) its socket with Probe answering not
-                // ready, so kubelet and operators see it instead of it silently vanishing.
-                self.ready(&name, None);
-            }
+        match event.kind {
+            EventKind::Add | EventKind::Update => self.ready(&name, event.plugin.clone()),
+            // A driver that failed init keeps (or gets) its socket with Probe answering not
+            // ready, so kubelet and operators see it instead of it silently vanishing; the
+            // older version is not kept (SPEC §5).
+            EventKind::Failed => self.ready(&name, None),
+            EventKind::Remove => self.remove(&name).await,
         }
+        self.count_drivers();
     }
 }
 
@@ -192,20 +195,15 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    std::fs::create_dir_all(&global.plugin_dir)
-        .with_context(|| format!("cannot create plugin dir {}", global.plugin_dir.display()))?;
     let metrics = metrics::Metrics::new();
-    let config = RunnerConfig {
+    let runner = RunnerConfig {
         observer: Some(flexvolume::runner::Observer(metrics.clone())),
         ..RunnerConfig::default()
     };
-    let probed = prober::probe_all(
-        &global.plugin_dir,
-        global.layout_policy(),
-        &config,
-        prober::default_parallelism(),
-    )
-    .with_context(|| format!("cannot read plugin dir {}", global.plugin_dir.display()))?;
+    let (prober, events) = Prober::start(crate::cli::watch::prober_config(global, runner))
+        .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
+    // The drivers present at start are reported before start() returns.
+    let initial: Vec<ProbeEvent> = events.try_iter().collect();
     runtime.block_on(async move {
         let listener = metrics::bind(args.metrics_address).await?;
         let mut served = Served {
@@ -213,17 +211,33 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             endpoints: HashMap::new(),
             metrics: metrics.clone(),
         };
-        for p in &probed {
-            served.apply_probed(p);
+        for event in &initial {
+            served.apply(event).await;
         }
         served.count_drivers();
         served.remove_stale_sockets();
         // Health and metrics answer once the drivers present at start are served.
         let metrics_task = tokio::spawn(metrics::serve(listener, metrics));
-        let signal = tokio::task::spawn_blocking(move || termination.wait())
-            .await
-            .unwrap_or(0);
-        tracing::info!(signal, "stopping");
+
+        let (live_tx, mut live) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for event in events {
+                if live_tx.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut stop = tokio::task::spawn_blocking(move || termination.wait());
+        loop {
+            tokio::select! {
+                signal = &mut stop => {
+                    tracing::info!(signal = signal.unwrap_or(0), "stopping");
+                    break;
+                }
+                Some(event) = live.recv() => served.apply(&event).await,
+            }
+        }
+        prober.stop();
         served.stop_all().await;
         metrics_task.abort();
         Ok::<_, anyhow::Error>(())
