@@ -297,6 +297,16 @@ impl Loop {
             dirty.sort();
             dirty.dedup();
             for key in dirty {
+                // A new, still empty driver directory (`mkdir` before the copy) costs one
+                // readdir: watch it, but keep the rate limit's leading edge for the executable.
+                // Watch first, then look: anything put in after the look is an event.
+                let unknown = matches!(self.known.get(&key), None | Some(Known::Absent));
+                if unknown && !self.in_flight.contains(&key) {
+                    self.watches.sync_key(&key);
+                    if is_empty_dir(&self.config.plugin_dir.join(&key)) {
+                        continue;
+                    }
+                }
                 if self.coalescer.change(&key, now) {
                     self.dispatch(&key, &jobs);
                 }
