@@ -366,3 +366,30 @@ fn reprobe_all_retries_a_failed_driver() {
         "an explicit re-probe runs init again"
     );
 }
+
+#[test]
+fn a_storm_is_coalesced_and_its_final_state_reported() {
+    let h = Harness::start(|p| install(p, "acme~drv", &script(false)));
+    assert_eq!(h.next().kind, EventKind::Add);
+    let data = h.plugin.join("acme~drv/data");
+    let start = Instant::now();
+    let mut writes = 0;
+    while start.elapsed() < INTERVAL * 6 {
+        std::fs::write(&data, writes.to_string()).unwrap();
+        writes += 1;
+    }
+    // The last change of the storm: a new version of the driver.
+    install(&h.plugin, "acme~drv", &script(true));
+    let seen = h.drain();
+    assert!(seen.iter().all(|e| e.kind == EventKind::Update));
+    // At most one processing per interval (plus the leading edge and the last trailing one).
+    assert!(
+        seen.len() <= 9,
+        "{} updates for {writes} writes",
+        seen.len()
+    );
+    assert!(
+        attach_of(seen.last().unwrap()),
+        "the final version is reported"
+    );
+}

@@ -30,6 +30,11 @@ use crate::runner::RunnerConfig;
 /// Default minimum time between two processings of one driver directory (SPEC §4.8).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A batch of at least this many events marks a storm...
+const STORM_BATCH_EVENTS: usize = 16;
+/// ...after which events are left to gather this long before the next read.
+const STORM_BATCH_PAUSE: Duration = Duration::from_millis(25);
+
 #[derive(Debug, Clone)]
 pub struct ProberConfig {
     pub plugin_dir: PathBuf,
@@ -223,7 +228,16 @@ impl Loop {
     ) {
         let jobs = self.start_workers(messages_tx, wake);
         let mut changes = Vec::new();
+        let mut busy_since_read: Option<Instant> = None;
         loop {
+            // After a large batch (an event storm), let events gather for a moment: a storm then
+            // costs a few dozen wake-ups a second, while a quiet plugin dir still reacts at once.
+            if let Some(read_at) = busy_since_read.take() {
+                let pause = STORM_BATCH_PAUSE.saturating_sub(read_at.elapsed());
+                if !pause.is_zero() {
+                    std::thread::sleep(pause);
+                }
+            }
             let now = Instant::now();
             let deadline = [self.coalescer.next_deadline(), self.rescan_deadline(now)]
                 .into_iter()
@@ -271,9 +285,13 @@ impl Loop {
             }
 
             changes.clear();
-            if let Err(e) = self.watches.read(&mut changes) {
-                tracing::error!(error = %e, "reading inotify events failed; rescanning");
-                changes.push(Change::Rescan);
+            match self.watches.read(&mut changes) {
+                Ok(n) if n >= STORM_BATCH_EVENTS => busy_since_read = Some(Instant::now()),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "reading inotify events failed; rescanning");
+                    changes.push(Change::Rescan);
+                }
             }
             for change in changes.drain(..) {
                 match change {
@@ -309,6 +327,10 @@ impl Loop {
                 }
                 if self.coalescer.change(&key, now) {
                     self.dispatch(&key, &jobs);
+                } else if !self.watches.degraded.contains(&key) {
+                    // Its trailing-edge probe is scheduled and will read the directory as it is
+                    // then (and re-watch it): until then its events say nothing new.
+                    self.watches.unwatch_key(&key);
                 }
             }
             for key in self.coalescer.due(now) {

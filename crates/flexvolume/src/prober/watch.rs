@@ -35,13 +35,14 @@ pub enum Change {
     RootGone,
 }
 
+/// Writes are seen at CLOSE_WRITE, when the content is complete, not at each MODIFY: a third of
+/// the events of a storm, and never a probe of a half-written file.
 fn mask() -> WatchMask {
     WatchMask::CREATE
         | WatchMask::DELETE
         | WatchMask::MOVED_FROM
         | WatchMask::MOVED_TO
         | WatchMask::CLOSE_WRITE
-        | WatchMask::MODIFY
         | WatchMask::ATTRIB
         | WatchMask::DELETE_SELF
         | WatchMask::MOVE_SELF
@@ -154,14 +155,21 @@ impl WatchSet {
             .collect()
     }
 
-    /// Re-creates the watches of one key from what is on disk now.
-    pub fn sync_key(&mut self, key: &str) {
+    /// Stops watching below one key (the plugin dir's own watch still sees the entry come and
+    /// go). Used while the key's next probe is already scheduled: its events would say nothing
+    /// new, and a storm of them would cost CPU for nothing.
+    pub fn unwatch_key(&mut self, key: &str) {
         for wd in self.by_key.remove(key).unwrap_or_default() {
             if self.by_wd.get(&wd).is_some_and(|(owner, _)| owner == key) {
                 self.by_wd.remove(&wd);
                 let _ = self.inotify.watches().remove(wd);
             }
         }
+    }
+
+    /// Re-creates the watches of one key from what is on disk now.
+    pub fn sync_key(&mut self, key: &str) {
+        self.unwatch_key(key);
         self.degraded.remove(key);
         let top = self.root.join(key);
         self.add_tree(key, &top);
@@ -199,13 +207,15 @@ impl WatchSet {
         }
     }
 
-    /// Reads every pending event (never blocks) and appends what they mean.
-    pub fn read(&mut self, out: &mut Vec<Change>) -> io::Result<()> {
+    /// Reads every pending event (never blocks) and appends what they mean; returns how many
+    /// events were read.
+    pub fn read(&mut self, out: &mut Vec<Change>) -> io::Result<usize> {
+        let mut count = 0;
         let mut buffer = [0u8; 64 * 1024];
         loop {
             let events = match self.inotify.read_events(&mut buffer) {
                 Ok(events) => events,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(count),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
@@ -213,6 +223,7 @@ impl WatchSet {
             let mut any = false;
             for event in events {
                 any = true;
+                count += 1;
                 if event.mask.contains(EventMask::Q_OVERFLOW) {
                     out.push(Change::Rescan);
                     continue;
@@ -256,7 +267,7 @@ impl WatchSet {
                 self.add_tree(&key, &dir);
             }
             if !any {
-                return Ok(());
+                return Ok(count);
             }
         }
     }
