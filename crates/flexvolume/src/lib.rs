@@ -16,6 +16,8 @@
 
 pub mod install;
 pub mod layout;
+pub mod lifecycle;
+pub mod mount;
 pub mod name;
 pub mod options;
 pub mod plugin;
@@ -23,6 +25,7 @@ pub mod prober;
 pub mod protocol;
 pub mod runner;
 pub mod spec;
+pub mod state;
 
 pub use layout::{Driver, LayoutPolicy};
 pub use name::DriverName;

@@ -1,0 +1,113 @@
+//! Attach side: attach → waitforattach → mountdevice, and back: unmountdevice → detach.
+//! Each with kubelet's default when the driver answers `Not supported`.
+
+use std::path::Path;
+
+use super::{io_err, Lifecycle, LifecycleError};
+use crate::mount;
+use crate::options::Options;
+use crate::plugin::Plugin;
+use crate::protocol::CallOut;
+use crate::runner::CallError;
+use crate::spec::VolumeSpec;
+
+/// Attaches the volume to this node and waits for its device. Defaults: attach → device "";
+/// waitforattach → the device attach gave.
+pub fn attach_and_wait(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+) -> Result<String, LifecycleError> {
+    let options = Options::for_volume(spec);
+    let device = match plugin.call(&lc.runner, &CallOut::attach(&options, &lc.node)) {
+        Ok(reply) => reply.device.unwrap_or_default(),
+        Err(e) if e.is_not_supported() => String::new(),
+        Err(e) => return Err(e.into()),
+    };
+    match plugin.call(&lc.runner, &CallOut::wait_for_attach(&device, &options)) {
+        Ok(reply) => Ok(reply.device.filter(|d| !d.is_empty()).unwrap_or(device)),
+        Err(e) if e.is_not_supported() => Ok(device),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Mounts the device on the device mount dir unless it is mounted already. Default: nothing
+/// for an empty device; else format-if-unformatted and mount. Returns whether it formatted.
+pub fn mount_device(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    device: &str,
+    dir: &Path,
+) -> Result<bool, LifecycleError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    if mount::is_mount_point(dir)? {
+        return Ok(false);
+    }
+    let options = Options::for_volume(spec);
+    match plugin.call(&lc.runner, &CallOut::mount_device(dir, device, &options)) {
+        Ok(_) => Ok(false),
+        Err(e) if e.is_not_supported() => {
+            if device.is_empty() {
+                return Ok(false);
+            }
+            Ok(mount::format_and_mount(
+                Path::new(device),
+                dir,
+                &spec.fs_type,
+                spec.read_only,
+            )?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The name detach receives: getvolumename's answer with `/` as `~` (as kubelet does), or the
+/// volume's own name when the driver does not support getvolumename.
+pub fn detach_name(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+) -> Result<String, LifecycleError> {
+    match plugin.call(
+        &lc.runner,
+        &CallOut::get_volume_name(&Options::for_volume(spec)),
+    ) {
+        Ok(reply) => Ok(reply
+            .volume_name
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| spec.volume_name.clone())
+            .replace('/', "~")),
+        Err(e) if e.is_not_supported() => Ok(spec.volume_name.replace('/', "~")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Unmounts the device mount dir (default: plain unmount) and removes it.
+pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(), LifecycleError> {
+    if dir.exists() && mount::is_mount_point(dir)? {
+        match plugin.call(&lc.runner, &CallOut::unmount_device(dir)) {
+            Ok(_) => {}
+            Err(e) if e.is_not_supported() => mount::unmount(dir)?,
+            Err(e) => return Err(e.into()),
+        }
+        // A driver that said Success but left it mounted is not trusted blindly.
+        if mount::is_mount_point(dir)? {
+            mount::unmount(dir)?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(dir)(e)),
+    }
+}
+
+/// Detaches the volume from this node. Default: success.
+pub fn detach(lc: &Lifecycle, plugin: &Plugin, name: &str) -> Result<bool, LifecycleError> {
+    match plugin.call(&lc.runner, &CallOut::detach(name, &lc.node)) {
+        Ok(_) => Ok(true),
+        Err(CallError::NotSupported { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}

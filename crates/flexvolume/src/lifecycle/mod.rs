@@ -1,0 +1,169 @@
+//! The volume lifecycle: what kubelet does with a FlexVolume driver, with Kubernetes' default
+//! for every call-out a driver answers `Not supported` to (SPEC §6).
+//!
+//! Node flow, attachable driver: attach → waitforattach → mountdevice onto the device mount
+//! dir → mount (default: bind of the device mount dir) into each target; and back: unmount
+//! each target → unmountdevice when the last target is gone → detach. A non-attachable
+//! driver: mount / unmount only.
+//!
+//! Every step may be repeated: a mounted target is not mounted again (the driver is not even
+//! called), an absent or unmounted target unmounts successfully, directories flexd created are
+//! removed on teardown, a failed mount removes the target it created. Operations on one target
+//! (and on one device) are serialized by `flock`s, across threads and processes; different
+//! volumes proceed in parallel.
+
+mod attacher;
+mod mounter;
+mod unmounter;
+
+use std::path::{Path, PathBuf};
+
+use crate::mount::MountError;
+use crate::name::DriverName;
+use crate::plugin::Plugin;
+use crate::runner::{CallError, RunnerConfig};
+use crate::spec::{PodInfo, VolumeSpec};
+use crate::state::{StateDir, StateError};
+
+pub use unmounter::DriverResolver;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("volume name {0:?} cannot be used: it must be non-empty")]
+    VolumeName(String),
+    #[error("{target} is not an absolute path")]
+    RelativeTarget { target: PathBuf },
+    #[error("driver {driver} is needed to unmount {target} but is neither installed nor pinned")]
+    NoDriver { driver: String, target: PathBuf },
+    #[error("the driver does not support mount for volume {volume}, and there is no mounted device to bind instead")]
+    NoDevice { volume: String },
+}
+
+/// The lifecycle of volumes on one node.
+#[derive(Debug, Clone)]
+pub struct Lifecycle {
+    pub runner: RunnerConfig,
+    pub state: StateDir,
+    /// This node's name, as attach/detach/isattached receive it.
+    pub node: String,
+}
+
+/// A mount to perform.
+pub struct MountRequest<'a> {
+    pub plugin: &'a Plugin,
+    pub spec: &'a VolumeSpec,
+    pub pod: &'a PodInfo,
+    /// The group that must own the volume (SetUp(fsGroup)); `None` leaves ownership alone.
+    pub fs_group: Option<u32>,
+    pub target: &'a Path,
+}
+
+/// What a mount did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MountOutcome {
+    pub target: PathBuf,
+    /// False when the target was already mounted (nothing was done).
+    pub mounted_now: bool,
+    pub device: Option<String>,
+    pub device_mount_dir: Option<PathBuf>,
+    /// Whether the device was formatted by the default mountdevice.
+    pub formatted: bool,
+}
+
+/// What an unmount did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UnmountOutcome {
+    pub target: PathBuf,
+    /// False when flexd had no record of it (nothing of ours to undo).
+    pub managed: bool,
+    pub unmounted_device: bool,
+    pub detached: bool,
+}
+
+/// A volume name made safe as one path component: `/` becomes `~` (as kubelet does), anything
+/// but `[A-Za-z0-9._~-]` is %-escaped, and a leading `.` is escaped so `..` never appears.
+pub fn path_component(volume_name: &str) -> Result<String, LifecycleError> {
+    if volume_name.is_empty() {
+        return Err(LifecycleError::VolumeName(volume_name.to_owned()));
+    }
+    let mut out = String::new();
+    for (i, b) in volume_name.bytes().enumerate() {
+        match b {
+            b'/' => out.push('~'),
+            b'.' if i == 0 => out.push_str("%2E"),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'~' | b'-' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    Ok(out)
+}
+
+impl Lifecycle {
+    /// Where the device of a volume is mounted: `<state-dir>/devices/<vendor~driver>/<volume>`.
+    pub fn device_mount_dir(
+        &self,
+        driver: &DriverName,
+        volume_name: &str,
+    ) -> Result<PathBuf, LifecycleError> {
+        Ok(self
+            .state
+            .root
+            .join("devices")
+            .join(driver.dir_name())
+            .join(path_component(volume_name)?))
+    }
+
+    /// Attach (when the driver attaches), mount the device, mount the target.
+    pub fn mount(&self, request: &MountRequest<'_>) -> Result<MountOutcome, LifecycleError> {
+        mounter::mount(self, request)
+    }
+
+    /// Tears down exactly what [`Lifecycle::mount`] did for `target`.
+    pub fn unmount(
+        &self,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        unmounter::unmount(self, target, resolve)
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LifecycleError + '_ {
+    move |source| LifecycleError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_names_become_safe_path_components() {
+        assert_eq!(path_component("pv-1").unwrap(), "pv-1");
+        assert_eq!(path_component("ns/vol").unwrap(), "ns~vol");
+        assert_eq!(path_component("..").unwrap(), "%2E.");
+        assert_eq!(path_component("../etc").unwrap(), "%2E.~etc");
+        assert_eq!(path_component("a b\n").unwrap(), "a%20b%0A");
+        assert!(path_component("").is_err());
+        for hostile in ["..", "../../x", "/abs", ".hidden", "a/../b"] {
+            let c = path_component(hostile).unwrap();
+            assert!(!c.contains('/') && !c.starts_with('.'), "{hostile} -> {c}");
+        }
+    }
+}

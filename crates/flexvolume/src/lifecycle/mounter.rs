@@ -1,0 +1,128 @@
+//! SetUp: mount a volume on its target.
+
+use std::path::Path;
+
+use super::attacher;
+use super::{io_err, Lifecycle, LifecycleError, MountOutcome, MountRequest};
+use crate::mount;
+use crate::options::Options;
+use crate::protocol::CallOut;
+use crate::state::{Stage, VolumeRecord};
+
+pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, LifecycleError> {
+    let target = req.target;
+    if !target.is_absolute() {
+        return Err(LifecycleError::RelativeTarget {
+            target: target.to_owned(),
+        });
+    }
+    let _target_lock = lc.state.lock(target)?;
+    let existing = lc.state.load(target)?;
+    if mount::is_mount_point(target)? {
+        tracing::debug!(target = %target.display(), "already mounted");
+        return Ok(MountOutcome {
+            target: target.to_owned(),
+            mounted_now: false,
+            device: existing.as_ref().and_then(|r| r.device.clone()),
+            device_mount_dir: existing.and_then(|r| r.device_mount_dir),
+            formatted: false,
+        });
+    }
+    let plugin = req.plugin;
+    let spec = req.spec;
+    let created_target = !target.exists();
+    std::fs::create_dir_all(target).map_err(io_err(target))?;
+    let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+    let mut record = VolumeRecord {
+        target: target.to_owned(),
+        driver: spec.driver.to_string(),
+        volume_name: spec.volume_name.clone(),
+        fs_type: spec.fs_type.clone(),
+        read_only: spec.read_only,
+        options: spec.options.clone(),
+        attachable: plugin.capabilities.attach,
+        node: lc.node.clone(),
+        device: None,
+        device_mount_dir: None,
+        detach_name: spec.volume_name.replace('/', "~"),
+        pinned: Some(pinned),
+        created_target,
+        stage: Stage::DeviceMounted,
+    };
+    let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
+    let result = (|| {
+        let mut formatted = false;
+        if plugin.capabilities.attach {
+            let _device_lock = lc.state.lock(&device_dir)?;
+            record.detach_name = attacher::detach_name(lc, plugin, spec)?;
+            let device = attacher::attach_and_wait(lc, plugin, spec)?;
+            formatted = attacher::mount_device(lc, plugin, spec, &device, &device_dir)?;
+            record.device = Some(device).filter(|d| !d.is_empty());
+            record.device_mount_dir = Some(device_dir.clone());
+            // From here a crash leaves a record that unmount can undo.
+            lc.state.save(&record)?;
+        }
+        mount_target(lc, req, &device_dir)?;
+        Ok(formatted)
+    })();
+    match result {
+        Ok(formatted) => {
+            record.stage = Stage::Mounted;
+            lc.state.save(&record)?;
+            set_up_ownership(req);
+            Ok(MountOutcome {
+                target: target.to_owned(),
+                mounted_now: true,
+                device: record.device,
+                device_mount_dir: record.device_mount_dir,
+                formatted,
+            })
+        }
+        Err(e) => {
+            if created_target && !mount::is_mount_point(target).unwrap_or(true) {
+                let _ = std::fs::remove_dir(target);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The driver's mount; default: bind mount of the device mount dir (read-only bind for a
+/// read-only volume).
+fn mount_target(
+    lc: &Lifecycle,
+    req: &MountRequest<'_>,
+    device_dir: &Path,
+) -> Result<(), LifecycleError> {
+    let options = Options::for_mount(req.spec, req.pod, req.fs_group);
+    match req
+        .plugin
+        .call(&lc.runner, &CallOut::mount(req.target, &options))
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_supported() => {
+            if !device_dir.is_dir() {
+                return Err(LifecycleError::NoDevice {
+                    volume: req.spec.volume_name.clone(),
+                });
+            }
+            Ok(mount::bind_mount(
+                device_dir,
+                req.target,
+                req.spec.read_only,
+            )?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// SetUp(fsGroup): where the volume's group ownership is applied after a successful
+/// read-write mount. Not implemented yet (the ownership pass is its own piece of work); the
+/// fsGroup already reaches the driver as `kubernetes.io/mounterArgs.FsGroup`.
+fn set_up_ownership(req: &MountRequest<'_>) {
+    if let Some(gid) = req.fs_group {
+        if !req.spec.read_only && req.plugin.capabilities.fs_group {
+            tracing::warn!(target = %req.target.display(), fs_group = gid, "fsGroup ownership pass not implemented yet; left to the driver");
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! TearDown: unmount a target, and when it was the device's last one, unmount the device and
+//! detach.
+
+use std::path::Path;
+
+use super::attacher;
+use super::{Lifecycle, LifecycleError, UnmountOutcome};
+use crate::mount;
+use crate::plugin::Plugin;
+use crate::protocol::CallOut;
+use crate::state::{Stage, VolumeRecord};
+
+/// Finds the plugin to tear a volume down with: the installed driver when it is there (a
+/// replaced driver's new version is used), else the copy pinned at mount time.
+pub trait DriverResolver {
+    fn resolve(&self, record: &VolumeRecord) -> Option<Plugin>;
+}
+
+pub fn unmount(
+    lc: &Lifecycle,
+    target: &Path,
+    resolve: &dyn DriverResolver,
+) -> Result<UnmountOutcome, LifecycleError> {
+    let _target_lock = lc.state.lock(target)?;
+    let Some(record) = lc.state.load(target)? else {
+        // Not ours: nothing to undo. A path that does not exist or is not mounted is fine.
+        return Ok(UnmountOutcome {
+            target: target.to_owned(),
+            managed: false,
+            unmounted_device: false,
+            detached: false,
+        });
+    };
+    let plugin = resolve
+        .resolve(&record)
+        .ok_or_else(|| LifecycleError::NoDriver {
+            driver: record.driver.clone(),
+            target: target.to_owned(),
+        })?;
+    if record.stage == Stage::Mounted && target.exists() && mount::is_mount_point(target)? {
+        match plugin.call(&lc.runner, &CallOut::unmount(target)) {
+            Ok(_) => {}
+            Err(e) if e.is_not_supported() => mount::unmount(target)?,
+            Err(e) => return Err(e.into()),
+        }
+        if mount::is_mount_point(target)? {
+            mount::unmount(target)?;
+        }
+    }
+    if record.created_target {
+        match std::fs::remove_dir(target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(target = %target.display(), error = %e, "target directory left in place")
+            }
+        }
+    }
+    let mut outcome = UnmountOutcome {
+        target: target.to_owned(),
+        managed: true,
+        unmounted_device: false,
+        detached: false,
+    };
+    if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
+        let _device_lock = lc.state.lock(device_dir)?;
+        let others = lc
+            .state
+            .list()?
+            .into_iter()
+            .flatten()
+            .filter(|r| {
+                r.target != record.target && r.device_mount_dir.as_ref() == Some(device_dir)
+            })
+            .count();
+        if others == 0 {
+            attacher::unmount_device(lc, &plugin, device_dir)?;
+            outcome.unmounted_device = true;
+            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name)?;
+        }
+    }
+    lc.state.remove(target)?;
+    Ok(outcome)
+}

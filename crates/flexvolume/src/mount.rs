@@ -1,0 +1,298 @@
+//! Mount helpers: reading the mount table, bind mounts, unmounts, format-and-mount.
+//!
+//! Mounts go through the syscalls (rustix), not the `mount` command, so paths with spaces or
+//! options-looking names are never reinterpreted. Formatting shells out to `mkfs.<fs>` (the
+//! filesystems' own tools) and never runs on a device that already holds a filesystem.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("cannot read the mount table: {0}")]
+    MountTable(#[source] io::Error),
+    #[error("mount {source_path} on {target} failed: {error}")]
+    Mount {
+        source_path: String,
+        target: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    #[error("unmount {target} failed: {error}")]
+    Unmount {
+        target: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    #[error("{command} failed ({status}): {stderr}")]
+    Tool {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("filesystem type {0:?} is not supported here (no mkfs.{0})")]
+    UnsupportedFs(String),
+}
+
+/// One line of /proc/self/mountinfo, the fields we use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    pub mount_point: PathBuf,
+    pub root: String,
+    pub fs_type: String,
+    pub source: String,
+    pub options: String,
+}
+
+/// Undoes the octal escapes of mountinfo (`\040` for a space, `\011` tab, `\012` newline,
+/// `\134` backslash).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(d) => {
+                let value = (u32::from(d[0] - b'0') << 6)
+                    | (u32::from(d[1] - b'0') << 3)
+                    | u32::from(d[2] - b'0');
+                match u8::try_from(value) {
+                    Ok(v) => out.push(v),
+                    Err(_) => out.extend_from_slice(&bytes[i..i + 4]),
+                }
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses the text of /proc/self/mountinfo. Malformed lines are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            Some(MountInfo {
+                root: unescape(left.get(3)?),
+                mount_point: PathBuf::from(unescape(left.get(4)?)),
+                options: left.get(5)?.to_string(),
+                fs_type: right.first()?.to_string(),
+                source: unescape(right.get(1).unwrap_or(&"")),
+            })
+        })
+        .collect()
+}
+
+pub fn mount_table() -> Result<Vec<MountInfo>, MountError> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(MountError::MountTable)?;
+    Ok(parse_mountinfo(&text))
+}
+
+/// Whether something is mounted exactly at `path` (compared after resolving symlinks).
+pub fn is_mount_point(path: &Path) -> Result<bool, MountError> {
+    let resolved = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    Ok(mount_table()?.iter().any(|m| m.mount_point == resolved))
+}
+
+/// Bind-mounts `source` onto `target`, read-only when asked (bind, then remount read-only: a
+/// read-only bind needs both steps on Linux).
+pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+    let err = |error: rustix::io::Errno| MountError::Mount {
+        source_path: source.display().to_string(),
+        target: target.to_owned(),
+        error: error.into(),
+    };
+    rustix::mount::mount_bind(source, target).map_err(err)?;
+    if read_only {
+        let flags = MountFlags::BIND | MountFlags::RDONLY;
+        if let Err(e) = rustix::mount::mount_remount(target, flags, "") {
+            let _ = unmount(target);
+            return Err(err(e));
+        }
+    }
+    // Volumes are private to their target: a mount made inside one never propagates elsewhere.
+    let _ = rustix::mount::mount_change(target, MountPropagationFlags::PRIVATE);
+    Ok(())
+}
+
+/// Unmounts `target`; not mounted (or absent) is success.
+pub fn unmount(target: &Path) -> Result<(), MountError> {
+    match rustix::mount::unmount(target, UnmountFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(MountError::Unmount {
+            target: target.to_owned(),
+            error: e.into(),
+        }),
+    }
+}
+
+/// The filesystem on a block device, or `None` when it holds none (`blkid -p` exit status 2).
+pub fn filesystem_of(device: &Path) -> Result<Option<String>, MountError> {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(device)
+        .output()
+        .map_err(|e| MountError::Tool {
+            command: "blkid".into(),
+            status: e.to_string(),
+            stderr: String::new(),
+        })?;
+    match out.status.code() {
+        Some(0) => {
+            let fs = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            // A signature that is not a filesystem (a partition table, LVM, …) is still data.
+            Ok(Some(if fs.is_empty() {
+                "unknown".to_owned()
+            } else {
+                fs
+            }))
+        }
+        Some(2) => Ok(None),
+        _ => Err(MountError::Tool {
+            command: format!("blkid -p {}", device.display()),
+            status: format!("{}", out.status),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        }),
+    }
+}
+
+/// Formats `device` with `fs_type` (default ext4) only if it holds nothing, then mounts it on
+/// `dir`. Returns whether it formatted. A device holding anything is never formatted.
+pub fn format_and_mount(
+    device: &Path,
+    dir: &Path,
+    fs_type: &str,
+    read_only: bool,
+) -> Result<bool, MountError> {
+    let fs_type = if fs_type.is_empty() { "ext4" } else { fs_type };
+    let mut formatted = false;
+    let existing = filesystem_of(device)?;
+    if existing.is_none() {
+        if read_only {
+            return Err(MountError::Tool {
+                command: format!("mount {} read-only", device.display()),
+                status: "refused".into(),
+                stderr: "the device holds no filesystem and the volume is read-only".into(),
+            });
+        }
+        let mkfs = format!("mkfs.{fs_type}");
+        let mut cmd = Command::new(&mkfs);
+        if fs_type.starts_with("ext") {
+            cmd.arg("-F").arg("-q");
+        }
+        let out = cmd
+            .arg(device)
+            .output()
+            .map_err(|_| MountError::UnsupportedFs(fs_type.to_owned()))?;
+        if !out.status.success() {
+            return Err(MountError::Tool {
+                command: format!("{mkfs} {}", device.display()),
+                status: format!("{}", out.status),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        formatted = true;
+    }
+    let mounted_type = existing
+        .filter(|t| t != "unknown")
+        .unwrap_or_else(|| fs_type.to_owned());
+    let mut flags = MountFlags::empty();
+    if read_only {
+        flags |= MountFlags::RDONLY;
+    }
+    rustix::mount::mount(device, dir, mounted_type.as_str(), flags, None).map_err(|e| {
+        MountError::Mount {
+            source_path: device.display().to_string(),
+            target: dir.to_owned(),
+            error: e.into(),
+        }
+    })?;
+    Ok(formatted)
+}
+
+/// Grows the filesystem mounted at `dir` from `device` to fill it.
+pub fn grow_filesystem(device: &Path, dir: &Path) -> Result<(), MountError> {
+    let fs = filesystem_of(device)?.unwrap_or_default();
+    let mut cmd = if fs == "xfs" {
+        let mut c = Command::new("xfs_growfs");
+        c.arg(dir);
+        c
+    } else {
+        let mut c = Command::new("resize2fs");
+        c.arg(device);
+        c
+    };
+    let out = cmd.output().map_err(|e| MountError::Tool {
+        command: format!("grow {fs}"),
+        status: e.to_string(),
+        stderr: String::new(),
+    })?;
+    if !out.status.success() {
+        return Err(MountError::Tool {
+            command: format!("grow {fs} on {}", device.display()),
+            status: format!("{}", out.status),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+36 22 0:32 / /var/lib/kubelet/pods/a\\040b/volumes rw,nosuid - tmpfs tmpfs rw,size=65536k
+40 22 7:0 / /mnt/with\\011tab\\012nl\\134back rw - ext4 /dev/loop0 rw
+41 22 8:1 /srv/data /mnt/bind ro - ext4 /dev/vda1 rw
+garbage line without separator
+";
+
+    #[test]
+    fn mountinfo_fields_and_escapes() {
+        let table = parse_mountinfo(SAMPLE);
+        assert_eq!(table.len(), 4);
+        assert_eq!(table[0].mount_point, PathBuf::from("/"));
+        assert_eq!(
+            table[1].mount_point,
+            PathBuf::from("/var/lib/kubelet/pods/a b/volumes")
+        );
+        assert_eq!(
+            (table[1].fs_type.as_str(), table[1].source.as_str()),
+            ("tmpfs", "tmpfs")
+        );
+        assert_eq!(
+            table[2].mount_point,
+            PathBuf::from("/mnt/with\ttab\nnl\\back")
+        );
+        assert_eq!(table[2].source, "/dev/loop0");
+        assert_eq!(
+            (table[3].root.as_str(), table[3].options.as_str()),
+            ("/srv/data", "ro")
+        );
+    }
+
+    #[test]
+    fn unescape_leaves_lone_backslashes() {
+        assert_eq!(unescape("a\\b"), "a\\b");
+        assert_eq!(unescape("a\\0"), "a\\0");
+        assert_eq!(unescape("\\040"), " ");
+        assert_eq!(unescape("x\\999"), "x\\999");
+        assert_eq!(unescape("é\\é"), "é\\é");
+        assert_eq!(unescape("\\777"), "\\777");
+    }
+}

@@ -1,0 +1,305 @@
+//! What must survive a crash to undo an operation: one record per mounted target.
+//!
+//! `<state-dir>/volumes/<id>.json`, written atomically (temporary file in the same directory,
+//! fsync, rename, fsync of the directory), so a crash leaves the old record or the new one,
+//! never half of one. Secrets are never written. Locks are `flock`s on files under
+//! `<state-dir>/locks/`: they serialize operations on one target (or one device) across threads
+//! *and* across separate `flexd` processes, and vanish with a crashed process.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("state record {path} is corrupt: {message}")]
+    Corrupt { path: PathBuf, message: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// How far a volume's setup got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    /// Attached and its device mounted on the device mount dir; the target not yet.
+    DeviceMounted,
+    /// Mounted on the target.
+    Mounted,
+}
+
+/// Everything needed to tear a volume down exactly as it was set up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub target: PathBuf,
+    pub driver: String,
+    pub volume_name: String,
+    pub fs_type: String,
+    pub read_only: bool,
+    /// The user's options (never secrets).
+    pub options: BTreeMap<String, String>,
+    pub attachable: bool,
+    pub node: String,
+    pub device: Option<String>,
+    pub device_mount_dir: Option<PathBuf>,
+    /// The name detach receives (getvolumename's answer with `/` as `~`, or the volume name).
+    pub detach_name: String,
+    /// A copy of the driver executable as it was at mount time, for teardown after removal.
+    pub pinned: Option<PathBuf>,
+    /// Whether flexd created the target directory (and so removes it on teardown).
+    pub created_target: bool,
+    pub stage: Stage,
+}
+
+/// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
+/// names live on disk across upgrades).
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+fn id_of(target: &Path) -> String {
+    format!(
+        "{:016x}",
+        stable_hash(target.as_os_str().as_encoded_bytes())
+    )
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    pub root: PathBuf,
+}
+
+/// An exclusive lock, released when dropped (or when the process dies).
+pub struct Lock {
+    _file: File,
+}
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    fn volumes(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+
+    pub fn record_path(&self, target: &Path) -> PathBuf {
+        self.volumes().join(format!("{}.json", id_of(target)))
+    }
+
+    /// Locks a name (a target path, a device mount dir) until the guard is dropped.
+    pub fn lock(&self, what: &Path) -> Result<Lock, StateError> {
+        let dir = self.root.join("locks");
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let path = dir.join(format!("{}.lock", id_of(what)));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+            StateError::Io {
+                path: path.clone(),
+                source: e.into(),
+            }
+        })?;
+        Ok(Lock { _file: file })
+    }
+
+    pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
+        let dir = self.volumes();
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let path = self.record_path(&record.target);
+        let temp = dir.join(format!(
+            ".{}.{}.tmp",
+            id_of(&record.target),
+            std::process::id()
+        ));
+        let json = serde_json::to_vec_pretty(record).map_err(|e| StateError::Corrupt {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let mut file = File::create(&temp).map_err(io_err(&temp))?;
+        file.write_all(&json).map_err(io_err(&temp))?;
+        file.sync_all().map_err(io_err(&temp))?;
+        fs::rename(&temp, &path).map_err(io_err(&path))?;
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&dir))?;
+        Ok(())
+    }
+
+    pub fn load(&self, target: &Path) -> Result<Option<VolumeRecord>, StateError> {
+        let path = self.record_path(target);
+        match fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| StateError::Corrupt {
+                        path,
+                        message: e.to_string(),
+                    })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    pub fn remove(&self, target: &Path) -> Result<(), StateError> {
+        let path = self.record_path(target);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                let dir = self.volumes();
+                File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_err(&dir))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// Every record; unreadable ones are reported, not hidden.
+    pub fn list(&self) -> Result<Vec<Result<VolumeRecord, StateError>>, StateError> {
+        let dir = self.volumes();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(&dir)(e)),
+        };
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if crate::layout::is_hidden(&name) || path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let record = fs::read(&path).map_err(io_err(&path)).and_then(|bytes| {
+                serde_json::from_slice::<VolumeRecord>(&bytes).map_err(|e| StateError::Corrupt {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })
+            });
+            records.push(record);
+        }
+        records.sort_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.target.cmp(&b.target),
+            _ => std::cmp::Ordering::Equal,
+        });
+        Ok(records)
+    }
+
+    /// Keeps a copy of a driver executable as it is now, so a volume mounted through it can be
+    /// torn down after the driver is removed. Hard link when possible (no copy), else a copy.
+    pub fn pin(&self, dir_name: &str, executable: &Path) -> Result<PathBuf, StateError> {
+        let content = fs::read(executable).map_err(io_err(executable))?;
+        let name = executable.file_name().unwrap_or_default();
+        let dir = self
+            .root
+            .join("pinned")
+            .join(dir_name)
+            .join(format!("{:016x}", stable_hash(&content)));
+        let pinned = dir.join(name);
+        if pinned.exists() {
+            return Ok(pinned);
+        }
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        if fs::hard_link(executable, &pinned).is_err() {
+            let temp = dir.join(".copy");
+            fs::copy(executable, &temp).map_err(io_err(&temp))?;
+            fs::rename(&temp, &pinned).map_err(io_err(&pinned))?;
+        }
+        Ok(pinned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(target: &str) -> VolumeRecord {
+        VolumeRecord {
+            target: target.into(),
+            driver: "acme/drv".into(),
+            volume_name: "pv-1".into(),
+            fs_type: "ext4".into(),
+            read_only: false,
+            options: BTreeMap::new(),
+            attachable: true,
+            node: "n1".into(),
+            device: Some("/dev/loop0".into()),
+            device_mount_dir: Some("/s/devices/acme~drv/pv-1".into()),
+            detach_name: "pv-1".into(),
+            pinned: None,
+            created_target: true,
+            stage: Stage::Mounted,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_list_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        assert!(state.load(Path::new("/t/a")).unwrap().is_none());
+        state.save(&record("/t/b")).unwrap();
+        state.save(&record("/t/a")).unwrap();
+        assert_eq!(state.load(Path::new("/t/a")).unwrap(), Some(record("/t/a")));
+        let listed: Vec<PathBuf> = state
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap().target)
+            .collect();
+        assert_eq!(listed, vec![PathBuf::from("/t/a"), PathBuf::from("/t/b")]);
+        state.remove(Path::new("/t/a")).unwrap();
+        state.remove(Path::new("/t/a")).unwrap();
+        assert_eq!(state.list().unwrap().len(), 1);
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(state.volumes())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn a_corrupt_record_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        fs::create_dir_all(state.volumes()).unwrap();
+        fs::write(state.record_path(Path::new("/t/x")), "{not json").unwrap();
+        assert!(matches!(
+            state.load(Path::new("/t/x")),
+            Err(StateError::Corrupt { .. })
+        ));
+        assert!(state.list().unwrap()[0].is_err());
+    }
+
+    #[test]
+    fn stable_hash_is_fnv1a() {
+        assert_eq!(stable_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
