@@ -6,6 +6,7 @@ pub mod drivers;
 pub mod install;
 pub mod logging;
 pub mod signals;
+pub mod volume;
 pub mod watch;
 
 use std::path::PathBuf;
@@ -77,6 +78,8 @@ pub enum Command {
     Drivers(drivers::DriversArgs),
     /// Run one call-out of a driver and print its parsed reply.
     Call(call::CallArgs),
+    /// Mount, unmount and list volumes: kubelet's node flow for one volume.
+    Volume(volume::VolumeArgs),
     /// Print every driver install, update and removal as it happens.
     Watch(watch::WatchArgs),
     /// Install a driver (file or directory) atomically into the plugin dir.
@@ -93,6 +96,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Drivers(args) => drivers::run(&cli.global, args),
         Command::Call(args) => call::run(&cli.global, args),
+        Command::Volume(args) => volume::run(&cli.global, args),
         Command::Watch(args) => watch::run(&cli.global, args),
         Command::Install(args) => install::run_install(&cli.global, args),
         Command::Uninstall(args) => install::run_uninstall(&cli.global, args),

@@ -1,0 +1,319 @@
+//! `flexd volume`: kubelet's node flow for one volume, by hand (mount, unmount, list).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Subcommand};
+use flexvolume::layout::{self, Driver};
+use flexvolume::lifecycle::{DriverResolver, Lifecycle, MountRequest};
+use flexvolume::state::{StateDir, VolumeRecord};
+use flexvolume::{DriverName, Plugin, PodInfo, RunnerConfig, VolumeSpec};
+
+use super::{Global, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct VolumeArgs {
+    /// Where flexd keeps what it needs to undo operations.
+    #[arg(long, global = true, default_value = "/var/lib/flexd")]
+    pub state_dir: PathBuf,
+    /// This node's name (attach/detach); default: the host name.
+    #[arg(long, global = true)]
+    pub node: Option<String>,
+    #[command(subcommand)]
+    pub command: VolumeCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Attach (if the driver attaches), mount the device, and mount the volume on TARGET.
+    Mount(Box<MountArgs>),
+    /// Tear down exactly what mount did for TARGET.
+    Unmount(UnmountArgs),
+    /// The volumes flexd manages.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// A PersistentVolume or pod Volume (YAML or JSON) whose flexVolume source describes the volume.
+    #[arg(short = 'f', long = "file", conflicts_with = "driver")]
+    pub file: Option<PathBuf>,
+    /// The driver: vendor/driver.
+    #[arg(long, required_unless_present = "file")]
+    pub driver: Option<String>,
+    #[arg(long)]
+    pub target: PathBuf,
+    /// The PV or pod volume name (kubernetes.io/pvOrVolumeName); default: the target's name.
+    #[arg(long)]
+    pub volume_name: Option<String>,
+    /// The flexVolume options, a JSON object of strings.
+    #[arg(long)]
+    pub options: Option<String>,
+    #[arg(long)]
+    pub fs_type: Option<String>,
+    #[arg(long)]
+    pub read_only: bool,
+    /// The group that must own the volume (SetUp(fsGroup)).
+    #[arg(long)]
+    pub fs_group: Option<u32>,
+    /// A secret value, KEY=VALUE (repeatable); passed to mount only, base64, never printed.
+    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    pub secrets: Vec<String>,
+    #[arg(long, default_value = "")]
+    pub pod_name: String,
+    #[arg(long, default_value = "")]
+    pub pod_namespace: String,
+    #[arg(long, default_value = "")]
+    pub pod_uid: String,
+    #[arg(long, default_value = "")]
+    pub service_account: String,
+}
+
+#[derive(Debug, Args)]
+pub struct UnmountArgs {
+    #[arg(long)]
+    pub target: PathBuf,
+}
+
+fn node_name(args: &VolumeArgs) -> String {
+    args.node.clone().unwrap_or_else(|| {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+/// The flexVolume source of a PersistentVolume or pod Volume, as our spec.
+fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value = serde_yaml_ng::from_str(&text)
+        .with_context(|| format!("{} is not YAML or JSON", path.display()))?;
+    let (volume_name, driver, fs_type, read_only, options, secret_ref) =
+        if value.get("kind").and_then(|k| k.as_str()) == Some("PersistentVolume") {
+            let pv: PersistentVolume =
+                serde_json::from_value(value).context("not a valid PersistentVolume")?;
+            let name = pv
+                .metadata
+                .name
+                .clone()
+                .context("the PersistentVolume has no metadata.name")?;
+            let flex = pv
+                .spec
+                .and_then(|s| s.flex_volume)
+                .context("the PersistentVolume has no spec.flexVolume")?;
+            (
+                name,
+                flex.driver,
+                flex.fs_type,
+                flex.read_only,
+                flex.options,
+                flex.secret_ref.and_then(|s| s.name),
+            )
+        } else {
+            let volume: Volume = serde_json::from_value(value)
+                .context("neither a PersistentVolume nor a pod Volume")?;
+            let flex = volume
+                .flex_volume
+                .context("the Volume has no flexVolume source")?;
+            (
+                volume.name,
+                flex.driver,
+                flex.fs_type,
+                flex.read_only,
+                flex.options,
+                flex.secret_ref.map(|s| s.name),
+            )
+        };
+    let driver =
+        DriverName::parse(&driver).with_context(|| format!("flexVolume.driver {driver:?}"))?;
+    let mut spec = VolumeSpec::new(volume_name, driver);
+    spec.fs_type = fs_type.unwrap_or_default();
+    spec.read_only = read_only.unwrap_or(false);
+    spec.options = options.unwrap_or_default();
+    Ok((spec, secret_ref))
+}
+
+fn build_spec(args: &MountArgs) -> anyhow::Result<VolumeSpec> {
+    let (mut spec, secret_ref) = match &args.file {
+        Some(file) => spec_from_file(file)?,
+        None => {
+            let driver = args.driver.as_deref().unwrap_or_default();
+            let driver = DriverName::parse(driver)?;
+            let name = args
+                .volume_name
+                .clone()
+                .or_else(|| {
+                    args.target
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                })
+                .context("--volume-name is needed when the target has no file name")?;
+            (VolumeSpec::new(name, driver), None)
+        }
+    };
+    if let Some(name) = &args.volume_name {
+        spec.volume_name = name.clone();
+    }
+    if let Some(fs) = &args.fs_type {
+        spec.fs_type = fs.clone();
+    }
+    if args.read_only {
+        spec.read_only = true;
+    }
+    if let Some(json) = &args.options {
+        let options: BTreeMap<String, String> =
+            serde_json::from_str(json).context("--options must be a JSON object of strings")?;
+        spec.options.extend(options);
+    }
+    for pair in &args.secrets {
+        // The error never quotes the value.
+        let (key, value) = pair.split_once('=').context("--secret takes KEY=VALUE")?;
+        if key.is_empty() {
+            bail!("--secret takes KEY=VALUE with a non-empty KEY");
+        }
+        spec.secrets
+            .insert(key.to_owned(), value.as_bytes().to_vec());
+    }
+    if let (Some(name), true) = (secret_ref, spec.secrets.is_empty()) {
+        bail!("the volume references secret {name:?}; give its values with --secret KEY=VALUE");
+    }
+    Ok(spec)
+}
+
+/// The installed driver when it is there and initialises, else the pinned copy.
+struct Resolver<'a> {
+    global: &'a Global,
+    runner: &'a RunnerConfig,
+}
+
+impl DriverResolver for Resolver<'_> {
+    fn resolve(&self, record: &VolumeRecord) -> Option<Plugin> {
+        let name = DriverName::parse(&record.driver).ok()?;
+        if let Ok(driver) =
+            layout::locate(&self.global.plugin_dir, &name, self.global.layout_policy())
+        {
+            match Plugin::init(driver, self.runner) {
+                Ok(plugin) => return Some(plugin),
+                Err(e) => {
+                    tracing::warn!(driver = %name, error = %e, "installed driver failed init; using the pinned copy")
+                }
+            }
+        }
+        let pinned = record.pinned.clone()?;
+        tracing::info!(driver = %name, pinned = %pinned.display(), "driver not installed; tearing down with its pinned copy");
+        let driver = Driver {
+            name,
+            dir: pinned.parent()?.to_owned(),
+            path: pinned,
+        };
+        let ok = flexvolume::protocol::find_reply(br#"{"status":"Success"}"#)?;
+        Some(Plugin::from_init_reply(driver, &ok))
+    }
+}
+
+pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
+    let lifecycle = Lifecycle {
+        runner: RunnerConfig::default(),
+        state: StateDir::new(&args.state_dir),
+        node: node_name(&args),
+    };
+    match &args.command {
+        VolumeCommand::Mount(mount) => {
+            let spec = build_spec(mount)?;
+            let target = std::path::absolute(&mount.target).context("bad --target")?;
+            let driver = layout::locate(&global.plugin_dir, &spec.driver, global.layout_policy())
+                .with_context(|| {
+                format!(
+                    "driver {} is not usable: new mounts through it are refused",
+                    spec.driver
+                )
+            })?;
+            let plugin = Plugin::init(driver, &lifecycle.runner)
+                .with_context(|| format!("driver {} failed init", spec.driver))?;
+            let pod = PodInfo {
+                name: mount.pod_name.clone(),
+                namespace: mount.pod_namespace.clone(),
+                uid: mount.pod_uid.clone(),
+                service_account: mount.service_account.clone(),
+            };
+            let request = MountRequest {
+                plugin: &plugin,
+                spec: &spec,
+                pod: &pod,
+                fs_group: mount.fs_group,
+                target: &target,
+            };
+            let outcome = lifecycle.mount(&request).with_context(|| {
+                format!(
+                    "cannot mount volume {} on {}",
+                    spec.volume_name,
+                    target.display()
+                )
+            })?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&outcome)?,
+                OutputFormat::Text if outcome.mounted_now => {
+                    println!("mounted {} on {}", spec.volume_name, target.display())
+                }
+                OutputFormat::Text => println!("{} is already mounted", target.display()),
+            }
+        }
+        VolumeCommand::Unmount(unmount) => {
+            let target = std::path::absolute(&unmount.target).context("bad --target")?;
+            let resolver = Resolver {
+                global,
+                runner: &lifecycle.runner,
+            };
+            let outcome = lifecycle
+                .unmount(&target, &resolver)
+                .with_context(|| format!("cannot unmount {}", target.display()))?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&outcome)?,
+                OutputFormat::Text if outcome.managed => println!("unmounted {}", target.display()),
+                OutputFormat::Text => println!(
+                    "{} is not a volume flexd manages; nothing to do",
+                    target.display()
+                ),
+            }
+        }
+        VolumeCommand::List => {
+            let records = lifecycle.state.list()?;
+            let mut ok = Vec::new();
+            for record in records {
+                match record {
+                    Ok(r) => ok.push(r),
+                    Err(e) => eprintln!("flexd: {e}"),
+                }
+            }
+            match global.output {
+                OutputFormat::Json => super::print_json(&ok)?,
+                OutputFormat::Text => {
+                    println!(
+                        "{:40}  {:20}  {:16}  {:14}  DEVICE",
+                        "TARGET", "DRIVER", "VOLUME", "STATE"
+                    );
+                    for r in &ok {
+                        let stage = serde_json::to_value(r.stage)?
+                            .as_str()
+                            .unwrap_or("?")
+                            .to_owned();
+                        println!(
+                            "{:40}  {:20}  {:16}  {:14}  {}",
+                            r.target.display(),
+                            r.driver,
+                            r.volume_name,
+                            stage,
+                            r.device.as_deref().unwrap_or("-")
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

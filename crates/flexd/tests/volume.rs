@@ -1,0 +1,631 @@
+//! `flexd volume` through the real binary, with real mounts (tmpfs, bind, loop devices with a
+//! real ext4). Needs root; each test skips with a message otherwise. Every test cleans up its
+//! mounts and loop devices in a guard, even when it fails.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn is_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root to mount (tmpfs, bind, loop devices)");
+    false
+}
+
+/// A sandbox: plugin dir, state dir, a work dir for targets; unmounts everything below it and
+/// detaches its loop devices when dropped.
+struct Sandbox {
+    root: tempfile::TempDir,
+    loops: Vec<String>,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["exec", "state", "work"] {
+            std::fs::create_dir(root.path().join(d)).unwrap();
+        }
+        Self {
+            root,
+            loops: Vec::new(),
+        }
+    }
+    fn plugin(&self) -> PathBuf {
+        self.root.path().join("exec")
+    }
+    fn state(&self) -> PathBuf {
+        self.root.path().join("state")
+    }
+    fn target(&self, name: &str) -> PathBuf {
+        self.root.path().join("work").join(name)
+    }
+    fn log(&self) -> PathBuf {
+        self.root.path().join("calls.log")
+    }
+
+    fn flexd(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(self.plugin())
+            .args(["volume", "--node", "node-1", "--state-dir"])
+            .arg(self.state())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Installs a driver script that logs every call (argv, tab-separated) before running
+    /// `body` (a `case "$1"` block).
+    fn driver(&self, dir_name: &str, body: &str) {
+        let dir = self.plugin().join(dir_name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir_name.rsplit('~').next().unwrap();
+        let script = format!(
+            "#!/bin/sh\n{{ for a in \"$@\"; do printf '%s\\t' \"$a\"; done; echo; }} >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
+            self.log().display()
+        );
+        let staged = dir.join(format!(".{exe}"));
+        std::fs::write(&staged, script).unwrap();
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&staged, dir.join(exe)).unwrap();
+    }
+
+    /// The logged calls, each as its argv.
+    fn calls(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(self.log())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                l.trim_end_matches('\t')
+                    .split('\t')
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn calls_of(&self, op: &str) -> Vec<Vec<String>> {
+        self.calls().into_iter().filter(|c| c[0] == op).collect()
+    }
+
+    fn loop_device(&mut self, size_mb: u64) -> String {
+        let image = self
+            .root
+            .path()
+            .join(format!("disk{}.img", self.loops.len()));
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(size_mb * 1024 * 1024).unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&image)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "losetup: {out:?}");
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        self.loops.push(dev.clone());
+        dev
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let root = self
+            .root
+            .path()
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.path().to_owned());
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        for m in mounts {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+        for dev in &self.loops {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    flexvolume::mount::is_mount_point(path).unwrap()
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "flexd failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+const TMPFS_MOUNT: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+#[test]
+fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let target = s.target("vol");
+    let t = target.to_str().unwrap();
+    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("file"), "data").unwrap();
+    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    assert_eq!(
+        s.calls_of("mount").len(),
+        1,
+        "mounting a mounted target does not call the driver"
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("file")).unwrap(),
+        "data"
+    );
+
+    let out = s.flexd(&["--output", "json", "list"]);
+    ok(&out);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["driver"], "acme/tmpfs");
+    assert_eq!(list[0]["stage"], "mounted");
+
+    ok(&s.flexd(&["unmount", "--target", t]));
+    assert!(!target.exists(), "the target flexd created is removed");
+    ok(&s.flexd(&["unmount", "--target", t]));
+    assert_eq!(s.calls_of("unmount").len(), 1);
+    let out = s.flexd(&["--output", "json", "list"]);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        serde_json::json!([])
+    );
+}
+
+const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
+getvolumename) echo '{"status":"Success","volumeName":"backend/vol-1"}';;
+attach) echo '{"status":"Success","device":"/dev/fake-1"}';;
+waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
+mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
+unmountdevice) umount "$2"; echo '{"status":"Success"}';;
+detach) echo '{"status":"Success"}';;"#;
+
+#[test]
+fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~block", ATTACHING);
+    let target = s.target("pod-vol");
+    let t = target.to_str().unwrap();
+    let out = s.flexd(&[
+        "--output",
+        "json",
+        "mount",
+        "--driver",
+        "acme/block",
+        "--target",
+        t,
+        "--volume-name",
+        "pv-1",
+        "--fs-type",
+        "ext4",
+        "--fs-group",
+        "2000",
+        "--options",
+        r#"{"server":"s1"}"#,
+        "--secret",
+        "password=hunter2",
+        "--pod-name",
+        "web-0",
+        "--pod-namespace",
+        "prod",
+        "--pod-uid",
+        "uid-1",
+        "--service-account",
+        "sa",
+    ]);
+    ok(&out);
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["device"], "/dev/fake-1");
+    let device_dir = s.state().join("devices/acme~block/pv-1");
+    assert!(is_mounted(&device_dir) && is_mounted(&target));
+
+    let ops: Vec<String> = s.calls().iter().map(|c| c[0].clone()).collect();
+    assert_eq!(
+        ops,
+        [
+            "init",
+            "getvolumename",
+            "attach",
+            "waitforattach",
+            "mountdevice",
+            "mount"
+        ]
+    );
+    let attach = &s.calls_of("attach")[0];
+    assert_eq!(attach[2], "node-1");
+    let volume_json: Value = serde_json::from_str(&attach[1]).unwrap();
+    assert_eq!(
+        volume_json,
+        serde_json::json!({"kubernetes.io/fsType":"ext4","kubernetes.io/pvOrVolumeName":"pv-1","kubernetes.io/readwrite":"rw","server":"s1"})
+    );
+    let wait = &s.calls_of("waitforattach")[0];
+    assert_eq!(wait[1], "/dev/fake-1");
+    let mountdevice = &s.calls_of("mountdevice")[0];
+    assert_eq!(
+        (mountdevice[1].as_str(), mountdevice[2].as_str()),
+        (device_dir.to_str().unwrap(), "/dev/fake-1")
+    );
+    let mount = &s.calls_of("mount")[0];
+    assert_eq!(mount[1], t);
+    let mount_json: Value = serde_json::from_str(&mount[2]).unwrap();
+    for (key, want) in [
+        ("kubernetes.io/pod.name", "web-0"),
+        ("kubernetes.io/pod.namespace", "prod"),
+        ("kubernetes.io/pod.uid", "uid-1"),
+        ("kubernetes.io/serviceAccount.name", "sa"),
+        ("kubernetes.io/mounterArgs.FsGroup", "2000"),
+        ("kubernetes.io/secret/password", "aHVudGVyMg=="),
+        ("kubernetes.io/pvOrVolumeName", "pv-1"),
+    ] {
+        assert_eq!(mount_json[key], want, "{key}");
+    }
+    // Secrets reach mount only, never another call-out, the state or the output.
+    for call in s.calls().iter().filter(|c| c[0] != "mount") {
+        assert!(!call.join(" ").contains("aHVudGVyMg=="), "{call:?}");
+    }
+    let state_text: String = walk(&s.state())
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .collect();
+    assert!(!state_text.contains("hunter2") && !state_text.contains("aHVudGVyMg=="));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
+
+    ok(&s.flexd(&["unmount", "--target", t]));
+    let ops: Vec<String> = s.calls().iter().map(|c| c[0].clone()).collect();
+    assert_eq!(&ops[6..], ["init", "unmount", "unmountdevice", "detach"]);
+    let detach = &s.calls_of("detach")[0];
+    assert_eq!(
+        (detach[1].as_str(), detach[2].as_str()),
+        ("backend~vol-1", "node-1"),
+        "getvolumename's name, / as ~"
+    );
+    assert!(!is_mounted(&device_dir) && !device_dir.exists() && !target.exists());
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn two_targets_share_the_device_until_the_last_unmount() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~block", ATTACHING);
+    let (a, b) = (s.target("a"), s.target("b"));
+    for t in [&a, &b] {
+        ok(&s.flexd(&[
+            "mount",
+            "--driver",
+            "acme/block",
+            "--target",
+            t.to_str().unwrap(),
+            "--volume-name",
+            "shared",
+        ]));
+    }
+    std::fs::write(a.join("x"), "shared").unwrap();
+    assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
+    assert_eq!(
+        s.calls_of("mountdevice").len(),
+        1,
+        "the device is mounted once"
+    );
+    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    assert!(s.calls_of("unmountdevice").is_empty() && s.calls_of("detach").is_empty());
+    assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
+    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    assert_eq!(
+        (
+            s.calls_of("unmountdevice").len(),
+            s.calls_of("detach").len()
+        ),
+        (1, 1)
+    );
+}
+
+#[test]
+fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
+    if !is_root() {
+        return;
+    }
+    let mut s = Sandbox::new();
+    let device = s.loop_device(64);
+    // Only init and attach: every other call-out falls back to Kubernetes' defaults.
+    s.driver(
+        "acme~raw",
+        &format!(
+            "init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nattach) echo '{{\"status\":\"Success\",\"device\":\"{device}\"}}';;"
+        ),
+    );
+    let target = s.target("data");
+    let t = target.to_str().unwrap();
+    let out = s.flexd(&[
+        "--output",
+        "json",
+        "mount",
+        "--driver",
+        "acme/raw",
+        "--target",
+        t,
+        "--volume-name",
+        "v",
+    ]);
+    ok(&out);
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["formatted"], true);
+    let fs = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", &device])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&fs.stdout).trim(), "ext4");
+    std::fs::write(target.join("precious"), "keep me").unwrap();
+    ok(&s.flexd(&["unmount", "--target", t]));
+    assert!(!target.exists());
+
+    let out = s.flexd(&[
+        "--output",
+        "json",
+        "mount",
+        "--driver",
+        "acme/raw",
+        "--target",
+        t,
+        "--volume-name",
+        "v",
+    ]);
+    ok(&out);
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        outcome["formatted"], false,
+        "a device with a filesystem is never formatted"
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("precious")).unwrap(),
+        "keep me"
+    );
+    ok(&s.flexd(&["unmount", "--target", t]));
+}
+
+#[test]
+fn concurrent_mounts_of_one_target_call_the_driver_once() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let target = s.target("busy");
+    let t = target.to_str().unwrap().to_owned();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| scope.spawn(|| s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", &t])))
+            .collect();
+        for h in handles {
+            ok(&h.join().unwrap());
+        }
+    });
+    assert_eq!(s.calls_of("mount").len(), 1);
+    assert!(is_mounted(&target));
+    // Different volumes in parallel: all mounted.
+    std::thread::scope(|scope| {
+        for i in 0..8 {
+            let target = s.target(&format!("v{i}"));
+            let s = &s;
+            scope.spawn(move || {
+                ok(&s.flexd(&[
+                    "mount",
+                    "--driver",
+                    "acme/tmpfs",
+                    "--target",
+                    target.to_str().unwrap(),
+                ]))
+            });
+        }
+    });
+    assert!((0..8).all(|i| is_mounted(&s.target(&format!("v{i}")))));
+}
+
+#[test]
+fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_used() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let (a, b) = (s.target("a"), s.target("b"));
+    ok(&s.flexd(&[
+        "mount",
+        "--driver",
+        "acme/tmpfs",
+        "--target",
+        a.to_str().unwrap(),
+    ]));
+    ok(&s.flexd(&[
+        "mount",
+        "--driver",
+        "acme/tmpfs",
+        "--target",
+        b.to_str().unwrap(),
+    ]));
+
+    // Replaced (atomically) by a version that marks its unmounts: teardown uses the new one.
+    let marker = s.root.path().join("v2-used");
+    s.driver(
+        "acme~tmpfs",
+        &TMPFS_MOUNT.replace(
+            "unmount) umount",
+            &format!("unmount) touch '{}'; umount", marker.display()),
+        ),
+    );
+    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    assert!(!is_mounted(&a));
+    assert!(
+        marker.exists(),
+        "the replaced driver's new version tore the volume down"
+    );
+
+    std::fs::remove_dir_all(s.plugin().join("acme~tmpfs")).unwrap();
+    let out = s.flexd(&[
+        "mount",
+        "--driver",
+        "acme/tmpfs",
+        "--target",
+        s.target("c").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("driver acme/tmpfs is not usable: new mounts through it are refused"),
+        "{err}"
+    );
+    // Unmount still works, through the copy pinned at mount time.
+    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    assert!(!is_mounted(&b));
+}
+
+#[test]
+fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let pv = s.root.path().join("pv.yaml");
+    std::fs::write(
+        &pv,
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n",
+    )
+    .unwrap();
+    let target = s.target("pv");
+    let t = target.to_str().unwrap();
+    let out = s.flexd(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("references secret \"foo-secret\""));
+    ok(&s.flexd(&[
+        "mount",
+        "-f",
+        pv.to_str().unwrap(),
+        "--target",
+        t,
+        "--secret",
+        "token=s3cr3t",
+    ]));
+    let json: Value = serde_json::from_str(&s.calls_of("mount")[0][2]).unwrap();
+    assert_eq!(json["kubernetes.io/pvOrVolumeName"], "pv0001");
+    assert_eq!(json["fooVolumeName"], "bar");
+    assert_eq!(json["kubernetes.io/secret/token"], "czNjcjN0");
+    ok(&s.flexd(&["unmount", "--target", t]));
+
+    let cases = [
+        (
+            "kind: PersistentVolume\nmetadata: {name: x}\nspec: {flexVolume: {driver: ../etc}}\n",
+            "flexVolume.driver",
+        ),
+        (
+            "kind: PersistentVolume\nmetadata: {name: x}\nspec: {}\n",
+            "no spec.flexVolume",
+        ),
+        ("name: v\nflexVolume: {}\n", "driver name is empty"),
+        ("[1, 2]\n", "neither a PersistentVolume nor a pod Volume"),
+        (
+            "kind: PersistentVolume\nspec: {flexVolume: {driver: a/b}}\n",
+            "no metadata.name",
+        ),
+        ("{{{not yaml", "is not YAML or JSON"),
+        (
+            "name: v\nflexVolume: {driver: nobody/here}\n",
+            "driver nobody/here is not usable",
+        ),
+    ];
+    for (yaml, want) in cases {
+        std::fs::write(&pv, yaml).unwrap();
+        let out = s.flexd(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
+        assert_eq!(out.status.code(), Some(1), "{yaml}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{yaml}: {err}");
+    }
+    assert!(!target.exists(), "failed mounts leave no target behind");
+}
+
+#[test]
+fn a_secret_never_appears_in_logs_errors_or_state_even_when_the_driver_echoes_it() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver(
+        "acme~leaky",
+        "init) echo '{\"status\":\"Success\",\"capabilities\":{\"attach\":false}}';;\nmount) echo \"debug: $*\" >&2; echo \"{\\\"status\\\":\\\"Failure\\\",\\\"message\\\":\\\"bad options $(printf %s \"$3\" | tr -d '\\\"')\\\"}\"; exit 1;;",
+    );
+    let target = s.target("leak");
+    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(s.plugin())
+        .args(["--log-level", "trace", "volume", "--state-dir"])
+        .arg(s.state())
+        .args([
+            "mount",
+            "--driver",
+            "acme/leaky",
+            "--target",
+            target.to_str().unwrap(),
+            "--secret",
+            "password=Sup3rS3cret!",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains("bad options"),
+        "the driver's message is shown: {shown}"
+    );
+    assert!(shown.contains("<redacted>"), "{shown}");
+    let state_text: String = walk(&s.state())
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .collect();
+    for secret in ["Sup3rS3cret!", "U3VwM3JTM2NyZXQh"] {
+        assert!(!shown.contains(secret), "secret in output: {shown}");
+        assert!(!state_text.contains(secret), "secret in state");
+    }
+}
