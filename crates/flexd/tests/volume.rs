@@ -432,7 +432,7 @@ fn concurrent_mounts_of_one_target_call_the_driver_once() {
     let target = s.target("busy");
     let t = target.to_str().unwrap().to_owned();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..16)
+        let handles: Vec<_> = (0..32)
             .map(|_| scope.spawn(|| s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", &t])))
             .collect();
         for h in handles {
@@ -441,23 +441,62 @@ fn concurrent_mounts_of_one_target_call_the_driver_once() {
     });
     assert_eq!(s.calls_of("mount").len(), 1);
     assert!(is_mounted(&target));
-    // Different volumes in parallel: all mounted.
+}
+
+#[test]
+fn different_volumes_mount_in_parallel() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    // Each mount marks itself active, then waits (up to 20 s) until it sees another mount
+    // active at the same time, and records the most it saw. If flexd serialized different
+    // volumes, no mount would ever see another one.
+    let active = s.root.path().join("active");
+    std::fs::create_dir(&active).unwrap();
+    let seen = s.root.path().join("seen");
+    s.driver(
+        "acme~slow",
+        &format!(
+            r#"init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
+mount) touch '{a}'/$$; i=0; while [ $i -lt 200 ]; do n=$(ls '{a}' | wc -l); [ "$n" -ge 2 ] && break; sleep 0.1; i=$((i+1)); done
+  echo "$(ls '{a}' | wc -l)" >> '{seen}'; mount -t tmpfs tmpfs "$2"; rm -f '{a}'/$$; echo '{{"status":"Success"}}';;
+unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
+            a = active.display(),
+            seen = seen.display()
+        ),
+    );
     std::thread::scope(|scope| {
-        for i in 0..8 {
+        for i in 0..32 {
             let target = s.target(&format!("v{i}"));
             let s = &s;
             scope.spawn(move || {
                 ok(&s.flexd(&[
                     "mount",
                     "--driver",
-                    "acme/tmpfs",
+                    "acme/slow",
                     "--target",
                     target.to_str().unwrap(),
                 ]))
             });
         }
     });
-    assert!((0..8).all(|i| is_mounted(&s.target(&format!("v{i}")))));
+    assert!((0..32).all(|i| is_mounted(&s.target(&format!("v{i}")))));
+    assert_eq!(s.calls_of("mount").len(), 32);
+    let most = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .max()
+        .unwrap();
+    assert!(most >= 2, "mounts of different volumes never overlapped");
+    for i in 0..32 {
+        ok(&s.flexd(&[
+            "unmount",
+            "--target",
+            s.target(&format!("v{i}")).to_str().unwrap(),
+        ]));
+    }
 }
 
 #[test]
@@ -510,7 +549,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("driver acme/tmpfs is not usable: new mounts through it are refused"),
+        err.contains("driver acme/tmpfs was removed: new mounts through it are refused; its 1 mounted volume(s) can still be unmounted"),
         "{err}"
     );
     // Unmount still works, through the copy pinned at mount time.
@@ -569,7 +608,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
         ("{{{not yaml", "is not YAML or JSON"),
         (
             "name: v\nflexVolume: {driver: nobody/here}\n",
-            "driver nobody/here is not usable",
+            "no plugin matched driver nobody/here: it is not installed",
         ),
     ];
     for (yaml, want) in cases {
@@ -628,4 +667,244 @@ fn a_secret_never_appears_in_logs_errors_or_state_even_when_the_driver_echoes_it
         assert!(!shown.contains(secret), "secret in output: {shown}");
         assert!(!state_text.contains(secret), "secret in state");
     }
+}
+
+const ATTACH_LOGGED: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
+getvolumename) echo '{"status":"Success","volumeName":"vendor/vol-7"}';;
+attach) echo '{"status":"Success","device":"/dev/fake7"}';;
+isattached) echo '{"status":"Success","attached":false}';;
+detach) echo '{"status":"Success"}';;"#;
+
+#[test]
+fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
+    // No mounts here, but the state dir and plugin dir are the same sandbox as the rest.
+    let s = Sandbox::new();
+    s.driver("acme~ctl", ATTACH_LOGGED);
+    let spec = [
+        "--driver",
+        "acme/ctl",
+        "--volume-name",
+        "pv-7",
+        "--fs-type",
+        "xfs",
+        "--options",
+        r#"{"pool":"gold"}"#,
+    ];
+    let run = |op: &str| {
+        let mut args = vec!["--output", "json", op];
+        args.extend(spec);
+        let out = s.flexd(&args);
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out, json)
+    };
+    let (out, json) = run("attach");
+    ok(&out);
+    assert_eq!(json["device"], "/dev/fake7");
+    assert_eq!(json["node"], "node-1");
+    let (out, json) = run("isattached");
+    assert_eq!(out.status.code(), Some(1), "not attached exits 1");
+    assert_eq!(json["attached"], false);
+    let (out, json) = run("detach");
+    ok(&out);
+    assert_eq!(
+        json["detach_name"], "vendor~vol-7",
+        "getvolumename's / becomes ~"
+    );
+    let expected_options = r#"{"kubernetes.io/fsType":"xfs","kubernetes.io/pvOrVolumeName":"pv-7","kubernetes.io/readwrite":"rw","pool":"gold"}"#;
+    assert_eq!(
+        s.calls_of("attach"),
+        vec![vec!["attach", expected_options, "node-1"]]
+    );
+    assert_eq!(
+        s.calls_of("isattached"),
+        vec![vec!["isattached", expected_options, "node-1"]]
+    );
+    assert_eq!(
+        s.calls_of("detach"),
+        vec![vec!["detach", "vendor~vol-7", "node-1"]]
+    );
+
+    // A driver that supports none of them: Kubernetes' defaults.
+    s.driver(
+        "acme~none",
+        r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;"#,
+    );
+    let base = ["--output", "json"];
+    let none = ["--driver", "acme/none", "--volume-name", "pv/8"];
+    let out = s.flexd(&[&base[..], &["attach"], &none[..]].concat());
+    ok(&out);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["device"],
+        ""
+    );
+    let out = s.flexd(&[&base[..], &["isattached"], &none[..]].concat());
+    ok(&out);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["attached"],
+        true
+    );
+    let out = s.flexd(&[&base[..], &["detach"], &none[..]].concat());
+    ok(&out);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            json["detach_name"].as_str(),
+            json["driver_detach_ran"].as_bool()
+        ),
+        (Some("pv~8"), Some(false))
+    );
+}
+
+/// Mounts a volume of `fs_type` on a loop device through a driver that only attaches, grows
+/// the device as a storage backend would, and runs `flexd volume expand`. Returns the outcome
+/// and the filesystem's size before and after.
+fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
+    let mut s = Sandbox::new();
+    let device = s.loop_device(mb);
+    s.driver(
+        "acme~raw",
+        &format!(
+            "init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nattach) echo '{{\"status\":\"Success\",\"device\":\"{device}\"}}';;"
+        ),
+    );
+    let target = s.target("grow");
+    let t = target.to_str().unwrap();
+    let mount = [
+        "mount",
+        "--driver",
+        "acme/raw",
+        "--target",
+        t,
+        "--volume-name",
+        "g",
+    ];
+    ok(&s.flexd(&[&mount[..], &["--fs-type", fs_type]].concat()));
+    std::fs::write(target.join("keep"), "data").unwrap();
+    let size = |p: &Path| {
+        let st = rustix::fs::statvfs(p).unwrap();
+        st.f_blocks * st.f_frsize
+    };
+    let before = size(&target);
+    // The storage side grows the volume (what a real expandvolume does to a cloud disk):
+    // the image file gets bigger and the loop device learns its new capacity.
+    let image = s.root.path().join("disk0.img");
+    let new_bytes = (2 * mb) << 20;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap();
+    f.set_len(new_bytes).unwrap();
+    let out = Command::new("losetup")
+        .args(["-c", &device])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let size_arg = format!("{}Mi", 2 * mb);
+    let out = s.flexd(&[
+        "--output", "json", "expand", "--target", t, "--size", &size_arg,
+    ]);
+    let after = size(&target);
+    assert_eq!(
+        std::fs::read_to_string(target.join("keep")).unwrap(),
+        "data"
+    );
+    // The call-outs got the device mount dir, the device and both sizes.
+    let expandfs = &s.calls_of("expandfs")[0];
+    assert_eq!(expandfs[2], device);
+    assert_eq!(expandfs[4..], [new_bytes.to_string(), before.to_string()]);
+    ok(&s.flexd(&["unmount", "--target", t]));
+
+    let gone = s.flexd(&["expand", "--target", t, "--size", "1Gi"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("not a volume flexd manages"));
+    let bad = s.flexd(&["expand", "--target", t, "--size", "lots"]);
+    assert_eq!(bad.status.code(), Some(2), "clap refuses a bad size");
+    (out, before, after)
+}
+
+#[test]
+fn expand_grows_a_real_xfs_with_the_default_expandfs() {
+    if !is_root() {
+        return;
+    }
+    if Command::new("mkfs.xfs").arg("-V").output().is_err() {
+        eprintln!("skipped: mkfs.xfs is not installed (.ci/run installs xfsprogs)");
+        return;
+    }
+    // XFS needs 300 MB at least; the image is sparse.
+    let (out, before, after) = expand_through_the_defaults("xfs", 320);
+    ok(&out);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["new_bytes"], 640u64 << 20);
+    assert_eq!(json["old_bytes"], before);
+    assert_eq!(json["driver_expanded_fs"], false);
+    assert!(
+        after > before + (250 << 20),
+        "filesystem grew from {before} to {after}"
+    );
+}
+
+#[test]
+fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
+    if !is_root() {
+        return;
+    }
+    let (out, before, after) = expand_through_the_defaults("ext4", 64);
+    if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
+        ok(&out);
+        assert!(
+            after > before + (48 << 20),
+            "filesystem grew from {before} to {after}"
+        );
+    } else {
+        // Sandboxes (and containers) without CAP_SYS_RESOURCE cannot resize ext4 online.
+        eprintln!("note: no CAP_SYS_RESOURCE here; checking the error instead of the growth");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs CAP_SYS_RESOURCE"), "{err}");
+        assert_eq!(after, before);
+    }
+}
+
+#[test]
+fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let a = s.target("a");
+    ok(&s.flexd(&[
+        "mount",
+        "--driver",
+        "acme/tmpfs",
+        "--target",
+        a.to_str().unwrap(),
+    ]));
+    // The new version's init fails.
+    s.driver(
+        "acme~tmpfs",
+        r#"init) echo '{"status":"Failure","message":"backend unreachable"}'; exit 1;;"#,
+    );
+    let b = s.target("b");
+    let out = s.flexd(&[
+        "mount",
+        "--driver",
+        "acme/tmpfs",
+        "--target",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("driver acme/tmpfs failed init") && err.contains("backend unreachable"),
+        "{err}"
+    );
+    assert!(!b.exists());
+    assert_eq!(s.calls_of("mount").len(), 1, "the old version was not used");
+    // The volume mounted before still unmounts (the broken driver's init fails, so the copy
+    // pinned at mount time does it).
+    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    assert!(!is_mounted(&a));
 }

@@ -10,13 +10,16 @@
 //! - [`options`] and [`spec`]: the options JSON, byte-for-byte as kubelet builds it (pure);
 //! - [`runner`]: running a driver safely (no shell, timeouts, process groups, capped output);
 //! - [`layout`]: reading the plugin dir; [`plugin`]: an initialised driver;
-//! - [`prober`]: finding drivers; [`install`]: putting them in place atomically.
+//! - [`prober`]: finding drivers; [`manager`]: which plugin serves a volume;
+//! - [`lifecycle`]: attach, mount and back, with Kubernetes' defaults; [`state`]: what survives a crash;
+//! - [`mount`]: the mount table and mount helpers; [`install`]: putting drivers in place atomically.
 //!
 //! Data flows one way: plugin dir → prober → plugins → call-outs → driver processes.
 
 pub mod install;
 pub mod layout;
 pub mod lifecycle;
+pub mod manager;
 pub mod mount;
 pub mod name;
 pub mod options;

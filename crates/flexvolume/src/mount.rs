@@ -192,6 +192,8 @@ pub fn format_and_mount(
         let mut cmd = Command::new(&mkfs);
         if fs_type.starts_with("ext") {
             cmd.arg("-F").arg("-q");
+        } else if fs_type == "xfs" {
+            cmd.arg("-q");
         }
         let out = cmd
             .arg(device)
@@ -241,13 +243,39 @@ pub fn grow_filesystem(device: &Path, dir: &Path) -> Result<(), MountError> {
         stderr: String::new(),
     })?;
     if !out.status.success() {
+        let mut stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        // The kernel refuses an online ext4 resize without CAP_SYS_RESOURCE, which container
+        // runtimes often drop; resize2fs then only says "Permission denied".
+        if fs != "xfs" && !has_capability(CAP_SYS_RESOURCE) {
+            stderr.push_str(
+                " (online ext4 resize needs CAP_SYS_RESOURCE, which this process lacks: \
+                 grant it to flexd, or grow the filesystem while it is unmounted)",
+            );
+        }
         return Err(MountError::Tool {
             command: format!("grow {fs} on {}", device.display()),
             status: format!("{}", out.status),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            stderr,
         });
     }
     Ok(())
+}
+
+/// The capability that online ext4 resize needs.
+pub const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has a capability in its effective set (from /proc/self/status).
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| effective_capabilities(&status))
+        .is_some_and(|set| cap < 64 && set & (1 << cap) != 0)
+}
+
+/// The `CapEff:` mask of a /proc/<pid>/status text.
+fn effective_capabilities(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 #[cfg(test)]
@@ -284,6 +312,16 @@ garbage line without separator
             (table[3].root.as_str(), table[3].options.as_str()),
             ("/srv/data", "ro")
         );
+    }
+
+    #[test]
+    fn effective_capabilities_are_read_from_status() {
+        let status = "Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n";
+        let set = effective_capabilities(status).unwrap();
+        assert_eq!(set & (1 << CAP_SYS_RESOURCE), 0);
+        assert_ne!(set & (1 << 21), 0, "CAP_SYS_ADMIN is there");
+        assert_eq!(effective_capabilities("Name: x\n"), None);
+        assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
     }
 
     #[test]

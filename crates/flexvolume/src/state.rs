@@ -65,6 +65,22 @@ pub struct VolumeRecord {
     pub stage: Stage,
 }
 
+impl VolumeRecord {
+    /// The volume's spec as it was mounted, without secrets (they are never stored).
+    pub fn spec(&self) -> Result<crate::spec::VolumeSpec, StateError> {
+        let driver =
+            crate::name::DriverName::parse(&self.driver).map_err(|e| StateError::Corrupt {
+                path: self.target.clone(),
+                message: format!("driver name {:?}: {e}", self.driver),
+            })?;
+        let mut spec = crate::spec::VolumeSpec::new(self.volume_name.clone(), driver);
+        spec.fs_type = self.fs_type.clone();
+        spec.read_only = self.read_only;
+        spec.options = self.options.clone();
+        Ok(spec)
+    }
+}
+
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
 /// names live on disk across upgrades).
 pub fn stable_hash(bytes: &[u8]) -> u64 {

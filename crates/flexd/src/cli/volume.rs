@@ -3,11 +3,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
 use flexvolume::layout::{self, Driver};
 use flexvolume::lifecycle::{DriverResolver, Lifecycle, MountRequest};
+use flexvolume::manager::PluginManager;
 use flexvolume::state::{StateDir, VolumeRecord};
 use flexvolume::{DriverName, Plugin, PodInfo, RunnerConfig, VolumeSpec};
 
@@ -31,21 +33,29 @@ pub enum VolumeCommand {
     Mount(Box<MountArgs>),
     /// Tear down exactly what mount did for TARGET.
     Unmount(UnmountArgs),
+    /// Grow a mounted volume: expandvolume, then expandfs (default: grow the filesystem).
+    Expand(ExpandArgs),
+    /// Attach a volume to --node, as the controller manager does; prints the device.
+    Attach(Box<SpecArgs>),
+    /// Whether a volume is attached to --node.
+    Isattached(Box<SpecArgs>),
+    /// Detach a volume from --node, under the name getvolumename gives it.
+    Detach(Box<SpecArgs>),
     /// The volumes flexd manages.
     List,
 }
 
+/// A volume, as flags or as a Kubernetes object.
 #[derive(Debug, Args)]
-pub struct MountArgs {
+pub struct SpecArgs {
     /// A PersistentVolume or pod Volume (YAML or JSON) whose flexVolume source describes the volume.
     #[arg(short = 'f', long = "file", conflicts_with = "driver")]
     pub file: Option<PathBuf>,
     /// The driver: vendor/driver.
     #[arg(long, required_unless_present = "file")]
     pub driver: Option<String>,
-    #[arg(long)]
-    pub target: PathBuf,
-    /// The PV or pod volume name (kubernetes.io/pvOrVolumeName); default: the target's name.
+    /// The PV or pod volume name (kubernetes.io/pvOrVolumeName); for mount, default: the
+    /// target's name.
     #[arg(long)]
     pub volume_name: Option<String>,
     /// The flexVolume options, a JSON object of strings.
@@ -55,12 +65,20 @@ pub struct MountArgs {
     pub fs_type: Option<String>,
     #[arg(long)]
     pub read_only: bool,
-    /// The group that must own the volume (SetUp(fsGroup)).
-    #[arg(long)]
-    pub fs_group: Option<u32>,
     /// A secret value, KEY=VALUE (repeatable); passed to mount only, base64, never printed.
     #[arg(long = "secret", value_name = "KEY=VALUE")]
     pub secrets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    #[arg(long)]
+    pub target: PathBuf,
+    /// The group that must own the volume (SetUp(fsGroup)).
+    #[arg(long)]
+    pub fs_group: Option<u32>,
     #[arg(long, default_value = "")]
     pub pod_name: String,
     #[arg(long, default_value = "")]
@@ -69,6 +87,38 @@ pub struct MountArgs {
     pub pod_uid: String,
     #[arg(long, default_value = "")]
     pub service_account: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExpandArgs {
+    #[arg(long)]
+    pub target: PathBuf,
+    /// The new size: bytes, or with a Kubernetes suffix (Ki, Mi, Gi, Ti; k, M, G, T).
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+}
+
+/// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1G`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, factor) = units
+        .iter()
+        .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
+        .unwrap_or((text, 1));
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .ok_or_else(|| format!("{text:?} is not a size (write 1073741824, 512Mi or 1Gi)"))
 }
 
 #[derive(Debug, Args)]
@@ -138,7 +188,8 @@ fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
     Ok((spec, secret_ref))
 }
 
-fn build_spec(args: &MountArgs) -> anyhow::Result<VolumeSpec> {
+/// The volume's spec; `default_name` is used when neither a file nor --volume-name gives one.
+fn build_spec(args: &SpecArgs, default_name: Option<&Path>) -> anyhow::Result<VolumeSpec> {
     let (mut spec, secret_ref) = match &args.file {
         Some(file) => spec_from_file(file)?,
         None => {
@@ -148,11 +199,11 @@ fn build_spec(args: &MountArgs) -> anyhow::Result<VolumeSpec> {
                 .volume_name
                 .clone()
                 .or_else(|| {
-                    args.target
-                        .file_name()
+                    default_name
+                        .and_then(Path::file_name)
                         .map(|n| n.to_string_lossy().into_owned())
                 })
-                .context("--volume-name is needed when the target has no file name")?;
+                .context("--volume-name is needed (or a target with a file name, or -f)")?;
             (VolumeSpec::new(name, driver), None)
         }
     };
@@ -185,6 +236,33 @@ fn build_spec(args: &MountArgs) -> anyhow::Result<VolumeSpec> {
     Ok(spec)
 }
 
+/// The copy of a removed driver pinned when one of its volumes was mounted.
+fn pinned_plugin_for(lifecycle: &Lifecycle, spec: &VolumeSpec) -> Option<Plugin> {
+    let name = spec.driver.to_string();
+    let record = lifecycle
+        .state
+        .list()
+        .ok()?
+        .into_iter()
+        .flatten()
+        .find(|r| r.driver == name && r.pinned.is_some())?;
+    pinned_plugin(&record)
+}
+
+/// A plugin running the executable pinned in a volume record. Its init is not run again: it
+/// succeeded when the volume was mounted, and the copy cannot have changed since.
+fn pinned_plugin(record: &VolumeRecord) -> Option<Plugin> {
+    let name = DriverName::parse(&record.driver).ok()?;
+    let pinned = record.pinned.clone()?;
+    let driver = Driver {
+        name,
+        dir: pinned.parent()?.to_owned(),
+        path: pinned,
+    };
+    let ok = flexvolume::protocol::find_reply(br#"{"status":"Success"}"#)?;
+    Some(Plugin::from_init_reply(driver, &ok))
+}
+
 /// The installed driver when it is there and initialises, else the pinned copy.
 struct Resolver<'a> {
     global: &'a Global,
@@ -204,37 +282,40 @@ impl DriverResolver for Resolver<'_> {
                 }
             }
         }
-        let pinned = record.pinned.clone()?;
-        tracing::info!(driver = %name, pinned = %pinned.display(), "driver not installed; tearing down with its pinned copy");
-        let driver = Driver {
-            name,
-            dir: pinned.parent()?.to_owned(),
-            path: pinned,
-        };
-        let ok = flexvolume::protocol::find_reply(br#"{"status":"Success"}"#)?;
-        Some(Plugin::from_init_reply(driver, &ok))
+        tracing::info!(driver = %name, pinned = ?record.pinned, "driver not installed; tearing down with its pinned copy");
+        pinned_plugin(record)
     }
 }
 
+/// The usable plugin for a spec, through the plugin manager: a driver that is absent, broken or
+/// removed while volumes use it is refused here with the manager's error.
+fn plugin_for(
+    global: &Global,
+    lifecycle: &Lifecycle,
+    spec: &VolumeSpec,
+) -> anyhow::Result<Arc<Plugin>> {
+    let manager = PluginManager::new();
+    manager.probe_one(
+        &global.plugin_dir,
+        &spec.driver,
+        global.layout_policy(),
+        &lifecycle.runner,
+    );
+    Ok(manager.find_by_spec(spec, || lifecycle.volumes_using(&spec.driver))?)
+}
+
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
+    let node = node_name(&args);
     let lifecycle = Lifecycle {
         runner: RunnerConfig::default(),
         state: StateDir::new(&args.state_dir),
-        node: node_name(&args),
+        node: node.clone(),
     };
     match &args.command {
         VolumeCommand::Mount(mount) => {
-            let spec = build_spec(mount)?;
             let target = std::path::absolute(&mount.target).context("bad --target")?;
-            let driver = layout::locate(&global.plugin_dir, &spec.driver, global.layout_policy())
-                .with_context(|| {
-                format!(
-                    "driver {} is not usable: new mounts through it are refused",
-                    spec.driver
-                )
-            })?;
-            let plugin = Plugin::init(driver, &lifecycle.runner)
-                .with_context(|| format!("driver {} failed init", spec.driver))?;
+            let spec = build_spec(&mount.spec, Some(&target))?;
+            let plugin = plugin_for(global, &lifecycle, &spec)?;
             let pod = PodInfo {
                 name: mount.pod_name.clone(),
                 namespace: mount.pod_namespace.clone(),
@@ -261,6 +342,88 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                     println!("mounted {} on {}", spec.volume_name, target.display())
                 }
                 OutputFormat::Text => println!("{} is already mounted", target.display()),
+            }
+        }
+        VolumeCommand::Expand(expand) => {
+            let target = std::path::absolute(&expand.target).context("bad --target")?;
+            let resolver = Resolver {
+                global,
+                runner: &lifecycle.runner,
+            };
+            let outcome = lifecycle
+                .expand(&target, expand.size, &resolver)
+                .with_context(|| format!("cannot expand {}", target.display()))?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&outcome)?,
+                OutputFormat::Text => println!(
+                    "expanded {} from {} to {} bytes",
+                    target.display(),
+                    outcome.old_bytes,
+                    outcome.new_bytes
+                ),
+            }
+        }
+        VolumeCommand::Attach(spec_args) => {
+            let spec = build_spec(spec_args, None)?;
+            let plugin = plugin_for(global, &lifecycle, &spec)?;
+            let device = lifecycle
+                .attach(&plugin, &spec, &node)
+                .with_context(|| format!("cannot attach {} to {node}", spec.volume_name))?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&serde_json::json!({
+                    "volume": spec.volume_name, "node": node, "device": device,
+                }))?,
+                OutputFormat::Text => println!(
+                    "attached {} to {node}: device {}",
+                    spec.volume_name,
+                    if device.is_empty() {
+                        "(not known yet)"
+                    } else {
+                        &device
+                    }
+                ),
+            }
+        }
+        VolumeCommand::Isattached(spec_args) => {
+            let spec = build_spec(spec_args, None)?;
+            let plugin = plugin_for(global, &lifecycle, &spec)?;
+            let attached = lifecycle
+                .is_attached(&plugin, &spec, &node)
+                .with_context(|| format!("cannot tell whether {} is attached", spec.volume_name))?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&serde_json::json!({
+                    "volume": spec.volume_name, "node": node, "attached": attached,
+                }))?,
+                OutputFormat::Text => println!(
+                    "{} is {}attached to {node}",
+                    spec.volume_name,
+                    if attached { "" } else { "not " }
+                ),
+            }
+            if !attached {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        VolumeCommand::Detach(spec_args) => {
+            let spec = build_spec(spec_args, None)?;
+            // Detach keeps working for a removed driver whose volumes are still recorded.
+            let plugin = match plugin_for(global, &lifecycle, &spec) {
+                Ok(plugin) => plugin,
+                Err(e) => Arc::new(
+                    pinned_plugin_for(&lifecycle, &spec)
+                        .ok_or(e)
+                        .with_context(|| format!("cannot detach {}", spec.volume_name))?,
+                ),
+            };
+            let (name, ran) = lifecycle
+                .detach(&plugin, &spec, &node)
+                .with_context(|| format!("cannot detach {} from {node}", spec.volume_name))?;
+            match global.output {
+                OutputFormat::Json => super::print_json(&serde_json::json!({
+                    "volume": spec.volume_name, "node": node, "detach_name": name,
+                    "driver_detach_ran": ran,
+                }))?,
+                OutputFormat::Text => println!("detached {name} from {node}"),
             }
         }
         VolumeCommand::Unmount(unmount) => {

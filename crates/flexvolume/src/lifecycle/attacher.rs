@@ -11,6 +11,36 @@ use crate::protocol::CallOut;
 use crate::runner::CallError;
 use crate::spec::VolumeSpec;
 
+/// Attaches the volume to `node` (the controller manager's side). Default: device "".
+pub fn attach(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    node: &str,
+) -> Result<String, LifecycleError> {
+    let options = Options::for_volume(spec);
+    match plugin.call(&lc.runner, &CallOut::attach(&options, node)) {
+        Ok(reply) => Ok(reply.device.unwrap_or_default()),
+        Err(e) if e.is_not_supported() => Ok(String::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the volume is attached to `node`. Default: attached (kubelet assumes so).
+pub fn is_attached(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    node: &str,
+) -> Result<bool, LifecycleError> {
+    let options = Options::for_volume(spec);
+    match plugin.call(&lc.runner, &CallOut::is_attached(&options, node)) {
+        Ok(reply) => Ok(reply.attached.unwrap_or(false)),
+        Err(e) if e.is_not_supported() => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Attaches the volume to this node and waits for its device. Defaults: attach → device "";
 /// waitforattach → the device attach gave.
 pub fn attach_and_wait(
@@ -19,11 +49,7 @@ pub fn attach_and_wait(
     spec: &VolumeSpec,
 ) -> Result<String, LifecycleError> {
     let options = Options::for_volume(spec);
-    let device = match plugin.call(&lc.runner, &CallOut::attach(&options, &lc.node)) {
-        Ok(reply) => reply.device.unwrap_or_default(),
-        Err(e) if e.is_not_supported() => String::new(),
-        Err(e) => return Err(e.into()),
-    };
+    let device = attach(lc, plugin, spec, &lc.node)?;
     match plugin.call(&lc.runner, &CallOut::wait_for_attach(&device, &options)) {
         Ok(reply) => Ok(reply.device.filter(|d| !d.is_empty()).unwrap_or(device)),
         Err(e) if e.is_not_supported() => Ok(device),
@@ -103,9 +129,15 @@ pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(),
     }
 }
 
-/// Detaches the volume from this node. Default: success.
-pub fn detach(lc: &Lifecycle, plugin: &Plugin, name: &str) -> Result<bool, LifecycleError> {
-    match plugin.call(&lc.runner, &CallOut::detach(name, &lc.node)) {
+/// Detaches the volume (by its detach name) from `node`. Default: success. Returns whether the
+/// driver's detach ran.
+pub fn detach(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    name: &str,
+    node: &str,
+) -> Result<bool, LifecycleError> {
+    match plugin.call(&lc.runner, &CallOut::detach(name, node)) {
         Ok(_) => Ok(true),
         Err(CallError::NotSupported { .. }) => Ok(false),
         Err(e) => Err(e.into()),

@@ -13,6 +13,7 @@
 //! volumes proceed in parallel.
 
 mod attacher;
+mod expander;
 mod mounter;
 mod unmounter;
 
@@ -25,6 +26,7 @@ use crate::runner::{CallError, RunnerConfig};
 use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{StateDir, StateError};
 
+pub use expander::ExpandOutcome;
 pub use unmounter::DriverResolver;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +49,10 @@ pub enum LifecycleError {
     RelativeTarget { target: PathBuf },
     #[error("driver {driver} is needed to unmount {target} but is neither installed nor pinned")]
     NoDriver { driver: String, target: PathBuf },
-    #[error("the driver does not support mount for volume {volume}, and there is no mounted device to bind instead")]
+    #[error("the driver does not support this call-out for volume {volume}, and there is no device for the default to work on")]
     NoDevice { volume: String },
+    #[error("{target} is not a volume flexd manages (no record in the state dir)")]
+    NotManaged { target: PathBuf },
 }
 
 /// The lifecycle of volumes on one node.
@@ -130,6 +134,77 @@ impl Lifecycle {
     /// Attach (when the driver attaches), mount the device, mount the target.
     pub fn mount(&self, request: &MountRequest<'_>) -> Result<MountOutcome, LifecycleError> {
         mounter::mount(self, request)
+    }
+
+    /// Attaches a volume to `node`, as the controller manager does; returns the device ("" when
+    /// the driver does not know it yet, or does not attach).
+    pub fn attach(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<String, LifecycleError> {
+        attacher::attach(self, plugin, spec, node)
+    }
+
+    /// Whether a volume is attached to `node`.
+    pub fn is_attached(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<bool, LifecycleError> {
+        attacher::is_attached(self, plugin, spec, node)
+    }
+
+    /// Detaches a volume from `node` under the name kubelet gives detach (getvolumename's
+    /// answer, `/` as `~`). Returns that name and whether the driver's detach ran.
+    pub fn detach(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<(String, bool), LifecycleError> {
+        let name = attacher::detach_name(self, plugin, spec)?;
+        let ran = attacher::detach(self, plugin, &name, node)?;
+        Ok((name, ran))
+    }
+
+    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
+    pub fn expand(
+        &self,
+        target: &Path,
+        new_bytes: u64,
+        resolve: &dyn DriverResolver,
+    ) -> Result<ExpandOutcome, LifecycleError> {
+        let _target_lock = self.state.lock(target)?;
+        let record = self
+            .state
+            .load(target)?
+            .ok_or_else(|| LifecycleError::NotManaged {
+                target: target.to_owned(),
+            })?;
+        let plugin = resolve
+            .resolve(&record)
+            .ok_or_else(|| LifecycleError::NoDriver {
+                driver: record.driver.clone(),
+                target: target.to_owned(),
+            })?;
+        expander::expand(self, &plugin, &record, new_bytes)
+    }
+
+    /// How many mounted volumes depend on a driver (the in-use rule of SPEC §5).
+    pub fn volumes_using(&self, driver: &DriverName) -> usize {
+        let name = driver.to_string();
+        self.state
+            .list()
+            .map(|records| {
+                records
+                    .iter()
+                    .filter(|r| r.as_ref().is_ok_and(|r| r.driver == name))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     /// Tears down exactly what [`Lifecycle::mount`] did for `target`.

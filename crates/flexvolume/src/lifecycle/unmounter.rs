@@ -76,7 +76,7 @@ pub fn unmount(
         if others == 0 {
             attacher::unmount_device(lc, &plugin, device_dir)?;
             outcome.unmounted_device = true;
-            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name)?;
+            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
         }
     }
     lc.state.remove(target)?;

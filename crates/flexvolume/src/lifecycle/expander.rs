@@ -1,0 +1,80 @@
+//! Volume expansion: `expandvolume` (grow the volume on the storage side) then `expandfs` (grow
+//! the filesystem on the node), each with Kubernetes' default when the driver does not support
+//! it: expandvolume answers the requested size, expandfs grows the filesystem on the device
+//! (`resize2fs` / `xfs_growfs`).
+
+use std::path::Path;
+
+use super::{Lifecycle, LifecycleError};
+use crate::mount;
+use crate::options::Options;
+use crate::plugin::Plugin;
+use crate::protocol::CallOut;
+use crate::state::VolumeRecord;
+
+/// What an expansion did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExpandOutcome {
+    pub target: std::path::PathBuf,
+    pub old_bytes: u64,
+    /// The size the volume has now, as expandvolume reported it (or the requested size).
+    pub new_bytes: u64,
+    /// Whether the driver's expandfs ran (false: the default grew the filesystem).
+    pub driver_expanded_fs: bool,
+}
+
+/// The size of the filesystem mounted at `dir`, as the old size the call-outs receive.
+pub fn filesystem_bytes(dir: &Path) -> Result<u64, LifecycleError> {
+    let stat = rustix::fs::statvfs(dir).map_err(|e| LifecycleError::Io {
+        path: dir.to_owned(),
+        source: e.into(),
+    })?;
+    Ok(stat.f_blocks.saturating_mul(stat.f_frsize))
+}
+
+pub fn expand(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    record: &VolumeRecord,
+    new_bytes: u64,
+) -> Result<ExpandOutcome, LifecycleError> {
+    let spec = record.spec()?;
+    let options = Options::for_volume(&spec);
+    // The device mount dir of an attachable volume; the target itself otherwise.
+    let dir = record
+        .device_mount_dir
+        .clone()
+        .unwrap_or_else(|| record.target.clone());
+    let old_bytes = filesystem_bytes(&dir)?;
+    let new_bytes = match plugin.call(
+        &lc.runner,
+        &CallOut::expand_volume(&options, &dir, new_bytes, old_bytes),
+    ) {
+        Ok(reply) => reply.volume_new_size.unwrap_or(new_bytes),
+        Err(e) if e.is_not_supported() => new_bytes,
+        Err(e) => return Err(e.into()),
+    };
+    let device = record.device.clone().unwrap_or_default();
+    let driver_expanded_fs = match plugin.call(
+        &lc.runner,
+        &CallOut::expand_fs(&options, &device, &dir, new_bytes, old_bytes),
+    ) {
+        Ok(_) => true,
+        Err(e) if e.is_not_supported() => {
+            if device.is_empty() {
+                return Err(LifecycleError::NoDevice {
+                    volume: record.volume_name.clone(),
+                });
+            }
+            mount::grow_filesystem(Path::new(&device), &dir)?;
+            false
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(ExpandOutcome {
+        target: record.target.clone(),
+        old_bytes,
+        new_bytes,
+        driver_expanded_fs,
+    })
+}
