@@ -337,3 +337,123 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
     assert!(text.contains("SKIP  unknown call-out"), "{text}");
     assert!(text.trim_end().ends_with("some required checks FAILED"));
 }
+
+/// Installs a sh driver whose `case "$1"` block is `body`; unknown call-outs: Not supported.
+fn install_script(plugin_dir: &Path, dir_name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = plugin_dir.join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(dir_name.rsplit('~').next().unwrap());
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":false}}}}';;\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n"
+    );
+    std::fs::write(&exe, script).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn check_runs_the_mount_flow_and_catches_drivers_that_are_not_idempotent() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: the mount checks need root");
+        return;
+    }
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    install(p, "attachable/attachable", "chk~attachable");
+    install_script(
+        p,
+        "chk~strict",
+        r#"mount) grep -q " $2 " /proc/self/mountinfo && { echo '{"status":"Failure","message":"already mounted"}'; exit 1; }
+  mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
+unmount) umount "$2" || { echo '{"status":"Failure","message":"not mounted"}'; exit 1; }; echo '{"status":"Success"}';;"#,
+    );
+    install_script(
+        p,
+        "chk~stacking",
+        r#"mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
+unmount) umount "$2" 2>/dev/null; echo '{"status":"Success"}';;"#,
+    );
+    install_script(
+        p,
+        "chk~liar",
+        r#"mount) mkdir -p "$2"; echo '{"status":"Success"}';;
+unmount) echo '{"status":"Success"}';;"#,
+    );
+    let check = |driver: &str| {
+        let out = flexd(p, &["--output", "json", "check", driver]);
+        let report = stdout_json(&out);
+        let verdicts: Vec<(String, String)> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    c["verdict"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        let of = |prefix: &str| {
+            verdicts
+                .iter()
+                .find(|(n, _)| n.starts_with(prefix))
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no check {prefix:?} in {report}"))
+        };
+        let got = [
+            of("mount through the whole flow"),
+            of("mount of a mounted target"),
+            of("unmount (unmountdevice, detach)"),
+            of("unmount of an unmounted target"),
+        ];
+        (out.status.code(), got, report)
+    };
+
+    let (code, got, report) = check("chk/attachable");
+    assert_eq!(
+        (code, got.clone()),
+        (Some(0), ["pass", "pass", "pass", "pass"].map(String::from)),
+        "{report}"
+    );
+    let detail = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str().unwrap().starts_with("mount through"))
+        .unwrap()["detail"]
+        .clone();
+    assert_eq!(detail, "mounted; device /dev/flex-attachable");
+
+    let (code, got, report) = check("chk/strict");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(
+        got,
+        ["pass", "fail", "pass", "fail"].map(String::from),
+        "{report}"
+    );
+
+    let (code, got, report) = check("chk/stacking");
+    assert_eq!(
+        code,
+        Some(1),
+        "stacking a mount on each repeat is not idempotent: {report}"
+    );
+    assert_eq!(
+        got,
+        ["pass", "fail", "pass", "pass"].map(String::from),
+        "{report}"
+    );
+
+    let (code, got, report) = check("chk/liar");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(got[0], "fail", "{report}");
+    assert_eq!(
+        got[1..],
+        ["skip", "skip", "skip"].map(String::from),
+        "{report}"
+    );
+
+    // Nothing is left mounted by any of the checks.
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!table.contains("flexd-check-"), "{table}");
+}

@@ -20,6 +20,17 @@ use super::{Global, OutputFormat};
 const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
 const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
 
+const MOUNT_CHECK: &str = "mount through the whole flow (attach path too) on a scratch target";
+const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
+const UNMOUNT_CHECK: &str = "unmount (unmountdevice, detach) leaves nothing mounted";
+const UNMOUNT_AGAIN_CHECK: &str = "unmount of an unmounted target answers Success (idempotent)";
+const LIFECYCLE_CHECKS: [&str; 4] = [
+    MOUNT_CHECK,
+    MOUNT_AGAIN_CHECK,
+    UNMOUNT_CHECK,
+    UNMOUNT_AGAIN_CHECK,
+];
+
 /// A call-out name no driver implements.
 pub const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
 
@@ -232,6 +243,20 @@ pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
         };
         report.push(GETVOLUMENAME_CHECK, true, verdict, elapsed, detail);
     }
+    match &plugin {
+        Some(plugin) if rustix::process::geteuid().is_root() => {
+            lifecycle_checks(&mut report, plugin, &spec, &config)
+        }
+        _ => {
+            let why = match plugin {
+                None => "not run: init failed",
+                Some(_) => "not run: mounting needs root",
+            };
+            for name in LIFECYCLE_CHECKS {
+                report.push(name, true, Verdict::Skip, Duration::ZERO, why);
+            }
+        }
+    }
 
     report.passed = report
         .checks
@@ -277,4 +302,177 @@ fn print_table(report: &Report) {
             "some required checks FAILED"
         }
     );
+}
+
+/// A scratch directory for the lifecycle checks; whatever is still mounted below it is
+/// unmounted (lazily) and the directory removed when dropped, even if a check failed midway.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Ok(table) = flexvolume::mount::mount_table() {
+            let mut below: Vec<_> = table
+                .into_iter()
+                .map(|m| m.mount_point)
+                .filter(|m| m.starts_with(&self.0))
+                .collect();
+            below.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+            for m in below {
+                let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Mount and unmount a scratch volume through flexd's lifecycle (kubelet's flow, defaults
+/// included), and ask the driver itself to mount and unmount twice, which kubelet does after a
+/// restart or a retry.
+fn lifecycle_checks(
+    report: &mut Report,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    config: &RunnerConfig,
+) {
+    use flexvolume::lifecycle::{DriverResolver, Lifecycle, MountRequest};
+    use flexvolume::mount;
+    use flexvolume::state::{StateDir, VolumeRecord};
+
+    struct Same<'a>(&'a Plugin);
+    impl DriverResolver for Same<'_> {
+        fn resolve(&self, _: &VolumeRecord) -> Option<Plugin> {
+            let ok = protocol::find_reply(br#"{"status":"Success"}"#)?;
+            Some(Plugin::from_init_reply(self.0.driver.clone(), &ok))
+        }
+    }
+
+    let scratch = Scratch(std::env::temp_dir().join(format!(
+        "flexd-check-{}-{}",
+        std::process::id(),
+        spec.driver.dir_name()
+    )));
+    let target = scratch.0.join("target");
+    let lifecycle = Lifecycle {
+        runner: config.clone(),
+        state: StateDir::new(scratch.0.join("state")),
+        node: rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let pod = flexvolume::PodInfo::default();
+    let request = MountRequest {
+        plugin,
+        spec,
+        pod: &pod,
+        fs_group: None,
+        target: &target,
+    };
+    let mounted_here = || {
+        mount::mount_table()
+            .map(|t| t.iter().filter(|m| m.mount_point == target).count())
+            .unwrap_or(0)
+    };
+
+    let start = Instant::now();
+    let mounted = lifecycle.mount(&request);
+    let elapsed = start.elapsed();
+    let (verdict, detail) = match &mounted {
+        Ok(outcome) if mounted_here() > 0 => (
+            Verdict::Pass,
+            match &outcome.device {
+                Some(device) => format!("mounted; device {device}"),
+                None => "mounted".to_owned(),
+            },
+        ),
+        Ok(_) => (
+            Verdict::Fail,
+            "the driver answered Success but nothing is mounted on the target".to_owned(),
+        ),
+        // Call-out errors are redacted by the runner; the scratch volume has no secrets.
+        Err(e) => (Verdict::Fail, e.to_string()),
+    };
+    let mount_failed = verdict == Verdict::Fail;
+    report.push(MOUNT_CHECK, true, verdict, elapsed, detail);
+    if mount_failed {
+        for name in [MOUNT_AGAIN_CHECK, UNMOUNT_CHECK, UNMOUNT_AGAIN_CHECK] {
+            report.push(
+                name,
+                true,
+                Verdict::Skip,
+                Duration::ZERO,
+                "not run: mount failed",
+            );
+        }
+        return;
+    }
+
+    // The driver's own mount, again, on the mounted target.
+    let options = Options::for_mount(spec, &pod, None);
+    let (reply, _, elapsed) =
+        run_checked(config, &plugin.driver, &CallOut::mount(&target, &options));
+    let (verdict, detail) = match reply {
+        // Each retry by kubelet would leak one more mount.
+        Ok(r) if r.status == Status::Success && mounted_here() > 1 => (
+            Verdict::Fail,
+            format!(
+                "Success, but the target is now mounted {} times: each repeat stacks a mount",
+                mounted_here()
+            ),
+        ),
+        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
+        Ok(r) if r.status == Status::NotSupported => (
+            Verdict::Pass,
+            "Not supported (flexd bind-mounts the device)".to_owned(),
+        ),
+        Ok(r) => (
+            Verdict::Fail,
+            format!("answered {:?}: {}", r.status, r.message),
+        ),
+        Err(e) => (Verdict::Fail, e),
+    };
+    report.push(MOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
+
+    // Whatever the repeated mount stacked is flexd's lifecycle's to tear down first.
+    while mounted_here() > 1 {
+        if mount::unmount(&target).is_err() {
+            break;
+        }
+    }
+    let start = Instant::now();
+    let unmounted = lifecycle.unmount(&target, &Same(plugin));
+    let elapsed = start.elapsed();
+    let leftovers = mount::mount_table()
+        .map(|t| {
+            t.iter()
+                .filter(|m| m.mount_point.starts_with(&scratch.0))
+                .count()
+        })
+        .unwrap_or(0);
+    let (verdict, detail) = match unmounted {
+        Ok(_) if leftovers == 0 => (Verdict::Pass, "nothing left mounted".to_owned()),
+        Ok(_) => (
+            Verdict::Fail,
+            format!("{leftovers} mount(s) left behind under the scratch directory"),
+        ),
+        Err(e) => (Verdict::Fail, e.to_string()),
+    };
+    report.push(UNMOUNT_CHECK, true, verdict, elapsed, detail);
+
+    // The driver's own unmount, again, on a target that is no longer mounted.
+    let _ = std::fs::create_dir_all(&target);
+    let (reply, _, elapsed) = run_checked(config, &plugin.driver, &CallOut::unmount(&target));
+    let (verdict, detail) = match reply {
+        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
+        Ok(r) if r.status == Status::NotSupported => (
+            Verdict::Pass,
+            "Not supported (flexd unmounts itself)".to_owned(),
+        ),
+        Ok(r) => (
+            Verdict::Fail,
+            format!("answered {:?}: {}", r.status, r.message),
+        ),
+        Err(e) => (Verdict::Fail, e),
+    };
+    report.push(UNMOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
 }
