@@ -351,11 +351,20 @@ fn uninstall_removes_the_driver_and_refuses_an_absent_one() {
     )
     .status
     .success());
-    let out = flexd(p, &["uninstall", "--driver", "acme/drv"]);
+    // An empty state dir of its own: no volume uses the driver.
+    let state = src.path().join("state");
+    let uninstall = [
+        "uninstall",
+        "--driver",
+        "acme/drv",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    let out = flexd(p, &uninstall);
     assert!(out.status.success(), "{out:?}");
     assert!(!p.join("acme~drv").exists());
     assert!(dot_files(p).is_empty());
-    let out = flexd(p, &["uninstall", "--driver", "acme/drv"]);
+    let out = flexd(p, &uninstall);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("driver acme/drv is not installed"));
 }

@@ -144,9 +144,14 @@ fn install_update_add_another_and_remove_are_each_one_line() {
         (Some("add"), Some("other/drv"))
     );
     // 4. removal
-    assert!(flexd(&plugin, &["uninstall", "--driver", "acme/drv"])
-        .status
-        .success());
+    let state = root.path().join("state");
+    let state = state.to_str().unwrap();
+    assert!(flexd(
+        &plugin,
+        &["uninstall", "--driver", "acme/drv", "--state-dir", state]
+    )
+    .status
+    .success());
     let e = watch.next();
     assert_eq!(
         (e["event"].as_str(), e["driver"].as_str()),
@@ -183,4 +188,185 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
         (Some("failed"), Some("acme/bad"))
     );
     assert!(e["error"].as_str().unwrap().contains("missing"), "{e}");
+}
+
+/// A driver whose every volume is a tmpfs holding a file `version` with `version`'s text: a
+/// mount proves which version of the driver did it.
+fn versioned_driver(dir: &Path, version: &str) -> PathBuf {
+    let path = dir.join(format!("story-{version}"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!/bin/sh
+case "$1" in
+init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
+mount) mkdir -p "$2"; grep -q " $2 " /proc/self/mountinfo || mount -t tmpfs tmpfs "$2" || {{ echo '{{"status":"Failure","message":"mount failed"}}'; exit 1; }}
+  echo {version} > "$2/version"; echo '{{"status":"Success"}}';;
+unmount) grep -q " $2 " /proc/self/mountinfo && umount "$2"; echo '{{"status":"Success"}}';;
+*) echo '{{"status":"Not supported"}}'; exit 1;;
+esac
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Unmounts (lazily) whatever is still mounted below a directory when dropped.
+struct Unmounter(PathBuf);
+
+impl Drop for Unmounter {
+    fn drop(&mut self) {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for m in flexvolume::mount::parse_mountinfo(&info) {
+            if m.mount_point.starts_with(&self.0) {
+                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_seed_user_stories_end_to_end_with_volumes() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: mounting volumes needs root");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let root_path = root.path().canonicalize().unwrap();
+    let _unmount = Unmounter(root_path.clone());
+    let plugin = root_path.join("exec");
+    let state = root_path.join("state");
+    let work = root_path.join("work");
+    let src = root_path.join("src");
+    for d in [&plugin, &work, &src] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let state_arg = state.to_str().unwrap();
+    let volume = |args: &[&str]| {
+        let mut all = vec!["volume", "--state-dir", state_arg];
+        all.extend(args);
+        flexd(&plugin, &all)
+    };
+    let mount = |driver: &str, target: &str| {
+        let t = work.join(target);
+        let out = volume(&["mount", "--driver", driver, "--target", t.to_str().unwrap()]);
+        (out, t)
+    };
+    let ok = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let install = |driver: &str, source: &Path| {
+        ok(&flexd(
+            &plugin,
+            &["install", "--driver", driver, source.to_str().unwrap()],
+        ));
+    };
+    let watch = Watch::start(&plugin);
+    let event = |kind: &str, driver: &str| {
+        let e = watch.next();
+        assert_eq!(
+            (e["event"].as_str(), e["driver"].as_str()),
+            (Some(kind), Some(driver)),
+            "{e}"
+        );
+    };
+
+    // 1. Initial installation: add, then a volume mounts through it.
+    install("acme/story", &versioned_driver(&src, "v1"));
+    event("add", "acme/story");
+    let (out, a) = mount("acme/story", "a");
+    ok(&out);
+    assert_eq!(std::fs::read_to_string(a.join("version")).unwrap(), "v1\n");
+
+    // 2. Update: update, and the next mount uses the new version.
+    install("acme/story", &versioned_driver(&src, "v2"));
+    event("update", "acme/story");
+    let (out, b) = mount("acme/story", "b");
+    ok(&out);
+    assert_eq!(std::fs::read_to_string(b.join("version")).unwrap(), "v2\n");
+
+    // 3. Another driver: add; both usable.
+    install("other/story", &versioned_driver(&src, "other"));
+    event("add", "other/story");
+    let (out, c) = mount("other/story", "c");
+    ok(&out);
+    assert_eq!(
+        std::fs::read_to_string(c.join("version")).unwrap(),
+        "other\n"
+    );
+    let (out, d) = mount("acme/story", "d");
+    ok(&out);
+    assert_eq!(std::fs::read_to_string(d.join("version")).unwrap(), "v2\n");
+
+    // 4. Removal. While volumes use it, uninstall is refused...
+    let out = flexd(
+        &plugin,
+        &[
+            "uninstall",
+            "--driver",
+            "acme/story",
+            "--state-dir",
+            state_arg,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("driver acme/story is used by 3 mounted volume(s)"),
+        "{err}"
+    );
+    assert!(plugin.join("acme~story/story").exists());
+    // ...until they are unmounted; then remove, and a mount through it fails clearly.
+    for t in [&a, &b, &d] {
+        ok(&volume(&["unmount", "--target", t.to_str().unwrap()]));
+    }
+    ok(&flexd(
+        &plugin,
+        &[
+            "uninstall",
+            "--driver",
+            "acme/story",
+            "--state-dir",
+            state_arg,
+        ],
+    ));
+    event("remove", "acme/story");
+    let (out, e) = mount("acme/story", "e");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no plugin matched driver acme/story"), "{err}");
+    assert!(!e.exists());
+
+    // --force removes a driver in use: new mounts are refused, its volume still unmounts.
+    ok(&flexd(
+        &plugin,
+        &[
+            "uninstall",
+            "--driver",
+            "other/story",
+            "--state-dir",
+            state_arg,
+            "--force",
+        ],
+    ));
+    event("remove", "other/story");
+    let (out, _) = mount("other/story", "f");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("driver other/story was removed: new mounts through it are refused; its 1 mounted volume(s) can still be unmounted"),
+        "{err}"
+    );
+    ok(&volume(&["unmount", "--target", c.to_str().unwrap()]));
+    assert!(!flexvolume::mount::is_mount_point(&c).unwrap());
+    let out = volume(&["--output", "json", "list"]);
+    ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    assert_eq!(watch.terminate(), Some(0));
 }

@@ -226,6 +226,17 @@ impl StateDir {
         Ok(records)
     }
 
+    /// How many recorded volumes depend on a driver (the in-use rule of SPEC §5). Unreadable
+    /// records cannot be attributed and are not counted; `list` reports them.
+    pub fn volumes_using(&self, driver: &crate::name::DriverName) -> Result<usize, StateError> {
+        let name = driver.to_string();
+        Ok(self
+            .list()?
+            .iter()
+            .filter(|r| r.as_ref().is_ok_and(|r| r.driver == name))
+            .count())
+    }
+
     /// Keeps a copy of a driver executable as it is now, so a volume mounted through it can be
     /// torn down after the driver is removed. Hard link when possible (no copy), else a copy.
     pub fn pin(&self, dir_name: &str, executable: &Path) -> Result<PathBuf, StateError> {

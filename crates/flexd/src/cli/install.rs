@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use clap::Args;
 use flexvolume::install;
+use flexvolume::state::StateDir;
 use flexvolume::DriverName;
 
 use super::{Global, OutputFormat};
@@ -27,6 +28,13 @@ pub struct UninstallArgs {
     /// The driver's name: vendor/driver.
     #[arg(long)]
     pub driver: String,
+    /// flexd's state, which records the volumes mounted through each driver.
+    #[arg(long, default_value = "/var/lib/flexd")]
+    pub state_dir: PathBuf,
+    /// Remove the driver even while volumes mounted through it are recorded (they can still
+    /// be unmounted, with the copy of the driver pinned when they were mounted).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCode> {
@@ -60,6 +68,20 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
 
 pub fn run_uninstall(global: &Global, args: UninstallArgs) -> anyhow::Result<ExitCode> {
     let name = DriverName::parse(&args.driver)?;
+    let state = StateDir::new(&args.state_dir);
+    let in_use = state
+        .volumes_using(&name)
+        .with_context(|| format!("cannot tell which volumes use driver {name}"))?;
+    if in_use > 0 && !args.force {
+        bail!(
+            "driver {name} is used by {in_use} mounted volume(s) (flexd volume list --state-dir {}); \
+             unmount them first, or pass --force (they stay unmountable)",
+            args.state_dir.display()
+        );
+    }
+    if in_use > 0 {
+        tracing::warn!(driver = %name, volumes = in_use, "removing a driver that mounted volumes still use");
+    }
     let dir = install::uninstall(&global.plugin_dir, &name)
         .with_context(|| format!("cannot uninstall driver {name}"))?;
     match global.output {

@@ -301,7 +301,8 @@ fn plugin_for(
         global.layout_policy(),
         &lifecycle.runner,
     );
-    Ok(manager.find_by_spec(spec, || lifecycle.volumes_using(&spec.driver))?)
+    let in_use = || lifecycle.state.volumes_using(&spec.driver).unwrap_or(0);
+    Ok(manager.find_by_spec(spec, in_use)?)
 }
 
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {

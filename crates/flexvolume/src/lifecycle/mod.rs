@@ -193,20 +193,6 @@ impl Lifecycle {
         expander::expand(self, &plugin, &record, new_bytes)
     }
 
-    /// How many mounted volumes depend on a driver (the in-use rule of SPEC §5).
-    pub fn volumes_using(&self, driver: &DriverName) -> usize {
-        let name = driver.to_string();
-        self.state
-            .list()
-            .map(|records| {
-                records
-                    .iter()
-                    .filter(|r| r.as_ref().is_ok_and(|r| r.driver == name))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
     /// Tears down exactly what [`Lifecycle::mount`] did for `target`.
     pub fn unmount(
         &self,
