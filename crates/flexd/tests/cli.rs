@@ -306,7 +306,14 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
     assert_eq!(report["passed"], true);
     let checks = report["checks"].as_array().unwrap();
     assert!(checks.len() >= 4);
-    assert!(checks.iter().all(|c| c["verdict"] == "pass"), "{report}");
+    // Every required check passes; the only other is isattached, skipped: tmpfs does not attach.
+    assert!(
+        checks
+            .iter()
+            .all(|c| c["verdict"] == "pass" || (c["verdict"] == "skip" && c["required"] == false)),
+        "{report}"
+    );
+    assert_eq!(checks.iter().filter(|c| c["verdict"] == "skip").count(), 1);
     assert!(checks.iter().all(|c| c["ms"].as_f64().unwrap() >= 0.0));
 
     let verdict = |report: &Value, name: &str| -> String {
@@ -402,6 +409,7 @@ unmount) echo '{"status":"Success"}';;"#,
         };
         let got = [
             of("mount through the whole flow"),
+            of("isattached answers"),
             of("mount of a mounted target"),
             of("unmount (unmountdevice, detach)"),
             of("unmount of an unmounted target"),
@@ -412,7 +420,10 @@ unmount) echo '{"status":"Success"}';;"#,
     let (code, got, report) = check("chk/attachable");
     assert_eq!(
         (code, got.clone()),
-        (Some(0), ["pass", "pass", "pass", "pass"].map(String::from)),
+        (
+            Some(0),
+            ["pass", "pass", "pass", "pass", "pass"].map(String::from)
+        ),
         "{report}"
     );
     let detail = report["checks"]
@@ -428,7 +439,7 @@ unmount) echo '{"status":"Success"}';;"#,
     assert_eq!(code, Some(1), "{report}");
     assert_eq!(
         got,
-        ["pass", "fail", "pass", "fail"].map(String::from),
+        ["pass", "skip", "fail", "pass", "fail"].map(String::from),
         "{report}"
     );
 
@@ -440,7 +451,7 @@ unmount) echo '{"status":"Success"}';;"#,
     );
     assert_eq!(
         got,
-        ["pass", "fail", "pass", "pass"].map(String::from),
+        ["pass", "skip", "fail", "pass", "pass"].map(String::from),
         "{report}"
     );
 
@@ -449,7 +460,7 @@ unmount) echo '{"status":"Success"}';;"#,
     assert_eq!(got[0], "fail", "{report}");
     assert_eq!(
         got[1..],
-        ["skip", "skip", "skip"].map(String::from),
+        ["skip", "skip", "skip", "skip"].map(String::from),
         "{report}"
     );
 

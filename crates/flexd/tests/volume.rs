@@ -908,3 +908,81 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
     assert!(!is_mounted(&a));
 }
+
+#[test]
+fn secrets_from_a_kubernetes_secret_file() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let pv = s.root.path().join("pv.yaml");
+    std::fs::write(
+        &pv,
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n",
+    )
+    .unwrap();
+    let secret = s.root.path().join("secret.yaml");
+    // data is base64 in a Secret ("czNjcjN0" is "s3cr3t"); stringData is plain.
+    std::fs::write(
+        &secret,
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: foo-secret\ndata:\n  token: czNjcjN0\nstringData:\n  user: admin\n",
+    )
+    .unwrap();
+    let target = s.target("sec");
+    let t = target.to_str().unwrap();
+    let mount = |extra: &[&str]| {
+        let args = [
+            &["mount", "-f", pv.to_str().unwrap(), "--target", t][..],
+            extra,
+        ]
+        .concat();
+        s.flexd(&args)
+    };
+    let out = mount(&["--secret-file", secret.to_str().unwrap()]);
+    ok(&out);
+    let json: Value = serde_json::from_str(&s.calls_of("mount")[0][2]).unwrap();
+    assert_eq!(json["kubernetes.io/secret/token"], "czNjcjN0");
+    assert_eq!(json["kubernetes.io/secret/user"], "YWRtaW4=");
+    let printed = [out.stdout.as_slice(), out.stderr.as_slice()].concat();
+    assert!(!String::from_utf8_lossy(&printed).contains("s3cr3t"));
+    let state: Vec<u8> = walk(&s.state())
+        .iter()
+        .filter(|p| p.is_file())
+        .flat_map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let state = String::from_utf8_lossy(&state);
+    assert!(!state.contains("s3cr3t") && !state.contains("czNjcjN0") && !state.contains("admin"));
+    ok(&s.flexd(&["unmount", "--target", t]));
+
+    let cases = [
+        (
+            "kind: Secret\nmetadata: {name: other}\nstringData: {a: b}\n",
+            "holds secret \"other\", but the volume references secret \"foo-secret\"",
+        ),
+        (
+            "kind: Secret\nmetadata: {name: foo-secret}\ndata: {token: 'not base64 !!hunter2'}\n",
+            "is not a valid Secret (data values must be base64)",
+        ),
+        (
+            "kind: ConfigMap\ndata: {a: b}\n",
+            "is not a Kubernetes Secret",
+        ),
+        (
+            "kind: Secret\nmetadata: {name: foo-secret}\n",
+            "has no data",
+        ),
+    ];
+    for (yaml, want) in cases {
+        std::fs::write(&secret, yaml).unwrap();
+        let out = mount(&["--secret-file", secret.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{yaml}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{yaml}: {err}");
+        assert!(
+            !err.contains("hunter2"),
+            "an error quoted a secret value: {err}"
+        );
+    }
+    assert!(!target.exists());
+}

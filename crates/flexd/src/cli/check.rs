@@ -21,11 +21,13 @@ const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
 const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
 
 const MOUNT_CHECK: &str = "mount through the whole flow (attach path too) on a scratch target";
+const ISATTACHED_CHECK: &str = "isattached answers attached (or Not supported) while attached";
 const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
 const UNMOUNT_CHECK: &str = "unmount (unmountdevice, detach) leaves nothing mounted";
 const UNMOUNT_AGAIN_CHECK: &str = "unmount of an unmounted target answers Success (idempotent)";
-const LIFECYCLE_CHECKS: [&str; 4] = [
+const LIFECYCLE_CHECKS: [&str; 5] = [
     MOUNT_CHECK,
+    ISATTACHED_CHECK,
     MOUNT_AGAIN_CHECK,
     UNMOUNT_CHECK,
     UNMOUNT_AGAIN_CHECK,
@@ -395,7 +397,12 @@ fn lifecycle_checks(
     let mount_failed = verdict == Verdict::Fail;
     report.push(MOUNT_CHECK, true, verdict, elapsed, detail);
     if mount_failed {
-        for name in [MOUNT_AGAIN_CHECK, UNMOUNT_CHECK, UNMOUNT_AGAIN_CHECK] {
+        for name in [
+            ISATTACHED_CHECK,
+            MOUNT_AGAIN_CHECK,
+            UNMOUNT_CHECK,
+            UNMOUNT_AGAIN_CHECK,
+        ] {
             report.push(
                 name,
                 true,
@@ -405,6 +412,40 @@ fn lifecycle_checks(
             );
         }
         return;
+    }
+
+    // isattached, while the volume is attached: kubelet and the controller manager rely on it.
+    if plugin.capabilities.attach {
+        let options = Options::for_volume(spec);
+        let call = CallOut::is_attached(&options, &lifecycle.node);
+        let (reply, _, elapsed) = run_checked(config, &plugin.driver, &call);
+        let (verdict, detail) = match reply {
+            Ok(r) if r.status == Status::Success && r.attached == Some(true) => {
+                (Verdict::Pass, "attached: true".to_owned())
+            }
+            Ok(r) if r.status == Status::Success => (
+                Verdict::Fail,
+                "answered attached: false (or nothing) right after attach".to_owned(),
+            ),
+            Ok(r) if r.status == Status::NotSupported => (
+                Verdict::Pass,
+                "Not supported (treated as attached)".to_owned(),
+            ),
+            Ok(r) => (
+                Verdict::Fail,
+                format!("answered {:?}: {}", r.status, r.message),
+            ),
+            Err(e) => (Verdict::Fail, e),
+        };
+        report.push(ISATTACHED_CHECK, true, verdict, elapsed, detail);
+    } else {
+        report.push(
+            ISATTACHED_CHECK,
+            false,
+            Verdict::Skip,
+            Duration::ZERO,
+            "the driver does not attach",
+        );
     }
 
     // The driver's own mount, again, on the mounted target.

@@ -68,6 +68,10 @@ pub struct SpecArgs {
     /// A secret value, KEY=VALUE (repeatable); passed to mount only, base64, never printed.
     #[arg(long = "secret", value_name = "KEY=VALUE")]
     pub secrets: Vec<String>,
+    /// A Kubernetes Secret (YAML or JSON, as `kubectl get secret -o yaml` prints it) whose
+    /// data and stringData are the secret values; its name must match the volume's secretRef.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +193,44 @@ fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
 }
 
 /// The volume's spec; `default_name` is used when neither a file nor --volume-name gives one.
+/// A Secret manifest's name and values. Errors name the file and the problem, never a value.
+/// Secret key → raw value.
+type SecretValues = BTreeMap<String, Vec<u8>>;
+
+fn secret_from_file(path: &Path) -> anyhow::Result<(Option<String>, SecretValues)> {
+    use k8s_openapi::api::core::v1::Secret;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value = serde_yaml_ng::from_str(&text)
+        .map_err(|_| anyhow::anyhow!("{} is not YAML or JSON", path.display()))?;
+    if value.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
+        bail!(
+            "{} is not a Kubernetes Secret (kind: Secret)",
+            path.display()
+        );
+    }
+    // serde's message could quote a value; say only where the problem is.
+    let secret: Secret = serde_json::from_value(value).map_err(|_| {
+        anyhow::anyhow!(
+            "{} is not a valid Secret (data values must be base64)",
+            path.display()
+        )
+    })?;
+    let mut values: SecretValues = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    for (key, value) in secret.string_data.unwrap_or_default() {
+        values.insert(key, value.into_bytes());
+    }
+    if values.is_empty() {
+        bail!("secret file {} has no data", path.display());
+    }
+    Ok((secret.metadata.name, values))
+}
+
 fn build_spec(args: &SpecArgs, default_name: Option<&Path>) -> anyhow::Result<VolumeSpec> {
     let (mut spec, secret_ref) = match &args.file {
         Some(file) => spec_from_file(file)?,
@@ -230,8 +272,23 @@ fn build_spec(args: &SpecArgs, default_name: Option<&Path>) -> anyhow::Result<Vo
         spec.secrets
             .insert(key.to_owned(), value.as_bytes().to_vec());
     }
+    if let Some(path) = &args.secret_file {
+        let (name, values) = secret_from_file(path)?;
+        if let (Some(wanted), Some(name)) = (&secret_ref, &name) {
+            if wanted != name {
+                bail!(
+                    "{} holds secret {name:?}, but the volume references secret {wanted:?}",
+                    path.display()
+                );
+            }
+        }
+        // --secret values given on the command line win over the file's.
+        for (key, value) in values {
+            spec.secrets.entry(key).or_insert(value);
+        }
+    }
     if let (Some(name), true) = (secret_ref, spec.secrets.is_empty()) {
-        bail!("the volume references secret {name:?}; give its values with --secret KEY=VALUE");
+        bail!("the volume references secret {name:?}; give its values with --secret KEY=VALUE or --secret-file");
     }
     Ok(spec)
 }
