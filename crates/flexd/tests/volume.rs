@@ -65,7 +65,8 @@ impl Sandbox {
         std::fs::create_dir_all(&dir).unwrap();
         let exe = dir_name.rsplit('~').next().unwrap();
         let script = format!(
-            "#!/bin/sh\n{{ for a in \"$@\"; do printf '%s\\t' \"$a\"; done; echo; }} >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
+            // One write per line (O_APPEND keeps it whole): concurrent drivers share the log.
+            "#!/bin/sh\nline=; for a in \"$@\"; do line=\"$line$a\t\"; done; printf '%s\\n' \"$line\" >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
             self.log().display()
         );
         let staged = dir.join(format!(".{exe}"));
@@ -985,4 +986,168 @@ fn secrets_from_a_kubernetes_secret_file() {
         );
     }
     assert!(!target.exists());
+}
+
+fn sigkill(child: &mut std::process::Child) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    let _ = child.wait();
+}
+
+fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_driver_orphaned_by_a_killed_flexd_still_holds_its_volume() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    let started = s.root.path().join("started");
+    let finished = s.root.path().join("finished");
+    // The driver's mount outlives a flexd killed while waiting for it (it leads its own
+    // process group, so the kill does not reach it), and like real drivers it creates the
+    // target itself.
+    s.driver(
+        "acme~slow",
+        &format!(
+            r#"init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
+mount) touch '{started}'; sleep 1; mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; touch '{finished}'; echo '{{"status":"Success"}}';;
+unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
+            started = started.display(),
+            finished = finished.display()
+        ),
+    );
+    let target = s.target("orphan");
+    let t = target.to_str().unwrap();
+    let mut flexd = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(s.plugin())
+        .args(["volume", "--node", "node-1", "--state-dir"])
+        .arg(s.state())
+        .args(["mount", "--driver", "acme/slow", "--target", t])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the driver's mount to start", || started.exists());
+    sigkill(&mut flexd);
+    // The next operation waits for the orphaned driver (it inherited the volume's lock), then
+    // finds its mount through the record written ahead of the call, and undoes it.
+    ok(&s.flexd(&["unmount", "--target", t]));
+    wait_for("the orphaned driver to finish", || finished.exists());
+    assert!(!is_mounted(&target), "the orphaned driver's mount leaked");
+    let out = s.flexd(&["--output", "json", "list"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn kill_9_at_random_points_of_200_operations_loses_nothing() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let attachable =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/attachable/attachable");
+    std::fs::create_dir(s.plugin().join("acme~attachable")).unwrap();
+    std::fs::copy(&attachable, s.plugin().join("acme~attachable/attachable")).unwrap();
+    let targets: Vec<(PathBuf, &str)> = (0..6)
+        .map(|i| {
+            let driver = if i % 2 == 0 {
+                "acme/tmpfs"
+            } else {
+                "acme/attachable"
+            };
+            (s.target(&format!("t{i}")), driver)
+        })
+        .collect();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("seed {seed}");
+    let mut random = move |n: u64| {
+        // xorshift64: reproducible from the printed seed.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let record_exists = |target: &Path| {
+        let state = flexvolume::state::StateDir::new(s.state());
+        state.load(target).map(|r| r.is_some()).unwrap_or(false)
+    };
+    let mut killed = 0;
+    for _ in 0..200 {
+        let (target, driver) = &targets[random(targets.len() as u64) as usize];
+        let t = target.to_str().unwrap();
+        let args: Vec<&str> = if random(2) == 0 {
+            vec![
+                "mount",
+                "--driver",
+                driver,
+                "--target",
+                t,
+                "--volume-name",
+                t.rsplit('/').next().unwrap(),
+            ]
+        } else {
+            vec!["unmount", "--target", t]
+        };
+        let mut flexd = Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(s.plugin())
+            .args(["volume", "--node", "node-1", "--state-dir"])
+            .arg(s.state())
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(random(15_000)));
+        if flexd.try_wait().unwrap().is_none() {
+            killed += 1;
+        }
+        sigkill(&mut flexd);
+        // No lost record: every mounted target has one, whatever instant the kill hit.
+        for (target, _) in &targets {
+            if is_mounted(target) {
+                assert!(
+                    record_exists(target),
+                    "{} is mounted without a record",
+                    target.display()
+                );
+            }
+        }
+    }
+    eprintln!("{killed} of 200 operations were killed before they finished");
+    assert!(killed > 0, "no kill landed inside an operation");
+    // Restart: every volume is torn down by a normal run (after any orphaned driver is done).
+    for (target, _) in &targets {
+        ok(&s.flexd(&["unmount", "--target", target.to_str().unwrap()]));
+    }
+    let root = s.root.path().canonicalize().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let leaked: Vec<_> = flexvolume::mount::parse_mountinfo(&info)
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(&root))
+        .map(|m| m.mount_point)
+        .collect();
+    assert!(leaked.is_empty(), "leaked mounts: {leaked:?}");
+    let out = s.flexd(&["--output", "json", "list"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    assert!(
+        targets.iter().all(|(t, _)| !t.exists()),
+        "a target flexd created was left behind"
+    );
 }

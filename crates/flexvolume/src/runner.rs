@@ -43,6 +43,10 @@ pub struct RunnerConfig {
     pub output_cap: usize,
     /// Told about every finished call-out (metrics); `None` costs nothing.
     pub observer: Option<Observer>,
+    /// Locks (flock-ed files) the driver process inherits, so they stay held while it runs even
+    /// if flexd dies: a driver orphaned by a crashed flexd then still blocks the next operation
+    /// on its volume until it finishes. Empty outside an operation.
+    pub held_locks: Vec<std::sync::Arc<std::fs::File>>,
 }
 
 /// How a call-out ended, as metrics count it.
@@ -108,6 +112,7 @@ impl Default for RunnerConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             output_cap: DEFAULT_OUTPUT_CAP,
             observer: None,
+            held_locks: Vec::new(),
         }
     }
 }
@@ -118,6 +123,13 @@ impl RunnerConfig {
             .get(&kind)
             .copied()
             .unwrap_or(self.default_timeout)
+    }
+
+    /// This configuration, with drivers also holding `locks` (see [`RunnerConfig::held_locks`]).
+    pub fn holding(&self, locks: &[std::sync::Arc<std::fs::File>]) -> Self {
+        let mut config = self.clone();
+        config.held_locks.extend(locks.iter().cloned());
+        config
     }
 
     /// Sets one timeout for every call-out (the `flexd call --timeout` case).
@@ -238,7 +250,7 @@ pub fn run_argv(
         kind,
         source,
     };
-    let mut child = spawn(program, argv)?;
+    let mut child = spawn(program, argv, &config.held_locks)?;
     let result = supervise(config, &mut child, timeout, start);
     if result.is_err() {
         // Abandoned half-way (an i/o error): no driver is ever left running or as a zombie.
@@ -264,17 +276,39 @@ const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// Spawns the driver. ETXTBSY is retried briefly: in a multi-threaded host, another thread's
 /// fork can hold a just-written executable open for writing until its own exec, which makes our
 /// exec of that file fail for a moment even though nobody is writing it any more.
-fn spawn(program: &Path, argv: &[&std::ffi::OsStr]) -> Result<Child, CallError> {
+fn spawn(
+    program: &Path,
+    argv: &[&std::ffi::OsStr],
+    held_locks: &[std::sync::Arc<std::fs::File>],
+) -> Result<Child, CallError> {
+    use std::os::fd::AsRawFd;
     let mut pause = TEXT_BUSY_PAUSE;
     let mut tries = 0;
+    let inherited: Vec<i32> = held_locks.iter().map(|f| f.as_raw_fd()).collect();
     loop {
-        let result = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn();
+            .process_group(0);
+        if !inherited.is_empty() {
+            let inherited = inherited.clone();
+            // SAFETY: runs in the forked child before exec and only calls fcntl(F_SETFD), which
+            // is async-signal-safe; the fds are open in the parent for the whole call (the
+            // `Arc<File>`s in the config outlive the spawn), so they are open in the child.
+            unsafe {
+                command.pre_exec(move || {
+                    for &fd in &inherited {
+                        let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+                        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let result = command.spawn();
         match result {
             Err(e)
                 if e.kind() == io::ErrorKind::ExecutableFileBusy && tries < TEXT_BUSY_RETRIES =>

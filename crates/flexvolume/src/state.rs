@@ -33,11 +33,16 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
 }
 
 /// How far a volume's setup got.
+///
+/// The record is written *before* each step with an effect (attach, the target's mount), so a
+/// crash at any point leaves a record from which unmount undoes whatever was done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Stage {
-    /// Attached and its device mounted on the device mount dir; the target not yet.
-    DeviceMounted,
+    /// Setup is under way (or was, when flexd crashed): the volume may be attached, its device
+    /// mounted, the target mounted.
+    #[serde(alias = "device-mounted")]
+    Mounting,
     /// Mounted on the target.
     Mounted,
 }
@@ -105,9 +110,17 @@ pub struct StateDir {
     pub root: PathBuf,
 }
 
-/// An exclusive lock, released when dropped (or when the process dies).
+/// An exclusive lock, released when dropped and every driver process that inherited it (see
+/// [`crate::runner::RunnerConfig::held_locks`]) has exited, or when they all die.
 pub struct Lock {
-    _file: File,
+    file: std::sync::Arc<File>,
+}
+
+impl Lock {
+    /// The locked file, for a driver process to inherit.
+    pub fn share(&self) -> std::sync::Arc<File> {
+        self.file.clone()
+    }
 }
 
 impl StateDir {
@@ -140,7 +153,9 @@ impl StateDir {
                 source: e.into(),
             }
         })?;
-        Ok(Lock { _file: file })
+        Ok(Lock {
+            file: std::sync::Arc::new(file),
+        })
     }
 
     pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {

@@ -117,6 +117,16 @@ pub fn path_component(volume_name: &str) -> Result<String, LifecycleError> {
 }
 
 impl Lifecycle {
+    /// This lifecycle with its drivers also holding `locks`: a driver orphaned by a crash of
+    /// flexd keeps them until it exits, so the next operation on the volume waits for it.
+    fn holding(&self, locks: &[&crate::state::Lock]) -> Lifecycle {
+        let shared: Vec<_> = locks.iter().map(|l| l.share()).collect();
+        Lifecycle {
+            runner: self.runner.holding(&shared),
+            ..self.clone()
+        }
+    }
+
     /// Where the device of a volume is mounted: `<state-dir>/devices/<vendor~driver>/<volume>`.
     pub fn device_mount_dir(
         &self,
@@ -177,7 +187,8 @@ impl Lifecycle {
         new_bytes: u64,
         resolve: &dyn DriverResolver,
     ) -> Result<ExpandOutcome, LifecycleError> {
-        let _target_lock = self.state.lock(target)?;
+        let target_lock = self.state.lock(target)?;
+        let lc = self.holding(&[&target_lock]);
         let record = self
             .state
             .load(target)?
@@ -190,7 +201,7 @@ impl Lifecycle {
                 driver: record.driver.clone(),
                 target: target.to_owned(),
             })?;
-        expander::expand(self, &plugin, &record, new_bytes)
+        expander::expand(&lc, &plugin, &record, new_bytes)
     }
 
     /// Tears down exactly what [`Lifecycle::mount`] did for `target`.

@@ -16,10 +16,19 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
             target: target.to_owned(),
         });
     }
-    let _target_lock = lc.state.lock(target)?;
+    let target_lock = lc.state.lock(target)?;
+    let lc = &lc.holding(&[&target_lock]);
     let existing = lc.state.load(target)?;
     if mount::is_mount_point(target)? {
         tracing::debug!(target = %target.display(), "already mounted");
+        // A crash between the mount and its last record leaves the stage behind: catch up.
+        if let Some(record) = existing.as_ref().filter(|r| r.stage != Stage::Mounted) {
+            let record = VolumeRecord {
+                stage: Stage::Mounted,
+                ..record.clone()
+            };
+            lc.state.save(&record)?;
+        }
         return Ok(MountOutcome {
             target: target.to_owned(),
             mounted_now: false,
@@ -30,9 +39,14 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
     }
     let plugin = req.plugin;
     let spec = req.spec;
-    let created_target = !target.exists();
-    std::fs::create_dir_all(target).map_err(io_err(target))?;
+    let attachable = plugin.capabilities.attach;
+    // A retry after a crash knows whether the first attempt created the target.
+    let created_target = match &existing {
+        Some(record) => record.created_target,
+        None => !target.exists(),
+    };
     let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+    let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
     let mut record = VolumeRecord {
         target: target.to_owned(),
         driver: spec.driver.to_string(),
@@ -40,28 +54,38 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
         fs_type: spec.fs_type.clone(),
         read_only: spec.read_only,
         options: spec.options.clone(),
-        attachable: plugin.capabilities.attach,
+        attachable,
         node: lc.node.clone(),
         device: None,
-        device_mount_dir: None,
+        device_mount_dir: attachable.then(|| device_dir.clone()),
         detach_name: spec.volume_name.replace('/', "~"),
         pinned: Some(pinned),
         created_target,
-        stage: Stage::DeviceMounted,
+        stage: Stage::Mounting,
     };
-    let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
+    // Written ahead of every effect (the target directory, the attach, the mounts): a crash at
+    // any point from here leaves a record from which unmount undoes whatever was done.
+    lc.state.save(&record)?;
+    // Whether anything was done that teardown must undo (an attach, a mount).
+    let mut side_effects = false;
     let result = (|| {
+        std::fs::create_dir_all(target).map_err(io_err(target))?;
         let mut formatted = false;
-        if plugin.capabilities.attach {
-            let _device_lock = lc.state.lock(&device_dir)?;
-            record.detach_name = attacher::detach_name(lc, plugin, spec)?;
+        if attachable {
+            let device_lock = lc.state.lock(&device_dir)?;
+            let lc = &lc.holding(&[&device_lock]);
+            let detach_name = attacher::detach_name(lc, plugin, spec)?;
+            if detach_name != record.detach_name {
+                record.detach_name = detach_name;
+                lc.state.save(&record)?;
+            }
+            side_effects = true;
             let device = attacher::attach_and_wait(lc, plugin, spec)?;
             formatted = attacher::mount_device(lc, plugin, spec, &device, &device_dir)?;
             record.device = Some(device).filter(|d| !d.is_empty());
-            record.device_mount_dir = Some(device_dir.clone());
-            // From here a crash leaves a record that unmount can undo.
             lc.state.save(&record)?;
         }
+        side_effects = true;
         mount_target(lc, req, &device_dir)?;
         Ok(formatted)
     })();
@@ -79,7 +103,14 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
             })
         }
         Err(e) => {
-            if created_target && !mount::is_mount_point(target).unwrap_or(true) {
+            let target_mounted = mount::is_mount_point(target).unwrap_or(true);
+            // An attached volume keeps its record so that unmount can detach it; a plain one
+            // that the failed mount left unmounted has nothing to undo.
+            let keep_for_detach = attachable && side_effects;
+            if !target_mounted && !keep_for_detach {
+                let _ = lc.state.remove(target);
+            }
+            if created_target && !target_mounted {
                 let _ = std::fs::remove_dir(target);
             }
             Err(e)

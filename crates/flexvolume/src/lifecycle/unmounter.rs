@@ -8,7 +8,7 @@ use super::{Lifecycle, LifecycleError, UnmountOutcome};
 use crate::mount;
 use crate::plugin::Plugin;
 use crate::protocol::CallOut;
-use crate::state::{Stage, VolumeRecord};
+use crate::state::VolumeRecord;
 
 /// Finds the plugin to tear a volume down with: the installed driver when it is there (a
 /// replaced driver's new version is used), else the copy pinned at mount time.
@@ -21,7 +21,8 @@ pub fn unmount(
     target: &Path,
     resolve: &dyn DriverResolver,
 ) -> Result<UnmountOutcome, LifecycleError> {
-    let _target_lock = lc.state.lock(target)?;
+    let target_lock = lc.state.lock(target)?;
+    let lc = &lc.holding(&[&target_lock]);
     let Some(record) = lc.state.load(target)? else {
         // Not ours: nothing to undo. A path that does not exist or is not mounted is fine.
         return Ok(UnmountOutcome {
@@ -37,7 +38,8 @@ pub fn unmount(
             driver: record.driver.clone(),
             target: target.to_owned(),
         })?;
-    if record.stage == Stage::Mounted && target.exists() && mount::is_mount_point(target)? {
+    // Whatever the stage: a crash after the mount but before its last record must not leak it.
+    if target.exists() && mount::is_mount_point(target)? {
         match plugin.call(&lc.runner, &CallOut::unmount(target)) {
             Ok(_) => {}
             Err(e) if e.is_not_supported() => mount::unmount(target)?,
@@ -63,7 +65,8 @@ pub fn unmount(
         detached: false,
     };
     if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
-        let _device_lock = lc.state.lock(device_dir)?;
+        let device_lock = lc.state.lock(device_dir)?;
+        let lc = &lc.holding(&[&device_lock]);
         let others = lc
             .state
             .list()?
