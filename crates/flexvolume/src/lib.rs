@@ -23,6 +23,7 @@ pub mod manager;
 pub mod mount;
 pub mod name;
 pub mod options;
+pub mod ownership;
 pub mod plugin;
 pub mod prober;
 pub mod protocol;
