@@ -1151,3 +1151,142 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
         "a target flexd created was left behind"
     );
 }
+
+/// A tmpfs driver whose mount leaves files owned by root's group, as a fresh volume would be.
+const TMPFS_WITH_FILES: &str = r#"mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; mkdir "$2/data"; echo x > "$2/data/file"; ln -s data/file "$2/link"; chmod 600 "$2/data/file"; chmod 755 "$2" "$2/data"; echo '{"status":"Success"}';;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+fn gid_mode(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    (meta.gid(), meta.mode() & 0o7777)
+}
+
+#[test]
+fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read_only() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver(
+        "acme~files",
+        &format!("init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":false}}}}';;\n{TMPFS_WITH_FILES}"),
+    );
+    s.driver(
+        "acme~self-owned",
+        &format!("init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":false,\"fsGroup\":false}}}}';;\n{TMPFS_WITH_FILES}"),
+    );
+    let mount = |driver: &str, target: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--output",
+            "json",
+            "mount",
+            "--driver",
+            driver,
+            "--target",
+            target.to_str().unwrap(),
+            "--volume-name",
+            "v",
+            "--fs-group",
+            "3000",
+        ];
+        args.extend_from_slice(extra);
+        let out = s.flexd(&args);
+        ok(&out);
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+
+    let owned = s.target("owned");
+    let outcome = mount("acme/files", &owned, &[]);
+    // root, data, data/file, link
+    assert_eq!(outcome["ownership"]["entries"], 4, "{outcome}");
+    assert_eq!(outcome["ownership"]["chowned"], 4, "{outcome}");
+    assert_eq!(gid_mode(&owned), (3000, 0o2775));
+    assert_eq!(gid_mode(&owned.join("data")), (3000, 0o2775));
+    assert_eq!(gid_mode(&owned.join("data/file")), (3000, 0o660));
+    assert_eq!(gid_mode(&owned.join("link")).0, 3000);
+    // Mounting again does nothing more: the volume is already set up.
+    let again = mount("acme/files", &owned, &[]);
+    assert_eq!(again["mounted_now"], false);
+    assert!(again["ownership"].is_null(), "{again}");
+
+    let opted_out = s.target("opted-out");
+    let outcome = mount("acme/self-owned", &opted_out, &[]);
+    assert!(outcome["ownership"].is_null(), "{outcome}");
+    assert_eq!(gid_mode(&opted_out.join("data/file")), (0, 0o600));
+
+    let read_only = s.target("read-only");
+    let outcome = mount("acme/files", &read_only, &["--read-only"]);
+    assert!(outcome["ownership"].is_null(), "{outcome}");
+    assert_eq!(gid_mode(&read_only.join("data/file")), (0, 0o600));
+
+    let policy = s.target("policy");
+    let first = mount(
+        "acme/files",
+        &policy,
+        &["--fs-group-policy", "on-root-mismatch"],
+    );
+    assert_eq!(first["ownership"]["skipped"], false, "{first}");
+    assert_eq!(gid_mode(&policy.join("data/file")), (3000, 0o660));
+
+    for t in [&owned, &opted_out, &read_only, &policy] {
+        ok(&s.flexd(&["unmount", "--target", t.to_str().unwrap()]));
+    }
+}
+
+#[test]
+fn a_failed_ownership_pass_fails_set_up_and_the_next_mount_finishes_it() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    // The volume's root is immutable: nobody, root included, can change its group.
+    s.driver(
+        "acme~stuck",
+        r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; echo x > "$2/file"; chattr +i "$2" || { echo '{"status":"Failure","message":"no chattr"}'; exit 1; }; echo '{"status":"Success"}';;
+unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
+    );
+    let target = s.target("stuck");
+    let t = target.to_str().unwrap();
+    let args = [
+        "mount",
+        "--driver",
+        "acme/stuck",
+        "--target",
+        t,
+        "--volume-name",
+        "v",
+        "--fs-group",
+        "3000",
+    ];
+    let failed = s.flexd(&args);
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    if stderr.contains("no chattr") {
+        eprintln!("skipped: chattr +i is not supported on tmpfs here");
+        return;
+    }
+    assert!(!failed.status.success(), "SetUp must fail: {stderr}");
+    assert!(stderr.contains("fsGroup ownership failed"), "{stderr}");
+    assert!(
+        is_mounted(&target),
+        "the mount stays, for the retry to finish"
+    );
+    let listed = s.flexd(&["--output", "json", "list"]);
+    ok(&listed);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(t));
+
+    let _ = Command::new("chattr").arg("-i").arg(&target).status();
+    let retry = s.flexd(&args);
+    ok(&retry);
+    assert_eq!(gid_mode(&target.join("file")).0, 3000);
+    // A tmpfs root is 1777: sticky kept, setgid added.
+    assert_eq!(gid_mode(&target), (3000, 0o3777));
+    assert_eq!(
+        s.calls_of("mount").len(),
+        1,
+        "the retry does not mount again"
+    );
+    ok(&s.flexd(&["unmount", "--target", t]));
+    assert!(!is_mounted(&target));
+}

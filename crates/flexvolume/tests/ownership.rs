@@ -119,8 +119,15 @@ fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_n
     }
     for link in ["link-to-file", "link-to-dir", "dangling"] {
         let (uid, gid, mode) = owner_mode(&root.join(link));
-        assert_eq!((uid, gid), (1000, GID), "{link}: the link itself gets the group");
-        assert_eq!(mode, link_mode_before, "{link}: a symlink is never chmod-ed");
+        assert_eq!(
+            (uid, gid),
+            (1000, GID),
+            "{link}: the link itself gets the group"
+        );
+        assert_eq!(
+            mode, link_mode_before,
+            "{link}: a symlink is never chmod-ed"
+        );
     }
 
     let second = pass(&root, Policy::Always, false);
@@ -144,7 +151,10 @@ fn a_read_only_volume_gets_group_read_but_not_write() {
     assert_eq!(report.error_count, 0, "{:?}", report.errors);
     assert_eq!(owner_mode(&root.join("file")), (1000, GID, 0o640));
     assert_eq!(owner_mode(&root.join("dir")), (1000, GID, 0o2750));
-    assert_eq!(owner_mode(&root.join("dir/nested/deep")), (1000, GID, 0o644));
+    assert_eq!(
+        owner_mode(&root.join("dir/nested/deep")),
+        (1000, GID, 0o644)
+    );
     assert_eq!(owner_mode(&root), (1000, GID, 0o2755));
 }
 
@@ -201,7 +211,10 @@ fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
     assert_eq!(report.error_count, 0);
     assert_ne!(owner_mode(&root).1, GID);
     let redo = pass(&root, Policy::OnRootMismatch, false);
-    assert!(!redo.skipped, "a root left wrong makes OnRootMismatch walk again");
+    assert!(
+        !redo.skipped,
+        "a root left wrong makes OnRootMismatch walk again"
+    );
     assert_eq!(owner_mode(&root.join("file")).1, GID);
     let after = pass(&root, Policy::OnRootMismatch, false);
     assert!(after.skipped, "once complete, OnRootMismatch skips");

@@ -368,6 +368,7 @@ fn lifecycle_checks(
         spec,
         pod: &pod,
         fs_group: None,
+        fs_group_policy: Default::default(),
         target: &target,
     };
     let mounted_here = || {

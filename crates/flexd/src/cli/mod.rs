@@ -5,6 +5,7 @@ pub mod check;
 pub mod drivers;
 pub mod install;
 pub mod logging;
+pub mod ownership;
 pub mod signals;
 pub mod volume;
 pub mod watch;
@@ -88,6 +89,8 @@ pub enum Command {
     Uninstall(install::UninstallArgs),
     /// Check a driver's conformance to the protocol (a report for driver authors).
     Check(check::CheckArgs),
+    /// Give a directory tree a group the way SetUp(fsGroup) does (parallel, skips what is right).
+    Ownership(ownership::OwnershipArgs),
     /// Serve every discovered driver to Kubernetes through CSI.
     Serve(crate::serve::ServeArgs),
 }
@@ -101,6 +104,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Install(args) => install::run_install(&cli.global, args),
         Command::Uninstall(args) => install::run_uninstall(&cli.global, args),
         Command::Check(args) => check::run(&cli.global, args),
+        Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
     }
 }

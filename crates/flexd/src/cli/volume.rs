@@ -83,6 +83,9 @@ pub struct MountArgs {
     /// The group that must own the volume (SetUp(fsGroup)).
     #[arg(long)]
     pub fs_group: Option<u32>,
+    /// When the ownership pass walks the volume (fsGroupChangePolicy).
+    #[arg(long, value_enum, default_value_t = super::ownership::PolicyArg::Always)]
+    pub fs_group_policy: super::ownership::PolicyArg,
     #[arg(long, default_value = "")]
     pub pod_name: String,
     #[arg(long, default_value = "")]
@@ -385,6 +388,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                 spec: &spec,
                 pod: &pod,
                 fs_group: mount.fs_group,
+                fs_group_policy: mount.fs_group_policy.into(),
                 target: &target,
             };
             let outcome = lifecycle.mount(&request).with_context(|| {
@@ -400,6 +404,9 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                     println!("mounted {} on {}", spec.volume_name, target.display())
                 }
                 OutputFormat::Text => println!("{} is already mounted", target.display()),
+            }
+            if let (OutputFormat::Text, Some(report)) = (global.output, &outcome.ownership) {
+                super::ownership::print_summary(report);
             }
         }
         VolumeCommand::Expand(expand) => {

@@ -51,6 +51,12 @@ pub enum LifecycleError {
     NoDriver { driver: String, target: PathBuf },
     #[error("the driver does not support this call-out for volume {volume}, and there is no device for the default to work on")]
     NoDevice { volume: String },
+    #[error("volume mounted at {target}, but its fsGroup ownership failed (a retry redoes it): {source}")]
+    Ownership {
+        target: PathBuf,
+        #[source]
+        source: crate::ownership::OwnershipError,
+    },
     #[error("{target} is not a volume flexd manages (no record in the state dir)")]
     NotManaged { target: PathBuf },
 }
@@ -71,11 +77,13 @@ pub struct MountRequest<'a> {
     pub pod: &'a PodInfo,
     /// The group that must own the volume (SetUp(fsGroup)); `None` leaves ownership alone.
     pub fs_group: Option<u32>,
+    /// When the ownership pass runs (`fsGroupChangePolicy`).
+    pub fs_group_policy: crate::ownership::Policy,
     pub target: &'a Path,
 }
 
 /// What a mount did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MountOutcome {
     pub target: PathBuf,
     /// False when the target was already mounted (nothing was done).
@@ -84,6 +92,8 @@ pub struct MountOutcome {
     pub device_mount_dir: Option<PathBuf>,
     /// Whether the device was formatted by the default mountdevice.
     pub formatted: bool,
+    /// The SetUp(fsGroup) pass, when one ran.
+    pub ownership: Option<crate::ownership::OwnershipReport>,
 }
 
 /// What an unmount did.

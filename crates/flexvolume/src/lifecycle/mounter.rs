@@ -21,8 +21,11 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
     let existing = lc.state.load(target)?;
     if mount::is_mount_point(target)? {
         tracing::debug!(target = %target.display(), "already mounted");
-        // A crash between the mount and its last record leaves the stage behind: catch up.
+        // A crash (or a failed ownership pass) between the mount and its last record leaves
+        // the stage behind: finish SetUp, then record it.
+        let mut ownership = None;
         if let Some(record) = existing.as_ref().filter(|r| r.stage != Stage::Mounted) {
+            ownership = set_up_ownership(req)?;
             let record = VolumeRecord {
                 stage: Stage::Mounted,
                 ..record.clone()
@@ -35,6 +38,7 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
             device: existing.as_ref().and_then(|r| r.device.clone()),
             device_mount_dir: existing.and_then(|r| r.device_mount_dir),
             formatted: false,
+            ownership,
         });
     }
     let plugin = req.plugin;
@@ -87,19 +91,21 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
         }
         side_effects = true;
         mount_target(lc, req, &device_dir)?;
-        Ok(formatted)
+        // Before the record says Mounted: a pass cut short is redone by the next mount.
+        let ownership = set_up_ownership(req)?;
+        Ok((formatted, ownership))
     })();
     match result {
-        Ok(formatted) => {
+        Ok((formatted, ownership)) => {
             record.stage = Stage::Mounted;
             lc.state.save(&record)?;
-            set_up_ownership(req);
             Ok(MountOutcome {
                 target: target.to_owned(),
                 mounted_now: true,
                 device: record.device,
                 device_mount_dir: record.device_mount_dir,
                 formatted,
+                ownership,
             })
         }
         Err(e) => {
@@ -147,13 +153,31 @@ fn mount_target(
     }
 }
 
-/// SetUp(fsGroup): where the volume's group ownership is applied after a successful
-/// read-write mount. Not implemented yet (the ownership pass is its own piece of work); the
-/// fsGroup already reaches the driver as `kubernetes.io/mounterArgs.FsGroup`.
-fn set_up_ownership(req: &MountRequest<'_>) {
-    if let Some(gid) = req.fs_group {
-        if !req.spec.read_only && req.plugin.capabilities.fs_group {
-            tracing::warn!(target = %req.target.display(), fs_group = gid, "fsGroup ownership pass not implemented yet; left to the driver");
-        }
+/// SetUp(fsGroup): after a successful read-write mount, and when the driver's capabilities
+/// allow it, the volume is made group-owned by the pod's fsGroup (as kubelet does for
+/// FlexVolume; a read-only mount is left alone). The driver also gets the fsGroup as
+/// `kubernetes.io/mounterArgs.FsGroup`, for drivers that apply it themselves with
+/// `fsGroup: false`.
+fn set_up_ownership(
+    req: &MountRequest<'_>,
+) -> Result<Option<crate::ownership::OwnershipReport>, LifecycleError> {
+    let Some(gid) = req.fs_group else {
+        return Ok(None);
+    };
+    if req.spec.read_only || !req.plugin.capabilities.fs_group {
+        return Ok(None);
     }
+    let request = crate::ownership::OwnershipRequest {
+        root: req.target,
+        gid,
+        policy: req.fs_group_policy,
+        read_only: false,
+        threads: 0,
+    };
+    crate::ownership::apply(&request, &crate::ownership::Counters::default())
+        .map(Some)
+        .map_err(|source| LifecycleError::Ownership {
+            target: req.target.to_owned(),
+            source,
+        })
 }

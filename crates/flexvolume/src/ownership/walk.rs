@@ -376,7 +376,11 @@ mod tests {
                 .expect("pass");
         assert_eq!(report.error_count, 0, "{:?}", report.errors);
         let mode = std::fs::metadata(&secret).unwrap().mode();
-        assert_eq!(mode & 0o777, 0o600, "the walk followed the swapped-in symlink");
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the walk followed the swapped-in symlink"
+        );
         let outside_mode = std::fs::metadata(outside.path()).unwrap().mode();
         assert_eq!(outside_mode & 0o2000, 0, "the outside dir got setgid");
     }
@@ -386,6 +390,9 @@ mod tests {
         let counters = Counters::default();
         let missing = Path::new("/nonexistent/flexd-ownership-root");
         let error = super::super::apply(&request(missing, own_gid()), &counters).unwrap_err();
-        assert!(error.to_string().contains("flexd-ownership-root"), "{error}");
+        assert!(
+            error.to_string().contains("flexd-ownership-root"),
+            "{error}"
+        );
     }
 }

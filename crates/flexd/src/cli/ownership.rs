@@ -1,0 +1,163 @@
+//! `flexd ownership apply`: the SetUp(fsGroup) pass on its own, for operators fixing a volume
+//! by hand and for the benchmark.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
+
+use super::{Global, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct OwnershipArgs {
+    #[command(subcommand)]
+    pub command: OwnershipCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OwnershipCommand {
+    /// Give every entry under DIR the group, g+rw (g+r read-only), and dirs g+x and setgid.
+    Apply(ApplyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The volume's root.
+    pub dir: PathBuf,
+    /// The group that must own the volume.
+    #[arg(long)]
+    pub fs_group: u32,
+    #[arg(long, value_enum, default_value_t = PolicyArg::Always)]
+    pub policy: PolicyArg,
+    /// A read-only volume: g+r instead of g+rw.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Walker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+/// `fsGroupChangePolicy`, as flags spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Always,
+    OnRootMismatch,
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(policy: PolicyArg) -> Self {
+        match policy {
+            PolicyArg::Always => Policy::Always,
+            PolicyArg::OnRootMismatch => Policy::OnRootMismatch,
+        }
+    }
+}
+
+pub fn run(global: &Global, args: OwnershipArgs) -> anyhow::Result<ExitCode> {
+    let OwnershipCommand::Apply(apply) = args.command;
+    let root = std::path::absolute(&apply.dir).context("bad DIR")?;
+    let request = OwnershipRequest {
+        root: &root,
+        gid: apply.fs_group,
+        policy: apply.policy.into(),
+        read_only: apply.read_only,
+        threads: apply.threads,
+    };
+    let counters = Counters::default();
+    let show_bar = std::io::stderr().is_terminal();
+    let finished = AtomicBool::new(false);
+    let report = std::thread::scope(|scope| {
+        if show_bar {
+            let total = ownership::estimate_entries(&root);
+            let (counters, finished) = (&counters, &finished);
+            scope.spawn(move || progress_bar(counters, total, finished));
+        }
+        let report = ownership::apply(&request, &counters);
+        finished.store(true, Ordering::Relaxed);
+        report
+    })
+    .with_context(|| format!("ownership pass on {} failed", root.display()))?;
+    match global.output {
+        OutputFormat::Json => super::print_json(&report)?,
+        OutputFormat::Text => print_summary(&report),
+    }
+    Ok(if report.error_count == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The pass in one line (plus the entries that failed), for humans.
+pub fn print_summary(report: &OwnershipReport) {
+    if report.skipped {
+        println!(
+            "{}: root already has group {} (OnRootMismatch): nothing walked",
+            report.root.display(),
+            report.gid
+        );
+        return;
+    }
+    println!(
+        "{}: group {}: {} entries, {} group changes, {} mode changes, {} vanished, {} errors, {:.2}s",
+        report.root.display(),
+        report.gid,
+        report.entries,
+        report.chowned,
+        report.chmodded,
+        report.vanished,
+        report.error_count,
+        report.seconds
+    );
+    for error in &report.errors {
+        println!(
+            "  {}: {} failed: {}",
+            error.path.display(),
+            error.operation,
+            error.error
+        );
+    }
+    let unlisted = report
+        .error_count
+        .saturating_sub(report.errors.len() as u64);
+    if unlisted > 0 {
+        println!("  ... and {unlisted} more");
+    }
+}
+
+/// A progress bar on stderr; the total is the filesystem's used inodes when DIR is a whole
+/// filesystem (a guess otherwise, so the bar never claims 100% before the end).
+fn progress_bar(counters: &Counters, total: Option<u64>, finished: &AtomicBool) {
+    const WIDTH: u64 = 30;
+    let started = Instant::now();
+    let mut stderr = std::io::stderr();
+    while !finished.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let done = counters.entries();
+        let line = match total {
+            Some(total) => {
+                let fraction = (done.min(total) * 99 / total.max(1)).min(99);
+                let filled = fraction * WIDTH / 100;
+                format!(
+                    "\r[{}{}] {fraction:>2}% {done} entries, {} changed, {}s ",
+                    "#".repeat(filled as usize),
+                    " ".repeat((WIDTH - filled) as usize),
+                    counters.changed(),
+                    started.elapsed().as_secs()
+                )
+            }
+            None => format!(
+                "\r{done} entries, {} changed, {}s ",
+                counters.changed(),
+                started.elapsed().as_secs()
+            ),
+        };
+        let _ = stderr.write_all(line.as_bytes());
+    }
+    let _ = stderr.write_all(b"\r\x1b[2K");
+}
