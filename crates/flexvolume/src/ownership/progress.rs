@@ -16,9 +16,29 @@ pub fn while_running<T>(
     every: Duration,
     work: impl FnOnce() -> T,
 ) -> T {
+    let log = |counters: &Counters, elapsed: Duration| {
+        tracing::info!(
+            root = %root.display(),
+            entries = counters.entries(),
+            changed = counters.changed(),
+            seconds = elapsed.as_secs(),
+            "ownership pass in progress"
+        )
+    };
+    reporting(counters, first, every, &log, work)
+}
+
+/// Runs `work`, calling `report` first after `first` and then every `every` until it returns.
+fn reporting<T>(
+    counters: &Counters,
+    first: Duration,
+    every: Duration,
+    report: &(dyn Fn(&Counters, Duration) + Sync),
+    work: impl FnOnce() -> T,
+) -> T {
     let done = (Mutex::new(false), Condvar::new());
     std::thread::scope(|scope| {
-        scope.spawn(|| report_until_done(root, counters, first, every, &done));
+        scope.spawn(|| report_until_done(counters, first, every, report, &done));
         let result = work();
         let (flag, signal) = &done;
         if let Ok(mut finished) = flag.lock() {
@@ -30,10 +50,10 @@ pub fn while_running<T>(
 }
 
 fn report_until_done(
-    root: &Path,
     counters: &Counters,
     first: Duration,
     every: Duration,
+    report: &(dyn Fn(&Counters, Duration) + Sync),
     done: &(Mutex<bool>, Condvar),
 ) {
     let started = Instant::now();
@@ -57,13 +77,7 @@ fn report_until_done(
         if *finished {
             return;
         }
-        tracing::info!(
-            root = %root.display(),
-            entries = counters.entries(),
-            changed = counters.changed(),
-            seconds = started.elapsed().as_secs(),
-            "ownership pass in progress"
-        );
+        report(counters, started.elapsed());
         next += every;
     }
 }
@@ -84,5 +98,31 @@ mod tests {
         );
         // Returning at all proves the reporter thread was woken and joined.
         assert_eq!(result, 42);
+    }
+
+    #[test]
+    fn reports_come_after_the_first_delay_then_at_every_interval() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let counters = Counters::default();
+        let reports = AtomicU32::new(0);
+        let times = Mutex::new(Vec::new());
+        let report = |_: &Counters, elapsed: Duration| {
+            times.lock().unwrap().push(elapsed);
+            reports.fetch_add(1, Ordering::SeqCst);
+        };
+        let first = Duration::from_millis(50);
+        let every = Duration::from_millis(100);
+        reporting(&counters, first, every, &report, || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while reports.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let times = times.into_inner().unwrap();
+        assert!(times.len() >= 3, "{times:?}");
+        // Never early: the n-th report comes no sooner than first + (n-1) * every.
+        for (n, t) in times.iter().enumerate() {
+            assert!(*t >= first + every * n as u32, "report {n} at {t:?}");
+        }
     }
 }
