@@ -47,6 +47,22 @@ pub enum Stage {
     Mounted,
 }
 
+/// Which operation a record belongs to, and so how it is torn down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// The whole node flow on one target (`flexd volume mount`): attach, device mount, mount.
+    #[default]
+    Mount,
+    /// CSI NodeStage: waitforattach + mountdevice onto the staging path (the record's target).
+    Stage,
+    /// CSI NodePublish: the driver's mount (or a bind of the staging path) onto the target.
+    Publish,
+    /// CSI ControllerPublish: an attach of a volume to a node; the target is a name under
+    /// `<state-dir>/attachments/`, never a mount point.
+    Attach,
+}
+
 /// Everything needed to tear a volume down exactly as it was set up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -68,6 +84,9 @@ pub struct VolumeRecord {
     /// Whether flexd created the target directory (and so removes it on teardown).
     pub created_target: bool,
     pub stage: Stage,
+    /// Absent in records written before CSI serving: those are whole-flow mounts.
+    #[serde(default)]
+    pub role: Role,
 }
 
 impl VolumeRecord {
@@ -296,6 +315,7 @@ mod tests {
             pinned: None,
             created_target: true,
             stage: Stage::Mounted,
+            role: Role::Mount,
         }
     }
 

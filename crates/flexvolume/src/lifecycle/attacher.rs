@@ -48,8 +48,19 @@ pub fn attach_and_wait(
     plugin: &Plugin,
     spec: &VolumeSpec,
 ) -> Result<String, LifecycleError> {
-    let options = Options::for_volume(spec);
     let device = attach(lc, plugin, spec, &lc.node)?;
+    wait_for_attach(lc, plugin, spec, device)
+}
+
+/// Waits for the device attach gave (CSI: the one in the publish context) to appear on this
+/// node. Default: that device.
+pub fn wait_for_attach(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    device: String,
+) -> Result<String, LifecycleError> {
+    let options = Options::for_volume(spec);
     match plugin.call(&lc.runner, &CallOut::wait_for_attach(&device, &options)) {
         Ok(reply) => Ok(reply.device.filter(|d| !d.is_empty()).unwrap_or(device)),
         Err(e) if e.is_not_supported() => Ok(device),
@@ -111,6 +122,21 @@ pub fn detach_name(
 
 /// Unmounts the device mount dir (default: plain unmount) and removes it.
 pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(), LifecycleError> {
+    unmount_device_keep_dir(lc, plugin, dir)?;
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(dir)(e)),
+    }
+}
+
+/// Unmounts the device mount dir (default: plain unmount), leaving the directory: a CSI
+/// staging path belongs to the CO unless flexd created it.
+pub fn unmount_device_keep_dir(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    dir: &Path,
+) -> Result<(), LifecycleError> {
     if dir.exists() && mount::is_mount_point(dir)? {
         match plugin.call(&lc.runner, &CallOut::unmount_device(dir)) {
             Ok(_) => {}
@@ -122,11 +148,7 @@ pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(),
             mount::unmount(dir)?;
         }
     }
-    match std::fs::remove_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err(dir)(e)),
-    }
+    Ok(())
 }
 
 /// Detaches the volume (by its detach name) from `node`. Default: success. Returns whether the

@@ -15,6 +15,8 @@
 mod attacher;
 mod expander;
 mod mounter;
+mod reconcile;
+mod stager;
 mod unmounter;
 
 use std::path::{Path, PathBuf};
@@ -24,9 +26,10 @@ use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::runner::{CallError, RunnerConfig};
 use crate::spec::{PodInfo, VolumeSpec};
-use crate::state::{StateDir, StateError};
+use crate::state::{Role, StateDir, StateError};
 
 pub use expander::ExpandOutcome;
+pub use reconcile::ReconcileReport;
 pub use unmounter::DriverResolver;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,12 @@ pub enum LifecycleError {
         target: PathBuf,
         #[source]
         source: crate::ownership::OwnershipError,
+    },
+    #[error("{target} is recorded as a {found:?} volume, not a {expected:?} one")]
+    WrongRole {
+        target: PathBuf,
+        expected: Role,
+        found: Role,
     },
     #[error("{target} is not a volume flexd manages (no record in the state dir)")]
     NotManaged { target: PathBuf },
@@ -94,6 +103,35 @@ pub struct MountOutcome {
     pub formatted: bool,
     /// The SetUp(fsGroup) pass, when one ran.
     pub ownership: Option<crate::ownership::OwnershipReport>,
+}
+
+/// A CSI NodeStage: the device (from the publish context) made ready and mounted on the
+/// staging path.
+pub struct StageRequest<'a> {
+    pub plugin: &'a Plugin,
+    pub spec: &'a VolumeSpec,
+    /// What attach returned (may be empty: waitforattach or the driver knows better).
+    pub device: &'a str,
+    pub staging: &'a Path,
+}
+
+/// What a stage did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StageOutcome {
+    pub staging: PathBuf,
+    /// False when the staging path was already mounted (nothing was done).
+    pub staged_now: bool,
+    pub device: Option<String>,
+    pub formatted: bool,
+}
+
+/// What a controller attach did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AttachOutcome {
+    /// The device attach returned ("" when the driver does not know it yet).
+    pub device: String,
+    /// False when the attachment was already recorded (the driver was not called).
+    pub attached_now: bool,
 }
 
 /// What an unmount did.
@@ -214,13 +252,77 @@ impl Lifecycle {
         expander::expand(&lc, &plugin, &record, new_bytes)
     }
 
-    /// Tears down exactly what [`Lifecycle::mount`] did for `target`.
+    /// Tears down exactly what was done for `target`, whichever operation did it
+    /// ([`Lifecycle::mount`], [`Lifecycle::stage`], [`Lifecycle::publish`]).
     pub fn unmount(
         &self,
         target: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        unmounter::unmount(self, target, resolve)
+        unmounter::teardown(self, target, resolve, None)
+    }
+
+    /// CSI NodeStage: waitforattach, then mountdevice onto the staging path.
+    pub fn stage(&self, request: &StageRequest<'_>) -> Result<StageOutcome, LifecycleError> {
+        stager::stage(self, request)
+    }
+
+    /// CSI NodeUnstage: unmountdevice of the staging path (no detach: that is the
+    /// controller's). A path flexd has no record of is left alone (success).
+    pub fn unstage(
+        &self,
+        staging: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        unmounter::teardown(self, staging, resolve, Some(Role::Stage))
+    }
+
+    /// CSI NodePublish: the driver's mount onto the target, or a bind of `staging` (an
+    /// attachable driver's staged device); then the fsGroup ownership pass.
+    pub fn publish(
+        &self,
+        request: &MountRequest<'_>,
+        staging: Option<&Path>,
+    ) -> Result<MountOutcome, LifecycleError> {
+        mounter::publish(self, request, staging)
+    }
+
+    /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).
+    pub fn unpublish(
+        &self,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        unmounter::teardown(self, target, resolve, Some(Role::Publish))
+    }
+
+    /// CSI ControllerPublish: attach `spec` to `node`, recorded so that
+    /// [`Lifecycle::controller_unpublish`] can detach it under the same name.
+    pub fn controller_publish(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<AttachOutcome, LifecycleError> {
+        stager::controller_publish(self, plugin, spec, node)
+    }
+
+    /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
+    /// attachment flexd has no record of is not detached again (success).
+    pub fn controller_unpublish(
+        &self,
+        driver: &DriverName,
+        volume_id: &str,
+        node: &str,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        let key = stager::attachment_key(self, driver, volume_id, node)?;
+        unmounter::teardown(self, &key, resolve, Some(Role::Attach))
+    }
+
+    /// The state dir against the mount table, after a restart (see [`ReconcileReport`]).
+    pub fn reconcile(&self) -> Result<ReconcileReport, LifecycleError> {
+        reconcile::reconcile(self)
     }
 }
 

@@ -7,7 +7,7 @@ use super::{io_err, Lifecycle, LifecycleError, MountOutcome, MountRequest};
 use crate::mount;
 use crate::options::Options;
 use crate::protocol::CallOut;
-use crate::state::{Stage, VolumeRecord};
+use crate::state::{Role, Stage, VolumeRecord};
 
 pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, LifecycleError> {
     let target = req.target;
@@ -66,6 +66,7 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
         pinned: Some(pinned),
         created_target,
         stage: Stage::Mounting,
+        role: Role::Mount,
     };
     // Written ahead of every effect (the target directory, the attach, the mounts): a crash at
     // any point from here leaves a record from which unmount undoes whatever was done.
@@ -118,6 +119,117 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
             }
             if created_target && !target_mounted {
                 let _ = std::fs::remove_dir(target);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// CSI NodePublish: the driver's mount onto the target or, when it does not support mount, a
+/// bind of the staging path (an attachable driver's device mount); then the ownership pass.
+/// Recorded ahead of every effect; a mounted target is not mounted again.
+pub fn publish(
+    lc: &Lifecycle,
+    req: &MountRequest<'_>,
+    staging: Option<&Path>,
+) -> Result<MountOutcome, LifecycleError> {
+    let target = req.target;
+    for path in std::iter::once(target).chain(staging) {
+        if !path.is_absolute() {
+            return Err(LifecycleError::RelativeTarget {
+                target: path.to_owned(),
+            });
+        }
+    }
+    let target_lock = lc.state.lock(target)?;
+    let lc = &lc.holding(&[&target_lock]);
+    let existing = lc.state.load(target)?;
+    if let Some(found) = existing.as_ref().map(|r| r.role).filter(|r| *r != Role::Publish) {
+        return Err(LifecycleError::WrongRole {
+            target: target.to_owned(),
+            expected: Role::Publish,
+            found,
+        });
+    }
+    let staged_device = || {
+        staging
+            .and_then(|s| lc.state.load(s).ok().flatten())
+            .and_then(|r| r.device)
+    };
+    if mount::is_mount_point(target)? {
+        tracing::debug!(target = %target.display(), "already published");
+        let mut ownership = None;
+        if let Some(record) = existing.as_ref().filter(|r| r.stage != Stage::Mounted) {
+            ownership = set_up_ownership(req)?;
+            let record = VolumeRecord {
+                stage: Stage::Mounted,
+                ..record.clone()
+            };
+            lc.state.save(&record)?;
+        }
+        return Ok(MountOutcome {
+            target: target.to_owned(),
+            mounted_now: false,
+            device: staged_device(),
+            device_mount_dir: staging.map(Path::to_owned),
+            formatted: false,
+            ownership,
+        });
+    }
+    let plugin = req.plugin;
+    let spec = req.spec;
+    let created_target = match &existing {
+        Some(record) => record.created_target,
+        None => !target.exists(),
+    };
+    let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+    let mut record = VolumeRecord {
+        target: target.to_owned(),
+        driver: spec.driver.to_string(),
+        volume_name: spec.volume_name.clone(),
+        fs_type: spec.fs_type.clone(),
+        read_only: spec.read_only,
+        options: spec.options.clone(),
+        attachable: plugin.capabilities.attach,
+        node: lc.node.clone(),
+        device: staged_device(),
+        device_mount_dir: staging.map(Path::to_owned),
+        detach_name: spec.volume_name.replace('/', "~"),
+        pinned: Some(pinned),
+        created_target,
+        stage: Stage::Mounting,
+        role: Role::Publish,
+    };
+    // Written ahead of the target directory and the mount: a crash from here on leaves a
+    // record from which unpublish undoes whatever was done.
+    lc.state.save(&record)?;
+    let result = (|| {
+        std::fs::create_dir_all(target).map_err(io_err(target))?;
+        // No staging path: the default (a bind) has nothing to bind, and says so.
+        mount_target(lc, req, staging.unwrap_or(Path::new("")))?;
+        set_up_ownership(req)
+    })();
+    match result {
+        Ok(ownership) => {
+            record.stage = Stage::Mounted;
+            lc.state.save(&record)?;
+            Ok(MountOutcome {
+                target: target.to_owned(),
+                mounted_now: true,
+                device: record.device,
+                device_mount_dir: record.device_mount_dir,
+                formatted: false,
+                ownership,
+            })
+        }
+        Err(e) => {
+            // A mounted target (e.g. a failed ownership pass) keeps its record: a retry
+            // finishes it, an unpublish undoes it.
+            if !mount::is_mount_point(target).unwrap_or(true) {
+                let _ = lc.state.remove(target);
+                if created_target {
+                    let _ = std::fs::remove_dir(target);
+                }
             }
             Err(e)
         }

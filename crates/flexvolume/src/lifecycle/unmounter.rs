@@ -8,7 +8,7 @@ use super::{Lifecycle, LifecycleError, UnmountOutcome};
 use crate::mount;
 use crate::plugin::Plugin;
 use crate::protocol::CallOut;
-use crate::state::VolumeRecord;
+use crate::state::{Role, VolumeRecord};
 
 /// Finds the plugin to tear a volume down with: the installed driver when it is there (a
 /// replaced driver's new version is used), else the copy pinned at mount time.
@@ -16,10 +16,13 @@ pub trait DriverResolver {
     fn resolve(&self, record: &VolumeRecord) -> Option<Plugin>;
 }
 
-pub fn unmount(
+/// Tears down what the record of `target` says was done; `expected` refuses a record of
+/// another role (a CSI unpublish must not unstage).
+pub fn teardown(
     lc: &Lifecycle,
     target: &Path,
     resolve: &dyn DriverResolver,
+    expected: Option<Role>,
 ) -> Result<UnmountOutcome, LifecycleError> {
     let target_lock = lc.state.lock(target)?;
     let lc = &lc.holding(&[&target_lock]);
@@ -32,38 +35,46 @@ pub fn unmount(
             detached: false,
         });
     };
+    if let Some(expected) = expected.filter(|e| *e != record.role) {
+        return Err(LifecycleError::WrongRole {
+            target: target.to_owned(),
+            expected,
+            found: record.role,
+        });
+    }
     let plugin = resolve
         .resolve(&record)
         .ok_or_else(|| LifecycleError::NoDriver {
             driver: record.driver.clone(),
             target: target.to_owned(),
         })?;
-    // Whatever the stage: a crash after the mount but before its last record must not leak it.
-    if target.exists() && mount::is_mount_point(target)? {
-        match plugin.call(&lc.runner, &CallOut::unmount(target)) {
-            Ok(_) => {}
-            Err(e) if e.is_not_supported() => mount::unmount(target)?,
-            Err(e) => return Err(e.into()),
-        }
-        if mount::is_mount_point(target)? {
-            mount::unmount(target)?;
-        }
-    }
-    if record.created_target {
-        match std::fs::remove_dir(target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(target = %target.display(), error = %e, "target directory left in place")
-            }
-        }
-    }
     let mut outcome = UnmountOutcome {
         target: target.to_owned(),
         managed: true,
         unmounted_device: false,
         detached: false,
     };
+    match record.role {
+        Role::Mount => {}
+        Role::Publish => {
+            unmount_target(lc, &plugin, &record)?;
+            lc.state.remove(target)?;
+            return Ok(outcome);
+        }
+        Role::Stage => {
+            attacher::unmount_device_keep_dir(lc, &plugin, target)?;
+            remove_created_dir(&record);
+            outcome.unmounted_device = true;
+            lc.state.remove(target)?;
+            return Ok(outcome);
+        }
+        Role::Attach => {
+            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
+            lc.state.remove(target)?;
+            return Ok(outcome);
+        }
+    }
+    unmount_target(lc, &plugin, &record)?;
     if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
         let device_lock = lc.state.lock(device_dir)?;
         let lc = &lc.holding(&[&device_lock]);
@@ -84,4 +95,40 @@ pub fn unmount(
     }
     lc.state.remove(target)?;
     Ok(outcome)
+}
+
+/// The driver's unmount of the record's target (default: plain unmount), then the directory
+/// flexd created. Whatever the stage: a crash after the mount but before its last record must
+/// not leak it.
+fn unmount_target(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    record: &VolumeRecord,
+) -> Result<(), LifecycleError> {
+    let target = record.target.as_path();
+    if target.exists() && mount::is_mount_point(target)? {
+        match plugin.call(&lc.runner, &CallOut::unmount(target)) {
+            Ok(_) => {}
+            Err(e) if e.is_not_supported() => mount::unmount(target)?,
+            Err(e) => return Err(e.into()),
+        }
+        if mount::is_mount_point(target)? {
+            mount::unmount(target)?;
+        }
+    }
+    remove_created_dir(record);
+    Ok(())
+}
+
+fn remove_created_dir(record: &VolumeRecord) {
+    if record.created_target {
+        let target = &record.target;
+        match std::fs::remove_dir(target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(target = %target.display(), error = %e, "target directory left in place")
+            }
+        }
+    }
 }
