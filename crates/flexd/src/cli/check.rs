@@ -342,9 +342,12 @@ fn lifecycle_checks(
 
     struct Same<'a>(&'a Plugin);
     impl DriverResolver for Same<'_> {
-        fn resolve(&self, _: &VolumeRecord) -> Option<Plugin> {
+        fn resolve(&self, _: &VolumeRecord) -> Option<std::sync::Arc<Plugin>> {
             let ok = protocol::find_reply(br#"{"status":"Success"}"#)?;
-            Some(Plugin::from_init_reply(self.0.driver.clone(), &ok))
+            Some(std::sync::Arc::new(Plugin::from_init_reply(
+                self.0.driver.clone(),
+                &ok,
+            )))
         }
     }
 

@@ -311,7 +311,7 @@ fn pinned_plugin_for(lifecycle: &Lifecycle, spec: &VolumeSpec) -> Option<Plugin>
 
 /// A plugin running the executable pinned in a volume record. Its init is not run again: it
 /// succeeded when the volume was mounted, and the copy cannot have changed since.
-fn pinned_plugin(record: &VolumeRecord) -> Option<Plugin> {
+pub(crate) fn pinned_plugin(record: &VolumeRecord) -> Option<Plugin> {
     let name = DriverName::parse(&record.driver).ok()?;
     let pinned = record.pinned.clone()?;
     let driver = Driver {
@@ -330,20 +330,20 @@ struct Resolver<'a> {
 }
 
 impl DriverResolver for Resolver<'_> {
-    fn resolve(&self, record: &VolumeRecord) -> Option<Plugin> {
+    fn resolve(&self, record: &VolumeRecord) -> Option<Arc<Plugin>> {
         let name = DriverName::parse(&record.driver).ok()?;
         if let Ok(driver) =
             layout::locate(&self.global.plugin_dir, &name, self.global.layout_policy())
         {
             match Plugin::init(driver, self.runner) {
-                Ok(plugin) => return Some(plugin),
+                Ok(plugin) => return Some(Arc::new(plugin)),
                 Err(e) => {
                     tracing::warn!(driver = %name, error = %e, "installed driver failed init; using the pinned copy")
                 }
             }
         }
         tracing::info!(driver = %name, pinned = ?record.pinned, "driver not installed; tearing down with its pinned copy");
-        pinned_plugin(record)
+        pinned_plugin(record).map(Arc::new)
     }
 }
 

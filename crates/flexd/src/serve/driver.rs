@@ -42,3 +42,18 @@ impl ServedDriver {
         }
     }
 }
+
+/// The plugin a served driver's volumes are torn down with: the one served now, or (while its
+/// init fails) the copy pinned when the volume was set up.
+pub struct ServedResolver(pub Arc<ServedDriver>);
+
+impl flexvolume::lifecycle::DriverResolver for ServedResolver {
+    fn resolve(&self, record: &flexvolume::state::VolumeRecord) -> Option<Arc<Plugin>> {
+        if record.driver != self.0.name.as_str() {
+            return None;
+        }
+        self.0
+            .plugin()
+            .or_else(|| crate::cli::volume::pinned_plugin(record).map(Arc::new))
+    }
+}

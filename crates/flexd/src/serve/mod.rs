@@ -5,13 +5,18 @@
 //! from [`naming`]. Drivers found later get their sockets when the prober reports them; removed
 //! drivers lose them.
 
+pub mod controller;
 pub mod driver;
 pub mod endpoint;
 pub mod identity;
+pub mod locks;
 pub mod metrics;
 pub mod naming;
+pub mod node;
 pub mod proto;
 pub mod registration;
+pub mod request;
+pub mod status;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,6 +26,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use flexvolume::prober::{EventKind, ProbeEvent, Prober};
+use flexvolume::lifecycle::Lifecycle;
+use flexvolume::state::StateDir;
 use flexvolume::{DriverName, Plugin, RunnerConfig};
 
 use crate::cli::Global;
@@ -40,7 +47,8 @@ pub enum Mode {
 pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Mode::Node)]
     pub mode: Mode,
-    /// This node's name, as Kubernetes knows it (NodeGetInfo, attach/detach).
+    /// This node's name, as Kubernetes knows it (NodeGetInfo, attach/detach); default: the
+    /// host name.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
     /// Where each driver's CSI socket lives: <csi-dir>/<csi-name>/csi.sock.
@@ -62,6 +70,7 @@ pub struct Served {
     args: ServeArgs,
     endpoints: HashMap<DriverName, Endpoint>,
     metrics: Arc<metrics::Metrics>,
+    lifecycle: Arc<Lifecycle>,
 }
 
 impl Served {
@@ -99,7 +108,32 @@ impl Served {
             registration_socket,
             plugin,
         ));
-        match Endpoint::start(driver, |router| router) {
+        let (node, controller) = match self.args.mode {
+            Mode::Node => (true, false),
+            Mode::Controller => (false, true),
+            Mode::Both => (true, true),
+        };
+        let lifecycle = self.lifecycle.clone();
+        let services = |router: tonic::transport::server::Router| {
+            let locks = locks::VolumeLocks::default();
+            let router = router.add_optional_service(node.then(|| {
+                proto::csi::node_server::NodeServer::new(node::NodeService {
+                    driver: driver.clone(),
+                    lifecycle: lifecycle.clone(),
+                    locks: locks.clone(),
+                })
+            }));
+            router.add_optional_service(controller.then(|| {
+                proto::csi::controller_server::ControllerServer::new(
+                    controller::ControllerService {
+                        driver: driver.clone(),
+                        lifecycle,
+                        locks,
+                    },
+                )
+            }))
+        };
+        match Endpoint::start(driver.clone(), services) {
             Ok(endpoint) => {
                 self.endpoints.insert(name.clone(), endpoint);
             }
@@ -200,16 +234,42 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         observer: Some(flexvolume::runner::Observer(metrics.clone())),
         ..RunnerConfig::default()
     };
+    let node_name = args.node_name.clone().unwrap_or_else(|| {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    });
+    let lifecycle = Arc::new(Lifecycle {
+        runner: runner.clone(),
+        state: StateDir::new(&args.state_dir),
+        node: node_name,
+    });
     let (prober, events) = Prober::start(crate::cli::watch::prober_config(global, runner))
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
     runtime.block_on(async move {
         let listener = metrics::bind(args.metrics_address).await?;
+        // Before serving: what a crash left half done. It may wait for a driver the crash left
+        // running (the record's lock), so it runs beside the service, which takes the same locks.
+        let reconciling = lifecycle.clone();
+        tokio::task::spawn_blocking(move || match reconciling.reconcile() {
+            Ok(report) => tracing::info!(
+                consistent = report.consistent,
+                interrupted = report.interrupted.len(),
+                rolled_back = report.rolled_back.len(),
+                lost = report.lost.len(),
+                unreadable = report.unreadable,
+                "state reconciled with the mount table"
+            ),
+            Err(e) => tracing::error!(error = %e, "cannot reconcile the state dir"),
+        });
         let mut served = Served {
             args,
             endpoints: HashMap::new(),
             metrics: metrics.clone(),
+            lifecycle,
         };
         for event in &initial {
             served.apply(event).await;

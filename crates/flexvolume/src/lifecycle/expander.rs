@@ -54,10 +54,51 @@ pub fn expand(
         Err(e) if e.is_not_supported() => new_bytes,
         Err(e) => return Err(e.into()),
     };
+    let driver_expanded_fs = expand_fs(lc, plugin, record, &dir, new_bytes, old_bytes)?;
+    Ok(ExpandOutcome {
+        target: record.target.clone(),
+        old_bytes,
+        new_bytes,
+        driver_expanded_fs,
+    })
+}
+
+/// expandfs alone (CSI: the controller side grew the volume already).
+pub fn expand_fs_only(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    record: &VolumeRecord,
+    new_bytes: u64,
+) -> Result<ExpandOutcome, LifecycleError> {
+    let dir = record
+        .device_mount_dir
+        .clone()
+        .unwrap_or_else(|| record.target.clone());
+    let old_bytes = filesystem_bytes(&dir)?;
+    let driver_expanded_fs = expand_fs(lc, plugin, record, &dir, new_bytes, old_bytes)?;
+    Ok(ExpandOutcome {
+        target: record.target.clone(),
+        old_bytes,
+        new_bytes,
+        driver_expanded_fs,
+    })
+}
+
+/// The driver's expandfs; default: grow the filesystem on the device. Returns whether the
+/// driver did it.
+fn expand_fs(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    record: &VolumeRecord,
+    dir: &Path,
+    new_bytes: u64,
+    old_bytes: u64,
+) -> Result<bool, LifecycleError> {
+    let options = Options::for_volume(&record.spec()?);
     let device = record.device.clone().unwrap_or_default();
     let driver_expanded_fs = match plugin.call(
         &lc.runner,
-        &CallOut::expand_fs(&options, &device, &dir, new_bytes, old_bytes),
+        &CallOut::expand_fs(&options, &device, dir, new_bytes, old_bytes),
     ) {
         Ok(_) => true,
         Err(e) if e.is_not_supported() => {
@@ -66,15 +107,10 @@ pub fn expand(
                     volume: record.volume_name.clone(),
                 });
             }
-            mount::grow_filesystem(Path::new(&device), &dir)?;
+            mount::grow_filesystem(Path::new(&device), dir)?;
             false
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(ExpandOutcome {
-        target: record.target.clone(),
-        old_bytes,
-        new_bytes,
-        driver_expanded_fs,
-    })
+    Ok(driver_expanded_fs)
 }

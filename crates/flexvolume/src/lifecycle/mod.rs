@@ -66,6 +66,8 @@ pub enum LifecycleError {
         expected: Role,
         found: Role,
     },
+    #[error("{staging} is not staged (flexd has no stage record of it)")]
+    NotStaged { staging: PathBuf },
     #[error("{target} is not a volume flexd manages (no record in the state dir)")]
     NotManaged { target: PathBuf },
 }
@@ -285,6 +287,31 @@ impl Lifecycle {
         staging: Option<&Path>,
     ) -> Result<MountOutcome, LifecycleError> {
         mounter::publish(self, request, staging)
+    }
+
+    /// CSI NodeExpandVolume: expandfs (default: grow the filesystem) of the volume recorded
+    /// at `target` (a staging path or a published target), to `new_bytes`.
+    pub fn expand_fs(
+        &self,
+        target: &Path,
+        new_bytes: u64,
+        resolve: &dyn DriverResolver,
+    ) -> Result<ExpandOutcome, LifecycleError> {
+        let target_lock = self.state.lock(target)?;
+        let lc = self.holding(&[&target_lock]);
+        let record = self
+            .state
+            .load(target)?
+            .ok_or_else(|| LifecycleError::NotManaged {
+                target: target.to_owned(),
+            })?;
+        let plugin = resolve
+            .resolve(&record)
+            .ok_or_else(|| LifecycleError::NoDriver {
+                driver: record.driver.clone(),
+                target: target.to_owned(),
+            })?;
+        expander::expand_fs_only(&lc, &plugin, &record, new_bytes)
     }
 
     /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).

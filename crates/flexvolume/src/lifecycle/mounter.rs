@@ -176,6 +176,14 @@ pub fn publish(
             ownership,
         });
     }
+    if let Some(staging) = staging {
+        // Binding a staging path nothing was staged on would publish an empty directory.
+        if lc.state.load(staging)?.is_none_or(|r| r.role != Role::Stage) {
+            return Err(LifecycleError::NotStaged {
+                staging: staging.to_owned(),
+            });
+        }
+    }
     let plugin = req.plugin;
     let spec = req.spec;
     let created_target = match &existing {

@@ -13,7 +13,9 @@ use crate::state::{Role, VolumeRecord};
 /// Finds the plugin to tear a volume down with: the installed driver when it is there (a
 /// replaced driver's new version is used), else the copy pinned at mount time.
 pub trait DriverResolver {
-    fn resolve(&self, record: &VolumeRecord) -> Option<Plugin>;
+    /// Shared, so a long-lived server can hand out the plugin it serves (with what it learnt
+    /// the driver does not support).
+    fn resolve(&self, record: &VolumeRecord) -> Option<std::sync::Arc<Plugin>>;
 }
 
 /// Tears down what the record of `target` says was done; `expected` refuses a record of

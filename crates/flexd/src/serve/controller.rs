@@ -1,0 +1,159 @@
+//! CSI Controller for one attaching FlexVolume driver: ControllerPublish = attach (the device
+//! goes to the node in the publish context), ControllerUnpublish = detach. Volumes are static
+//! (PVs written by the admin): CreateVolume and DeleteVolume are not offered, and gRPC answers
+//! UNIMPLEMENTED for them.
+
+use std::sync::Arc;
+
+use flexvolume::lifecycle::Lifecycle;
+use flexvolume::state::Role;
+use tonic::{Request, Response, Status};
+
+use super::driver::{ServedDriver, ServedResolver};
+use super::locks::VolumeLocks;
+use super::node::{ready_plugin, run_locked, DEVICE_KEY};
+use super::proto::csi::controller_server::Controller;
+use super::proto::csi::{
+    controller_service_capability, validate_volume_capabilities_response,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
+    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+};
+use super::request::{self, required};
+
+pub struct ControllerService {
+    pub driver: Arc<ServedDriver>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub locks: VolumeLocks,
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn controller_publish_volume(
+        &self,
+        request: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let node = required(&req.node_id, "node_id")?.to_owned();
+        let spec = request::spec(
+            &self.driver.name,
+            &volume_id,
+            req.volume_capability.as_ref(),
+            req.readonly,
+            &req.volume_context,
+            // attach receives no secrets (FlexVolume gives them to mount only).
+            &Default::default(),
+        )?;
+        let plugin = ready_plugin(&self.driver)?;
+        if !plugin.capabilities.attach {
+            return Err(Status::failed_precondition(format!(
+                "driver {} does not attach (PUBLISH_UNPUBLISH_VOLUME is not offered)",
+                self.driver.name
+            )));
+        }
+        let lifecycle = self.lifecycle.clone();
+        let attach_node = node.clone();
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.controller_publish(&plugin, &spec, &attach_node)
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, node = %node, device = %outcome.device, attached_now = outcome.attached_now, "ControllerPublishVolume");
+        let mut publish_context = std::collections::HashMap::new();
+        if !outcome.device.is_empty() {
+            publish_context.insert(DEVICE_KEY.to_owned(), outcome.device);
+        }
+        Ok(Response::new(ControllerPublishVolumeResponse { publish_context }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let lifecycle = self.lifecycle.clone();
+        let resolver = ServedResolver(self.driver.clone());
+        let driver = self.driver.name.clone();
+        let node = req.node_id.clone();
+        let id = volume_id.clone();
+        let detached = run_locked(&self.locks, &volume_id, move || {
+            // CSI: no node id means every node the volume is published to.
+            let nodes = if node.is_empty() {
+                let name = driver.to_string();
+                lifecycle
+                    .state
+                    .list()?
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.role == Role::Attach && r.driver == name && r.volume_name == id)
+                    .map(|r| r.node)
+                    .collect()
+            } else {
+                vec![node]
+            };
+            let mut detached = 0;
+            for node in nodes {
+                if lifecycle
+                    .controller_unpublish(&driver, &id, &node, &resolver)?
+                    .managed
+                {
+                    detached += 1;
+                }
+            }
+            Ok(detached)
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, node = %req.node_id, detached, "ControllerUnpublishVolume");
+        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        required(&req.volume_id, "volume_id")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
+        // Every mount capability is one a FlexVolume driver can serve; block is not.
+        if let Some(refused) = req
+            .volume_capabilities
+            .iter()
+            .find_map(|c| request::mount_capability(Some(c)).err())
+        {
+            return Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: refused.message().to_owned(),
+            }));
+        }
+        Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+            }),
+            message: String::new(),
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        use controller_service_capability::rpc::Type;
+        let mut capabilities = Vec::new();
+        if self.driver.plugin().is_some_and(|p| p.capabilities.attach) {
+            capabilities.push(ControllerServiceCapability {
+                r#type: Some(controller_service_capability::Type::Rpc(
+                    controller_service_capability::Rpc {
+                        r#type: Type::PublishUnpublishVolume as i32,
+                    },
+                )),
+            });
+        }
+        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+    }
+}

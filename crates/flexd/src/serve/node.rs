@@ -1,0 +1,313 @@
+//! CSI Node for one FlexVolume driver: stage = waitforattach + mountdevice on the staging path,
+//! publish = mount (or a bind of the staging path), and back; stats, expansion, node info.
+//!
+//! Call-outs block, so every operation runs on the blocking pool, holding its volume's lock.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flexvolume::lifecycle::{Lifecycle, LifecycleError, MountRequest, StageRequest};
+use flexvolume::Plugin;
+use tonic::{Request, Response, Status};
+
+use super::driver::{ServedDriver, ServedResolver};
+use super::locks::VolumeLocks;
+use super::proto::csi::node_server::Node;
+use super::proto::csi::{
+    node_service_capability, volume_usage, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
+    NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
+    NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
+    NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
+    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse,
+    VolumeUsage,
+};
+use super::request::{self, required};
+use super::status;
+
+/// The key of the publish context that carries the device attach returned.
+pub const DEVICE_KEY: &str = "device";
+
+pub struct NodeService {
+    pub driver: Arc<ServedDriver>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub locks: VolumeLocks,
+}
+
+/// The driver's plugin, or FailedPrecondition while its last init failed.
+pub fn ready_plugin(driver: &ServedDriver) -> Result<Arc<Plugin>, Status> {
+    driver.plugin().ok_or_else(|| {
+        Status::failed_precondition(format!(
+            "driver {} is not ready: its last init failed",
+            driver.name
+        ))
+    })
+}
+
+/// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if the
+/// caller gives up waiting).
+pub async fn run_locked<T: Send + 'static>(
+    locks: &VolumeLocks,
+    volume_id: &str,
+    operation: impl FnOnce() -> Result<T, LifecycleError> + Send + 'static,
+) -> Result<T, Status> {
+    let guard = locks.lock(volume_id).await;
+    tokio::task::spawn_blocking(move || {
+        let result = operation();
+        drop(guard);
+        result
+    })
+    .await
+    .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
+    .map_err(|e| status::from_lifecycle(&e))
+}
+
+fn capability(kind: node_service_capability::rpc::Type) -> NodeServiceCapability {
+    NodeServiceCapability {
+        r#type: Some(node_service_capability::Type::Rpc(
+            node_service_capability::Rpc { r#type: kind as i32 },
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let staging = required(&req.staging_target_path, "staging_target_path")?.to_owned();
+        let spec = request::spec(
+            &self.driver.name,
+            &volume_id,
+            req.volume_capability.as_ref(),
+            false,
+            &req.volume_context,
+            // mountdevice receives no secrets (FlexVolume gives them to mount only).
+            &Default::default(),
+        )?;
+        let plugin = ready_plugin(&self.driver)?;
+        if !plugin.capabilities.attach {
+            return Err(Status::failed_precondition(format!(
+                "driver {} does not attach: it has no stage step (STAGE_UNSTAGE_VOLUME is not offered)",
+                self.driver.name
+            )));
+        }
+        let device = req
+            .publish_context
+            .get(DEVICE_KEY)
+            .cloned()
+            .unwrap_or_default();
+        let lifecycle = self.lifecycle.clone();
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.stage(&StageRequest {
+                plugin: &plugin,
+                spec: &spec,
+                device: &device,
+                staging: Path::new(&staging),
+            })
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, staging = %outcome.staging.display(), staged_now = outcome.staged_now, "NodeStageVolume");
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let staging = required(&req.staging_target_path, "staging_target_path")?.to_owned();
+        let lifecycle = self.lifecycle.clone();
+        let resolver = ServedResolver(self.driver.clone());
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.unstage(Path::new(&staging), &resolver)
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, staging = %outcome.target.display(), managed = outcome.managed, "NodeUnstageVolume");
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let target = required(&req.target_path, "target_path")?.to_owned();
+        let spec = request::spec(
+            &self.driver.name,
+            &volume_id,
+            req.volume_capability.as_ref(),
+            req.readonly,
+            &req.volume_context,
+            &req.secrets,
+        )?;
+        let pod = request::pod_info(&req.volume_context);
+        let fs_group = request::fs_group(req.volume_capability.as_ref())?;
+        let plugin = ready_plugin(&self.driver)?;
+        let staging = if plugin.capabilities.attach {
+            // CSI: with STAGE_UNSTAGE_VOLUME offered, a missing staging path is a precondition.
+            if req.staging_target_path.is_empty() {
+                return Err(Status::failed_precondition(
+                    "staging_target_path is required: this driver attaches, so its volumes are staged first",
+                ));
+            }
+            Some(req.staging_target_path.clone())
+        } else {
+            None
+        };
+        let lifecycle = self.lifecycle.clone();
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.publish(
+                &MountRequest {
+                    plugin: &plugin,
+                    spec: &spec,
+                    pod: &pod,
+                    fs_group,
+                    fs_group_policy: Default::default(),
+                    target: Path::new(&target),
+                },
+                staging.as_deref().map(Path::new),
+            )
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, target = %outcome.target.display(), mounted_now = outcome.mounted_now, "NodePublishVolume");
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let target = required(&req.target_path, "target_path")?.to_owned();
+        let lifecycle = self.lifecycle.clone();
+        let resolver = ServedResolver(self.driver.clone());
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.unpublish(Path::new(&target), &resolver)
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, target = %outcome.target.display(), managed = outcome.managed, "NodeUnpublishVolume");
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        required(&req.volume_id, "volume_id")?;
+        let path = required(&req.volume_path, "volume_path")?.to_owned();
+        if !ready_plugin(&self.driver)?.capabilities.supports_metrics {
+            return Err(Status::unimplemented(format!(
+                "driver {} does not support metrics (supportsMetrics: false)",
+                self.driver.name
+            )));
+        }
+        let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(path.as_str()))
+            .await
+            .map_err(|e| Status::internal(format!("statvfs did not finish: {e}")))?
+            .map_err(|e| match e {
+                rustix::io::Errno::NOENT => {
+                    Status::not_found(format!("volume_path {}: {e}", req.volume_path))
+                }
+                _ => Status::internal(format!("statvfs {}: {e}", req.volume_path)),
+            })?;
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let block = stat.f_frsize;
+        let usage = |unit: volume_usage::Unit, total: u64, free: u64, available: u64| VolumeUsage {
+            total: clamp(total),
+            available: clamp(available),
+            used: clamp(total.saturating_sub(free)),
+            unit: unit as i32,
+        };
+        Ok(Response::new(NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(
+                    volume_usage::Unit::Bytes,
+                    stat.f_blocks.saturating_mul(block),
+                    stat.f_bfree.saturating_mul(block),
+                    stat.f_bavail.saturating_mul(block),
+                ),
+                usage(
+                    volume_usage::Unit::Inodes,
+                    stat.f_files,
+                    stat.f_ffree,
+                    stat.f_favail,
+                ),
+            ],
+        }))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let volume_path = required(&req.volume_path, "volume_path")?;
+        let new_bytes = req
+            .capacity_range
+            .as_ref()
+            .map(|r| r.required_bytes)
+            .filter(|b| *b > 0)
+            .ok_or_else(|| {
+                Status::invalid_argument("capacity_range.required_bytes is required")
+            })?;
+        // The filesystem lives on the staging path for a staged volume.
+        let recorded = if req.staging_target_path.is_empty() {
+            volume_path.to_owned()
+        } else {
+            req.staging_target_path.clone()
+        };
+        let lifecycle = self.lifecycle.clone();
+        let resolver = ServedResolver(self.driver.clone());
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            lifecycle.expand_fs(Path::new(&recorded), new_bytes as u64, &resolver)
+        })
+        .await?;
+        Ok(Response::new(NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(outcome.new_bytes).unwrap_or(i64::MAX),
+        }))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        use node_service_capability::rpc::Type;
+        let mut capabilities = Vec::new();
+        if let Some(plugin) = self.driver.plugin() {
+            let caps = plugin.capabilities;
+            if caps.attach {
+                capabilities.push(capability(Type::StageUnstageVolume));
+            }
+            if caps.supports_metrics {
+                capabilities.push(capability(Type::GetVolumeStats));
+            }
+            if caps.requires_fs_resize {
+                capabilities.push(capability(Type::ExpandVolume));
+            }
+            // flexd applies the fsGroup itself (SetUp(fsGroup)) from volume_mount_group.
+            if caps.fs_group {
+                capabilities.push(capability(Type::VolumeMountGroup));
+            }
+        }
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.lifecycle.node.clone(),
+            max_volumes_per_node: 0,
+        }))
+    }
+}
