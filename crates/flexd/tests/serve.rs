@@ -1,6 +1,7 @@
 //! `flexd serve` through the real binary: real drivers, real Unix sockets, a real gRPC client
 //! doing what kubelet does.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,10 +27,12 @@ fn install(plugin_dir: &Path, source: &str, dir_name: &str) {
     std::fs::copy(examples().join(source), dir.join(exe)).unwrap();
 }
 
-/// A running `flexd serve` with its own directories; killed and cleaned up on drop.
+/// A running `flexd serve` with its own directories; killed and cleaned up on drop (its mounts
+/// under the root too, and any blocking test driver is released).
 struct Server {
     child: Child,
-    _root: tempfile::TempDir,
+    root: tempfile::TempDir,
+    mode: &'static str,
     plugin_dir: PathBuf,
     csi_dir: PathBuf,
     registration_dir: PathBuf,
@@ -44,6 +47,10 @@ fn free_address() -> String {
 
 impl Server {
     fn start(setup: impl FnOnce(&Path)) -> Self {
+        Self::start_in_mode("node", setup)
+    }
+
+    fn start_in_mode(mode: &'static str, setup: impl FnOnce(&Path)) -> Self {
         let root = tempfile::tempdir().unwrap();
         let plugin_dir = root.path().join("exec");
         std::fs::create_dir(&plugin_dir).unwrap();
@@ -51,34 +58,114 @@ impl Server {
         let csi_dir = root.path().join("plugins");
         let registration_dir = root.path().join("plugins_registry");
         let metrics_address = free_address();
-        let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(&plugin_dir)
-            .args(["--probe-interval", "300ms"])
-            .arg("serve")
-            .arg("--csi-dir")
-            .arg(&csi_dir)
-            .arg("--registration-dir")
-            .arg(&registration_dir)
-            .arg("--state-dir")
-            .arg(root.path().join("state"))
-            .args([
-                "--node-name",
-                "node-1",
-                "--metrics-address",
-                &metrics_address,
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = Self::spawn(root.path(), mode, &metrics_address);
         Self {
             child,
-            _root: root,
+            root,
+            mode,
             plugin_dir,
             csi_dir,
             registration_dir,
             metrics_address,
         }
+    }
+
+    fn spawn(root: &Path, mode: &str, metrics_address: &str) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(root.join("exec"))
+            .args(["--probe-interval", "300ms"])
+            .arg("serve")
+            .args(["--mode", mode])
+            .arg("--csi-dir")
+            .arg(root.join("plugins"))
+            .arg("--registration-dir")
+            .arg(root.join("plugins_registry"))
+            .arg("--state-dir")
+            .arg(root.join("state"))
+            .args([
+                "--node-name",
+                "node-1",
+                "--metrics-address",
+                metrics_address,
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    /// kill -9, then a new flexd on the same directories (a fresh metrics port).
+    fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.metrics_address = free_address();
+        self.child = Self::spawn(self.root.path(), self.mode, &self.metrics_address);
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    fn log(&self) -> PathBuf {
+        self.path("calls.log")
+    }
+
+    /// Installs a driver script that logs every call (argv, tab-separated) before running
+    /// `body` (a `case "$1"` block); `$RELEASE` names a file a blocking driver waits for.
+    fn driver(&self, dir_name: &str, body: &str) {
+        let dir = self.plugin_dir.join(dir_name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir_name.rsplit('~').next().unwrap();
+        let script = format!(
+            "#!/bin/sh\nRELEASE='{}'\nline=; for a in \"$@\"; do line=\"$line$a\t\"; done; printf '%s\\n' \"$line\" >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
+            self.path("release").display(),
+            self.log().display()
+        );
+        let staged = dir.join(format!(".{exe}"));
+        std::fs::write(&staged, script).unwrap();
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&staged, dir.join(exe)).unwrap();
+    }
+
+    /// The logged calls, each as its argv.
+    fn calls(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(self.log())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                l.trim_end_matches('\t')
+                    .split('\t')
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn calls_of(&self, op: &str) -> Vec<Vec<String>> {
+        self.calls().into_iter().filter(|c| c[0] == op).collect()
+    }
+
+    /// The call-outs made, in order, without init (the prober's business).
+    fn ops(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .map(|c| c[0].clone())
+            .filter(|op| op != "init")
+            .collect()
+    }
+
+    /// The volume records in the state dir.
+    fn records(&self) -> Vec<serde_json::Value> {
+        let dir = self.path("state/volumes");
+        let mut records = Vec::new();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".json") && !name.starts_with('.') {
+                let text = std::fs::read_to_string(entry.path()).unwrap();
+                records.push(serde_json::from_str(&text).unwrap());
+            }
+        }
+        records
     }
 
     /// GET a path from the metrics endpoint, retrying until it answers.
@@ -118,6 +205,22 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::write(self.path("release"), "");
+        let root = self
+            .root
+            .path()
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.path().to_owned());
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        for m in mounts {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
     }
 }
 
@@ -133,20 +236,33 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// Connects to a socket, retrying while nothing listens yet (a socket file a killed flexd
+/// left behind refuses connections until the new one replaces it).
 async fn connect(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap()
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = socket.to_owned();
+        let connected = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        match connected {
+            Ok(channel) => return channel,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "cannot connect to {}: {e}",
+                socket.display()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,4 +497,591 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
         metrics.contains(r#"flexd_probe_events_total{event="remove"} 1"#),
         "{metrics}"
     );
+}
+
+// ---- Node and Controller: real drivers, real mounts (root) ----
+
+fn is_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root to mount (tmpfs, bind)");
+    false
+}
+
+fn is_mounted(path: &Path) -> bool {
+    path.exists() && flexvolume::mount::is_mount_point(path).unwrap()
+}
+
+fn fs_type_at(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    flexvolume::mount::parse_mountinfo(&info)
+        .into_iter()
+        .filter(|m| m.mount_point == path)
+        .next_back()
+        .map(|m| m.fs_type)
+}
+
+fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapability> {
+    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+    Some(csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            mount_flags: vec![],
+            volume_mount_group: group.into(),
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    })
+}
+
+fn map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    staging: Option<&Path>,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+        staging_target_path: staging.map(|s| s.display().to_string()).unwrap_or_default(),
+        volume_capability: mount_capability("ext4", ""),
+        ..Default::default()
+    }
+}
+
+async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
+    csi::node_client::NodeClient::new(connect(sock).await)
+}
+
+fn node_capabilities(caps: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
+    caps.capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(csi::node_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
+            None => None,
+        })
+        .collect()
+}
+
+/// Polls until `condition` holds (generous deadline: a loaded 2-core box).
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
+getvolumename) echo '{"status":"Success","volumeName":"backend/vol-1"}';;
+attach) echo '{"status":"Success","device":"/dev/fake-1"}';;
+waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
+mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
+unmountdevice) umount "$2"; echo '{"status":"Success"}';;
+detach) echo '{"status":"Success"}';;"#;
+
+const TMPFS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {
+    if !is_root() {
+        return;
+    }
+    let server = Server::start_in_mode("both", |_| {});
+    server.driver("acme~block", ATTACHING);
+    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
+    wait_for(&sock);
+    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let mut node = node_client(&sock).await;
+
+    let caps = controller
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
+    assert!(caps.capabilities.iter().any(|c| matches!(
+        &c.r#type,
+        Some(csi::controller_service_capability::Type::Rpc(r)) if r.r#type == publish
+    )));
+    let caps = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
+    assert!(node_capabilities(&caps).contains(&stage));
+    let info = node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+
+    // The controller attaches; the device reaches the node in the publish context.
+    let context = map(&[("server", "s1")]);
+    let attach_request = csi::ControllerPublishVolumeRequest {
+        volume_id: "pv-1".into(),
+        node_id: "node-1".into(),
+        volume_capability: mount_capability("ext4", ""),
+        volume_context: context.clone(),
+        ..Default::default()
+    };
+    let published = controller
+        .controller_publish_volume(attach_request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(published.publish_context, map(&[("device", "/dev/fake-1")]));
+    let again = controller
+        .controller_publish_volume(attach_request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.publish_context, published.publish_context);
+    assert_eq!(
+        server.calls_of("attach").len(),
+        1,
+        "a recorded attach is not redone"
+    );
+    let attach = &server.calls_of("attach")[0];
+    assert_eq!(attach[2], "node-1");
+    let attach_options: serde_json::Value = serde_json::from_str(&attach[1]).unwrap();
+    assert_eq!(
+        attach_options,
+        serde_json::json!({"kubernetes.io/fsType":"ext4","kubernetes.io/pvOrVolumeName":"pv-1","kubernetes.io/readwrite":"rw","server":"s1"})
+    );
+
+    let staging = server.path("kubelet/staging/pv-1");
+    let target = server.path("kubelet/pods/uid-1/volumes/pv-1");
+    let stage_request = csi::NodeStageVolumeRequest {
+        volume_id: "pv-1".into(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: mount_capability("ext4", ""),
+        volume_context: context.clone(),
+        ..Default::default()
+    };
+    node.node_stage_volume(stage_request.clone()).await.unwrap();
+    assert!(is_mounted(&staging));
+    node.node_stage_volume(stage_request).await.unwrap();
+    assert_eq!(
+        server.calls_of("mountdevice").len(),
+        1,
+        "a staged volume is not staged again"
+    );
+    let wait = &server.calls_of("waitforattach")[0];
+    assert_eq!(wait[1], "/dev/fake-1");
+    let mountdevice = &server.calls_of("mountdevice")[0];
+    assert_eq!(
+        (mountdevice[1].as_str(), mountdevice[2].as_str()),
+        (staging.to_str().unwrap(), "/dev/fake-1")
+    );
+
+    let mut publish = publish_request("pv-1", &target, Some(&staging));
+    publish.volume_context = map(&[
+        ("server", "s1"),
+        ("csi.storage.k8s.io/pod.name", "web-0"),
+        ("csi.storage.k8s.io/pod.namespace", "prod"),
+        ("csi.storage.k8s.io/pod.uid", "uid-1"),
+        ("csi.storage.k8s.io/serviceAccount.name", "sa"),
+    ]);
+    publish.secrets = map(&[("password", "hunter2")]);
+    node.node_publish_volume(publish.clone()).await.unwrap();
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("data"), "through the bind").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(staging.join("data")).unwrap(),
+        "through the bind",
+        "the target is a bind of the staged device"
+    );
+    node.node_publish_volume(publish).await.unwrap();
+    assert_eq!(
+        server.calls_of("mount").len(),
+        1,
+        "a published target is not published again"
+    );
+
+    // mount got the secrets (base64) and the pod; nothing else did, nor the state.
+    let mount = &server.calls_of("mount")[0];
+    assert_eq!(mount[1], target.to_str().unwrap());
+    let mount_options: serde_json::Value = serde_json::from_str(&mount[2]).unwrap();
+    for (key, want) in [
+        ("kubernetes.io/secret/password", "aHVudGVyMg=="),
+        ("kubernetes.io/pod.name", "web-0"),
+        ("kubernetes.io/pod.namespace", "prod"),
+        ("kubernetes.io/pod.uid", "uid-1"),
+        ("kubernetes.io/serviceAccount.name", "sa"),
+        ("server", "s1"),
+    ] {
+        assert_eq!(mount_options[key], want, "{key}");
+    }
+    assert!(mount_options.get("csi.storage.k8s.io/pod.name").is_none());
+    for call in server.calls().iter().filter(|c| c[0] != "mount") {
+        assert!(!call.join(" ").contains("aHVudGVyMg=="), "{call:?}");
+    }
+    let state = serde_json::to_string(&server.records()).unwrap();
+    assert!(!state.contains("hunter2") && !state.contains("aHVudGVyMg=="));
+
+    let unpublish = csi::NodeUnpublishVolumeRequest {
+        volume_id: "pv-1".into(),
+        target_path: target.display().to_string(),
+    };
+    node.node_unpublish_volume(unpublish.clone()).await.unwrap();
+    assert!(!is_mounted(&target) && !target.exists());
+    assert!(is_mounted(&staging), "unpublish leaves the staged device");
+    node.node_unpublish_volume(unpublish).await.unwrap();
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: "pv-1".into(),
+        staging_target_path: staging.display().to_string(),
+    };
+    node.node_unstage_volume(unstage.clone()).await.unwrap();
+    assert!(!is_mounted(&staging) && !staging.exists());
+    node.node_unstage_volume(unstage).await.unwrap();
+    assert!(
+        server.calls_of("detach").is_empty(),
+        "unstage does not detach"
+    );
+
+    let detach_request = csi::ControllerUnpublishVolumeRequest {
+        volume_id: "pv-1".into(),
+        node_id: "node-1".into(),
+        ..Default::default()
+    };
+    controller
+        .controller_unpublish_volume(detach_request.clone())
+        .await
+        .unwrap();
+    controller
+        .controller_unpublish_volume(detach_request)
+        .await
+        .unwrap();
+    let detach = server.calls_of("detach");
+    assert_eq!(detach.len(), 1, "a second unpublish does not detach again");
+    assert_eq!(
+        (detach[0][1].as_str(), detach[0][2].as_str()),
+        ("backend~vol-1", "node-1"),
+        "getvolumename's name, / as ~"
+    );
+    // mount and unmount are not supported by this driver: the defaults bind and unmount.
+    assert_eq!(
+        server.ops(),
+        [
+            "getvolumename",
+            "attach",
+            "waitforattach",
+            "mountdevice",
+            "mount",
+            "unmount",
+            "unmountdevice",
+            "detach"
+        ]
+    );
+    assert!(server.records().is_empty(), "{:?}", server.records());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
+    if !is_root() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    server.driver("acme~tmpfs", TMPFS);
+    let sock = server.csi_dir.join("flexvolume-acme--tmpfs/csi.sock");
+    wait_for(&sock);
+    let mut node = node_client(&sock).await;
+    let caps = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
+    assert!(
+        !node_capabilities(&caps).contains(&stage),
+        "a plain driver is not staged"
+    );
+
+    let target = server.path("kubelet/pods/uid-2/volumes/v");
+    let mut publish = publish_request("vol-a", &target, None);
+    publish.secrets = map(&[("token", "s3cr3t")]);
+    node.node_publish_volume(publish.clone()).await.unwrap();
+    assert_eq!(fs_type_at(&target).as_deref(), Some("tmpfs"));
+    std::fs::write(target.join("file"), "kept").unwrap();
+    node.node_publish_volume(publish).await.unwrap();
+    assert_eq!(
+        server.calls_of("mount").len(),
+        1,
+        "the repeat does not call the driver"
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("file")).unwrap(),
+        "kept"
+    );
+    let mount_options: serde_json::Value =
+        serde_json::from_str(&server.calls_of("mount")[0][2]).unwrap();
+    assert_eq!(mount_options["kubernetes.io/secret/token"], "czNjcjN0");
+    assert_eq!(mount_options["kubernetes.io/pvOrVolumeName"], "vol-a");
+
+    let unpublish = csi::NodeUnpublishVolumeRequest {
+        volume_id: "vol-a".into(),
+        target_path: target.display().to_string(),
+    };
+    node.node_unpublish_volume(unpublish.clone()).await.unwrap();
+    assert!(!is_mounted(&target) && !target.exists());
+    node.node_unpublish_volume(unpublish).await.unwrap();
+    assert_eq!(server.ops(), ["mount", "unmount"]);
+    assert!(server.records().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
+    let server = Server::start_in_mode("both", |_| {});
+    server.driver("acme~block", ATTACHING);
+    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
+    wait_for(&sock);
+    let mut node = node_client(&sock).await;
+    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let target = server.path("t");
+    let staging = server.path("s");
+    let code = tonic::Code::InvalidArgument;
+
+    let mut no_id = publish_request("", &target, Some(&staging));
+    assert_eq!(
+        node.node_publish_volume(no_id.clone())
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+    no_id.volume_id = "v".into();
+    no_id.target_path.clear();
+    assert_eq!(
+        node.node_publish_volume(no_id).await.unwrap_err().code(),
+        code
+    );
+    let mut no_cap = publish_request("v", &target, Some(&staging));
+    no_cap.volume_capability = None;
+    assert_eq!(
+        node.node_publish_volume(no_cap).await.unwrap_err().code(),
+        code
+    );
+    let relative = publish_request("v", Path::new("relative/t"), Some(&staging));
+    assert_eq!(
+        node.node_publish_volume(relative).await.unwrap_err().code(),
+        code
+    );
+    let stage_without_path = csi::NodeStageVolumeRequest {
+        volume_id: "v".into(),
+        volume_capability: mount_capability("ext4", ""),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.node_stage_volume(stage_without_path)
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+    let stage_without_cap = csi::NodeStageVolumeRequest {
+        volume_id: "v".into(),
+        staging_target_path: staging.display().to_string(),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.node_stage_volume(stage_without_cap)
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+    let unstage_without_path = csi::NodeUnstageVolumeRequest {
+        volume_id: "v".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.node_unstage_volume(unstage_without_path)
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+    let unpublish_without_target = csi::NodeUnpublishVolumeRequest {
+        volume_id: "v".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.node_unpublish_volume(unpublish_without_target)
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+    let attach_without_node = csi::ControllerPublishVolumeRequest {
+        volume_id: "v".into(),
+        volume_capability: mount_capability("ext4", ""),
+        ..Default::default()
+    };
+    assert_eq!(
+        controller
+            .controller_publish_volume(attach_without_node)
+            .await
+            .unwrap_err()
+            .code(),
+        code
+    );
+
+    // An attaching driver's volume is staged first: publishing without (or before) it is a
+    // precondition failure, as CSI says.
+    let unstaged = publish_request("v", &target, None);
+    assert_eq!(
+        node.node_publish_volume(unstaged).await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    let not_staged_yet = publish_request("v", &target, Some(&staging));
+    assert_eq!(
+        node.node_publish_volume(not_staged_yet)
+            .await
+            .unwrap_err()
+            .code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert!(!target.exists(), "a refused publish leaves nothing");
+    // Tearing down what was never set up succeeds (CSI idempotency).
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "v".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(
+        server.ops().is_empty(),
+        "the driver was called: {:?}",
+        server.ops()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_installed_while_serving_serves_a_publish() {
+    if !is_root() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let sock = server.csi_dir.join("flexvolume-late--tmpfs/csi.sock");
+    server.driver("late~tmpfs", TMPFS);
+    wait_for(&sock);
+    let mut node = node_client(&sock).await;
+    let target = server.path("pods/late");
+    node.node_publish_volume(publish_request("late-1", &target, None))
+        .await
+        .unwrap();
+    assert_eq!(fs_type_at(&target).as_deref(), Some("tmpfs"));
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "late-1".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!target.exists());
+}
+
+/// A driver whose mount mounts, then blocks until the test releases it.
+const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+/// A driver whose mount blocks until released, then fails without mounting.
+const BLOCKS_THEN_FAILS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Failure","message":"backend gone"}'; exit 1;;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
+    if !is_root() {
+        return;
+    }
+    let mut server = Server::start(|_| {});
+    server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
+    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
+    wait_for(&sock);
+    let target = server.path("pods/slow");
+    let mut node = node_client(&sock).await;
+    let request = publish_request("slow-1", &target, None);
+    let in_flight = tokio::spawn(async move { node.node_publish_volume(request).await });
+    let mounted = target.clone();
+    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
+        .await
+        .unwrap();
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.crash_and_restart();
+        server
+    })
+    .await
+    .unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the call died with flexd"
+    );
+    // The orphaned driver finishes; the restarted flexd tears down what it left.
+    std::fs::write(server.path("release"), "").unwrap();
+    let server = tokio::task::spawn_blocking(move || {
+        eventually("the restarted endpoint", || sock.exists());
+        (server, sock)
+    })
+    .await
+    .unwrap();
+    let (server, sock) = server;
+    let mut node = node_client(&sock).await;
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "slow-1".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!is_mounted(&target) && !target.exists());
+    assert!(server.records().is_empty(), "{:?}", server.records());
+    assert_eq!(server.ops(), ["mount", "unmount"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
+    if !is_root() {
+        return;
+    }
+    let mut server = Server::start(|_| {});
+    server.driver("acme~slow", BLOCKS_THEN_FAILS);
+    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
+    wait_for(&sock);
+    let target = server.path("pods/never");
+    let mut node = node_client(&sock).await;
+    let request = publish_request("never-1", &target, None);
+    let in_flight = tokio::spawn(async move { node.node_publish_volume(request).await });
+    let server = tokio::task::spawn_blocking(move || {
+        eventually("the driver's mount call", || {
+            !server.calls_of("mount").is_empty()
+        });
+        assert_eq!(server.records().len(), 1, "recorded ahead of the call-out");
+        assert!(target.exists(), "the target directory was created");
+        server.crash_and_restart();
+        std::fs::write(server.path("release"), "").unwrap();
+        // Reconcile waits for the orphaned driver, sees nothing mounted, and rolls back.
+        eventually("the rollback", || {
+            server.records().is_empty() && !target.exists()
+        });
+        server
+    })
+    .await
+    .unwrap();
+    assert!(in_flight.await.unwrap().is_err());
+    assert_eq!(server.ops(), ["mount"]);
 }

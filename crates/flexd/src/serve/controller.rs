@@ -64,7 +64,9 @@ impl Controller for ControllerService {
         if !outcome.device.is_empty() {
             publish_context.insert(DEVICE_KEY.to_owned(), outcome.device);
         }
-        Ok(Response::new(ControllerPublishVolumeResponse { publish_context }))
+        Ok(Response::new(ControllerPublishVolumeResponse {
+            publish_context,
+        }))
     }
 
     async fn controller_unpublish_volume(
@@ -154,6 +156,8 @@ impl Controller for ControllerService {
                 )),
             });
         }
-        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
 }

@@ -45,7 +45,10 @@ impl Drop for VolumeGuard {
         drop(self.guard.take());
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         // Only the table holds it: nobody holds or waits for this volume.
-        if table.get(&self.id).is_some_and(|m| Arc::strong_count(m) == 1) {
+        if table
+            .get(&self.id)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
             table.remove(&self.id);
         }
     }

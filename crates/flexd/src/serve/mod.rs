@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use flexvolume::prober::{EventKind, ProbeEvent, Prober};
 use flexvolume::lifecycle::Lifecycle;
+use flexvolume::prober::{EventKind, ProbeEvent, Prober};
 use flexvolume::state::StateDir;
 use flexvolume::{DriverName, Plugin, RunnerConfig};
 

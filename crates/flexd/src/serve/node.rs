@@ -19,8 +19,7 @@ use super::proto::csi::{
     NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
-    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse,
-    VolumeUsage,
+    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeUsage,
 };
 use super::request::{self, required};
 use super::status;
@@ -65,7 +64,9 @@ pub async fn run_locked<T: Send + 'static>(
 fn capability(kind: node_service_capability::rpc::Type) -> NodeServiceCapability {
     NodeServiceCapability {
         r#type: Some(node_service_capability::Type::Rpc(
-            node_service_capability::Rpc { r#type: kind as i32 },
+            node_service_capability::Rpc {
+                r#type: kind as i32,
+            },
         )),
     }
 }
@@ -256,9 +257,7 @@ impl Node for NodeService {
             .as_ref()
             .map(|r| r.required_bytes)
             .filter(|b| *b > 0)
-            .ok_or_else(|| {
-                Status::invalid_argument("capacity_range.required_bytes is required")
-            })?;
+            .ok_or_else(|| Status::invalid_argument("capacity_range.required_bytes is required"))?;
         // The filesystem lives on the staging path for a staged volume.
         let recorded = if req.staging_target_path.is_empty() {
             volume_path.to_owned()

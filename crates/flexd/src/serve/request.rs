@@ -146,7 +146,10 @@ mod tests {
         assert_eq!(spec.secrets["password"], b"hunter2");
         assert!(!format!("{spec:?}").contains("hunter2"));
         let pod = pod_info(&context);
-        assert_eq!((pod.name.as_str(), pod.service_account.as_str()), ("web-0", "sa"));
+        assert_eq!(
+            (pod.name.as_str(), pod.service_account.as_str()),
+            ("web-0", "sa")
+        );
         assert_eq!(fs_group(Some(&cap)).unwrap(), Some(2000));
         assert_eq!(fs_group(Some(&mount_cap(""))).unwrap(), None);
         assert_eq!(
@@ -169,6 +172,9 @@ mod tests {
         };
         let err = spec(&driver, "v", Some(&block), false, &none, &none).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert_eq!(required("", "volume_id").unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            required("", "volume_id").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 }

@@ -144,7 +144,11 @@ pub fn publish(
     let target_lock = lc.state.lock(target)?;
     let lc = &lc.holding(&[&target_lock]);
     let existing = lc.state.load(target)?;
-    if let Some(found) = existing.as_ref().map(|r| r.role).filter(|r| *r != Role::Publish) {
+    if let Some(found) = existing
+        .as_ref()
+        .map(|r| r.role)
+        .filter(|r| *r != Role::Publish)
+    {
         return Err(LifecycleError::WrongRole {
             target: target.to_owned(),
             expected: Role::Publish,
@@ -178,7 +182,11 @@ pub fn publish(
     }
     if let Some(staging) = staging {
         // Binding a staging path nothing was staged on would publish an empty directory.
-        if lc.state.load(staging)?.is_none_or(|r| r.role != Role::Stage) {
+        if lc
+            .state
+            .load(staging)?
+            .is_none_or(|r| r.role != Role::Stage)
+        {
             return Err(LifecycleError::NotStaged {
                 staging: staging.to_owned(),
             });

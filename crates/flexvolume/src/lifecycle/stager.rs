@@ -19,7 +19,11 @@ pub fn stage(lc: &Lifecycle, req: &StageRequest<'_>) -> Result<StageOutcome, Lif
     let staging_lock = lc.state.lock(staging)?;
     let lc = &lc.holding(&[&staging_lock]);
     let existing = lc.state.load(staging)?;
-    if let Some(found) = existing.as_ref().map(|r| r.role).filter(|r| *r != Role::Stage) {
+    if let Some(found) = existing
+        .as_ref()
+        .map(|r| r.role)
+        .filter(|r| *r != Role::Stage)
+    {
         return Err(LifecycleError::WrongRole {
             target: staging.to_owned(),
             expected: Role::Stage,
