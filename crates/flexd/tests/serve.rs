@@ -89,7 +89,15 @@ impl Server {
                 "--metrics-address",
                 metrics_address,
             ])
+            .args(["--log-level", "debug"])
             .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(root.join("flexd.log"))
+                    .unwrap(),
+            )
             .spawn()
             .unwrap()
     }
@@ -517,8 +525,7 @@ fn fs_type_at(path: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     flexvolume::mount::parse_mountinfo(&info)
         .into_iter()
-        .filter(|m| m.mount_point == path)
-        .next_back()
+        .rfind(|m| m.mount_point == path)
         .map(|m| m.fs_type)
 }
 
@@ -564,9 +571,9 @@ async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
 fn node_capabilities(caps: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
     caps.capabilities
         .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(csi::node_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
-            None => None,
+        .filter_map(|c| {
+            let csi::node_service_capability::Type::Rpc(rpc) = c.r#type.as_ref()?;
+            Some(rpc.r#type)
         })
         .collect()
 }
@@ -732,6 +739,12 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     }
     let state = serde_json::to_string(&server.records()).unwrap();
     assert!(!state.contains("hunter2") && !state.contains("aHVudGVyMg=="));
+    let log = std::fs::read_to_string(server.path("flexd.log")).unwrap();
+    assert!(
+        log.contains("NodePublishVolume"),
+        "flexd logs at debug level"
+    );
+    assert!(!log.contains("hunter2") && !log.contains("aHVudGVyMg=="));
 
     let unpublish = csi::NodeUnpublishVolumeRequest {
         volume_id: "pv-1".into(),
@@ -1084,4 +1097,99 @@ async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
     .unwrap();
     assert!(in_flight.await.unwrap().is_err());
     assert_eq!(server.ops(), ["mount"]);
+}
+
+const METERED: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false,"supportsMetrics":true}}';;
+mount) mkdir -p "$2"; mount -t tmpfs -o size=8m tmpfs "$2" && echo '{"status":"Success"}';;
+unmount) umount "$2"; echo '{"status":"Success"}';;
+expandfs) echo '{"status":"Success"}';;"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_stats_and_expansion_of_a_published_volume() {
+    if !is_root() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    server.driver("acme~metered", METERED);
+    let sock = server.csi_dir.join("flexvolume-acme--metered/csi.sock");
+    wait_for(&sock);
+    let mut node = node_client(&sock).await;
+    let caps = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stats = csi::node_service_capability::rpc::Type::GetVolumeStats as i32;
+    assert!(node_capabilities(&caps).contains(&stats));
+    let target = server.path("pods/metered");
+    node.node_publish_volume(publish_request("m-1", &target, None))
+        .await
+        .unwrap();
+    std::fs::write(target.join("one-mebibyte"), vec![7u8; 1 << 20]).unwrap();
+    let usage = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "m-1".into(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .usage;
+    let bytes = csi::volume_usage::Unit::Bytes as i32;
+    let bytes = usage.iter().find(|u| u.unit == bytes).unwrap();
+    assert_eq!(bytes.total, 8 << 20, "the driver's 8 MiB tmpfs");
+    assert!(bytes.used >= 1 << 20, "{bytes:?}");
+    assert!(usage
+        .iter()
+        .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32));
+    let missing = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "m-1".into(),
+            volume_path: server.path("nowhere").display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    let expanded = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: "m-1".into(),
+            volume_path: target.display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 16 << 20,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expanded.capacity_bytes, 16 << 20);
+    let expandfs = &server.calls_of("expandfs")[0];
+    // expandfs <json> <device> <device-mount-dir> <new-bytes> <old-bytes>
+    assert_eq!(
+        &expandfs[3..],
+        [target.to_str().unwrap(), "16777216", "8388608"]
+    );
+    let unknown = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: "m-1".into(),
+            volume_path: server.path("nowhere").display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 1,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "m-1".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
 }

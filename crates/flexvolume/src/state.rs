@@ -360,6 +360,14 @@ mod tests {
     }
 
     #[test]
+    fn records_written_before_roles_are_whole_flow_mounts() {
+        let mut json = serde_json::to_value(record("/t/old")).unwrap();
+        json.as_object_mut().unwrap().remove("role");
+        let old: VolumeRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(old.role, Role::Mount);
+    }
+
+    #[test]
     fn stable_hash_is_fnv1a() {
         assert_eq!(stable_hash(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
