@@ -522,20 +522,18 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                 OutputFormat::Json => super::print_json(&ok)?,
                 OutputFormat::Text => {
                     println!(
-                        "{:40}  {:20}  {:16}  {:14}  DEVICE",
-                        "TARGET", "DRIVER", "VOLUME", "STATE"
+                        "{:40}  {:20}  {:16}  {:8}  {:14}  DEVICE",
+                        "TARGET", "DRIVER", "VOLUME", "ROLE", "STATE"
                     );
+                    let name = |v: serde_json::Value| v.as_str().unwrap_or("?").to_owned();
                     for r in &ok {
-                        let stage = serde_json::to_value(r.stage)?
-                            .as_str()
-                            .unwrap_or("?")
-                            .to_owned();
                         println!(
-                            "{:40}  {:20}  {:16}  {:14}  {}",
+                            "{:40}  {:20}  {:16}  {:8}  {:14}  {}",
                             r.target.display(),
                             r.driver,
                             r.volume_name,
-                            stage,
+                            name(serde_json::to_value(r.role)?),
+                            name(serde_json::to_value(r.stage)?),
                             r.device.as_deref().unwrap_or("-")
                         );
                     }
