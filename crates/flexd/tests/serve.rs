@@ -1193,3 +1193,86 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_of_one_volume_are_serialized() {
+    if !is_root() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
+    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
+    wait_for(&sock);
+    let target = server.path("pods/shared");
+    let mut first_client = node_client(&sock).await;
+    let mut second_client = node_client(&sock).await;
+    let request = publish_request("shared-1", &target, None);
+    let second_request = request.clone();
+    let first = tokio::spawn(async move { first_client.node_publish_volume(request).await });
+    let mounted = target.clone();
+    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
+        .await
+        .unwrap();
+    let mut second =
+        tokio::spawn(async move { second_client.node_publish_volume(second_request).await });
+    // While the first call's driver runs, the second call on the volume waits for it.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut second)
+            .await
+            .is_err(),
+        "a second publish of the volume finished while the first was still running"
+    );
+    std::fs::write(server.path("release"), "").unwrap();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(server.calls_of("mount").len(), 1);
+    let mut node = node_client(&sock).await;
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: "shared-1".into(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!target.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
+    let server = Server::start_in_mode("controller", |_| {});
+    server.driver("acme~block", ATTACHING);
+    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
+    wait_for(&sock);
+    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let published = controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "pv-9".into(),
+            node_id: "node-7".into(),
+            volume_capability: mount_capability("", ""),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(published.publish_context, map(&[("device", "/dev/fake-1")]));
+    // No node id: detached from every node it was published to.
+    controller
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: "pv-9".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let detach = server.calls_of("detach");
+    assert_eq!(detach.len(), 1);
+    assert_eq!(detach[0][2], "node-7");
+    let mut node = node_client(&sock).await;
+    let err = node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(!server
+        .registration_dir
+        .join("flexvolume-acme--block-reg.sock")
+        .exists());
+}
