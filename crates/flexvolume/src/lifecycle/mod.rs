@@ -11,8 +11,15 @@
 //! removed on teardown, a failed mount removes the target it created. Operations on one target
 //! (and on one device) are serialized by `flock`s, across threads and processes; different
 //! volumes proceed in parallel.
+//!
+//! CSI asks for the same flow in steps, each with its own record (its [`Role`]) written before
+//! any effect: controller publish (attach), stage (waitforattach + mountdevice onto the CSI
+//! staging path), publish (mount, default a bind of the staging path) and back. Teardown
+//! follows the record's role, and [`Lifecycle::reconcile`] squares records with the mount table
+//! after a crash.
 
 mod attacher;
+mod controller;
 mod expander;
 mod mounter;
 mod reconcile;
@@ -331,7 +338,7 @@ impl Lifecycle {
         spec: &VolumeSpec,
         node: &str,
     ) -> Result<AttachOutcome, LifecycleError> {
-        stager::controller_publish(self, plugin, spec, node)
+        controller::controller_publish(self, plugin, spec, node)
     }
 
     /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
@@ -343,7 +350,7 @@ impl Lifecycle {
         node: &str,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        let key = stager::attachment_key(self, driver, volume_id, node)?;
+        let key = controller::attachment_key(self, driver, volume_id, node)?;
         unmounter::teardown(self, &key, resolve, Some(Role::Attach))
     }
 
