@@ -13,6 +13,8 @@ use flexvolume::manager::PluginManager;
 use flexvolume::state::{StateDir, VolumeRecord};
 use flexvolume::{DriverName, Plugin, PodInfo, RunnerConfig, VolumeSpec};
 
+use flexd::manifest::SecretValues;
+
 use super::{Global, OutputFormat};
 
 #[derive(Debug, Args)]
@@ -145,93 +147,17 @@ fn node_name(args: &VolumeArgs) -> String {
 
 /// The flexVolume source of a PersistentVolume or pod Volume, as our spec.
 fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
-    use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value: serde_json::Value = serde_yaml_ng::from_str(&text)
-        .with_context(|| format!("{} is not YAML or JSON", path.display()))?;
-    let (volume_name, driver, fs_type, read_only, options, secret_ref) =
-        if value.get("kind").and_then(|k| k.as_str()) == Some("PersistentVolume") {
-            let pv: PersistentVolume =
-                serde_json::from_value(value).context("not a valid PersistentVolume")?;
-            let name = pv
-                .metadata
-                .name
-                .clone()
-                .context("the PersistentVolume has no metadata.name")?;
-            let flex = pv
-                .spec
-                .and_then(|s| s.flex_volume)
-                .context("the PersistentVolume has no spec.flexVolume")?;
-            (
-                name,
-                flex.driver,
-                flex.fs_type,
-                flex.read_only,
-                flex.options,
-                flex.secret_ref.and_then(|s| s.name),
-            )
-        } else {
-            let volume: Volume = serde_json::from_value(value)
-                .context("neither a PersistentVolume nor a pod Volume")?;
-            let flex = volume
-                .flex_volume
-                .context("the Volume has no flexVolume source")?;
-            (
-                volume.name,
-                flex.driver,
-                flex.fs_type,
-                flex.read_only,
-                flex.options,
-                flex.secret_ref.map(|s| s.name),
-            )
-        };
-    let driver =
-        DriverName::parse(&driver).with_context(|| format!("flexVolume.driver {driver:?}"))?;
-    let mut spec = VolumeSpec::new(volume_name, driver);
-    spec.fs_type = fs_type.unwrap_or_default();
-    spec.read_only = read_only.unwrap_or(false);
-    spec.options = options.unwrap_or_default();
-    Ok((spec, secret_ref))
+    flexd::manifest::volume_spec(&text).map_err(|e| anyhow::anyhow!("{} {e}", path.display()))
 }
 
-/// The volume's spec; `default_name` is used when neither a file nor --volume-name gives one.
 /// A Secret manifest's name and values. Errors name the file and the problem, never a value.
-/// Secret key → raw value.
-type SecretValues = BTreeMap<String, Vec<u8>>;
-
 fn secret_from_file(path: &Path) -> anyhow::Result<(Option<String>, SecretValues)> {
-    use k8s_openapi::api::core::v1::Secret;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value: serde_json::Value = serde_yaml_ng::from_str(&text)
-        .map_err(|_| anyhow::anyhow!("{} is not YAML or JSON", path.display()))?;
-    if value.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
-        bail!(
-            "{} is not a Kubernetes Secret (kind: Secret)",
-            path.display()
-        );
-    }
-    // serde's message could quote a value; say only where the problem is.
-    let secret: Secret = serde_json::from_value(value).map_err(|_| {
-        anyhow::anyhow!(
-            "{} is not a valid Secret (data values must be base64)",
-            path.display()
-        )
-    })?;
-    let mut values: SecretValues = secret
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, v.0))
-        .collect();
-    for (key, value) in secret.string_data.unwrap_or_default() {
-        values.insert(key, value.into_bytes());
-    }
-    if values.is_empty() {
-        bail!("secret file {} has no data", path.display());
-    }
-    Ok((secret.metadata.name, values))
+    flexd::manifest::secret(&text)
+        .map_err(|e| anyhow::anyhow!("secret file {} {e}", path.display()))
 }
 
 fn build_spec(args: &SpecArgs, default_name: Option<&Path>) -> anyhow::Result<VolumeSpec> {
