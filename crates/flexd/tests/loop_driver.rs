@@ -502,3 +502,32 @@ fn flexd_check_passes_every_check_on_the_loop_driver() {
     assert_eq!(out.status.code(), Some(0));
     assert!(s.loop_devices().is_empty(), "check left a loop device");
 }
+
+#[test]
+fn the_readme_quick_start_runs_end_to_end() {
+    if !is_root() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("FLEXD", env!("CARGO_BIN_EXE_flexd"))
+        .output()
+        .unwrap();
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("contents: written through flexd"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("all required checks passed"), "{stdout}");
+    assert!(stdout.contains("the data survived an unmount and a remount"));
+    // It cleans up after itself: no scratch dir, no loop device backed by its images.
+    let leftovers: Vec<_> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|f| f.starts_with("/tmp/flexd-quickstart."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
