@@ -6,7 +6,7 @@
 //! logging, only the reply on stdout.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::ValueEnum;
@@ -24,6 +24,18 @@ impl Builtin {
         match self {
             Self::Loop => "flexd/loop",
         }
+    }
+
+    /// What `flexd install --builtin` copies: the standalone `flexd-<driver>` built beside
+    /// flexd when there is one (a fraction of flexd's size, which matters because flexd pins
+    /// a copy of a driver for every mounted volume), else flexd's own executable.
+    pub fn executable(self) -> std::io::Result<PathBuf> {
+        let flexd = std::env::current_exe()?;
+        let standalone = flexd.with_file_name(format!("flexd-{}", self.executable_name()));
+        Ok(match std::fs::metadata(&standalone) {
+            Ok(meta) if meta.is_file() => standalone,
+            _ => flexd,
+        })
     }
 
     /// The executable's file name in the plugin dir, which selects the driver at start.

@@ -21,16 +21,51 @@ struct Sandbox {
     root: tempfile::TempDir,
 }
 
+/// What `flexd install --builtin loop` finds beside flexd.
+#[derive(Clone, Copy, Debug)]
+enum Build {
+    /// `cargo build -p flexd`: flexd and flexd-loop; the small flexd-loop is installed.
+    Standalone,
+    /// flexd alone (copied somewhere by itself): flexd installs itself, a multi-call binary.
+    FlexdAlone,
+}
+
 impl Sandbox {
-    /// A sandbox with the builtin loop driver installed in its plugin dir.
+    /// A sandbox with the builtin loop driver installed in its plugin dir (the standalone one).
     fn new() -> Self {
+        Self::installing(Build::Standalone)
+    }
+
+    fn installing(build: Build) -> Self {
         let root = tempfile::tempdir().unwrap();
-        for d in ["exec", "state", "work", "images"] {
+        for d in ["exec", "state", "work", "images", "bin"] {
             std::fs::create_dir(root.path().join(d)).unwrap();
         }
         let s = Self { root };
-        let out = s.flexd(&["install", "--builtin", "loop"]);
+        let (flexd, expected) = match build {
+            Build::Standalone => (
+                PathBuf::from(env!("CARGO_BIN_EXE_flexd")),
+                PathBuf::from(env!("CARGO_BIN_EXE_flexd-loop")),
+            ),
+            Build::FlexdAlone => {
+                let alone = s.root.path().join("bin/flexd");
+                std::fs::copy(env!("CARGO_BIN_EXE_flexd"), &alone).unwrap();
+                (alone.clone(), alone)
+            }
+        };
+        let out = Command::new(&flexd)
+            .arg("--plugin-dir")
+            .arg(s.plugin())
+            .args(["install", "--builtin", "loop"])
+            .output()
+            .unwrap();
         ok(&out);
+        assert_eq!(
+            std::fs::read(s.driver_exe()).unwrap(),
+            std::fs::read(&expected).unwrap(),
+            "{build:?} installs {}",
+            expected.display()
+        );
         s
     }
     fn plugin(&self) -> PathBuf {
@@ -193,8 +228,14 @@ fn fs_bytes(dir: &Path) -> u64 {
 
 #[test]
 fn the_installed_builtin_answers_exact_json_and_nothing_else() {
+    for build in [Build::Standalone, Build::FlexdAlone] {
+        installed_builtin_answers_exact_json(build);
+    }
+}
+
+fn installed_builtin_answers_exact_json(build: Build) {
     // No root needed: init and unknown call-outs touch nothing.
-    let s = Sandbox::new();
+    let s = Sandbox::installing(build);
     let init = s.call(&["init"]);
     assert_eq!(init.status.code(), Some(0));
     assert_eq!(
@@ -226,7 +267,8 @@ fn data_survives_unmount_and_remount_and_is_never_reformatted() {
     if !is_root() {
         return;
     }
-    let s = Sandbox::new();
+    // flexd itself as the driver (multi-call): the whole flow works through that copy too.
+    let s = Sandbox::installing(Build::FlexdAlone);
     let target = s.target("data");
     let first = s.mount("vol-a", &target, "64Mi", "");
     let device = first["device"].as_str().unwrap().to_owned();
@@ -484,7 +526,13 @@ fn flexd_check_passes_every_check_on_the_loop_driver() {
     if !is_root() {
         return;
     }
-    let s = Sandbox::new();
+    for build in [Build::Standalone, Build::FlexdAlone] {
+        check_passes(build);
+    }
+}
+
+fn check_passes(build: Build) {
+    let s = Sandbox::installing(build);
     let options = s.options("32Mi");
     let out = s.flexd(&[
         "--output",

@@ -46,8 +46,10 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
     let (name, source) = match (args.builtin, &args.driver, &args.source) {
         (Some(builtin), _, _) => {
             let name = DriverName::parse(builtin.driver_name())?;
-            // This very executable: it runs the driver when started under the driver's name.
-            let exe = std::env::current_exe().context("cannot find flexd's own executable")?;
+            let exe = builtin
+                .executable()
+                .context("cannot find flexd's own executable")?;
+            tracing::info!(driver = %name, source = %exe.display(), "installing a builtin driver");
             (name, exe)
         }
         (None, Some(driver), Some(source)) => (DriverName::parse(driver)?, source.clone()),
