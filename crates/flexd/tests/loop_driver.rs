@@ -398,16 +398,19 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
     assert_eq!(mounts, 1, "mounted exactly once");
     assert_eq!(fs_type(&devices[0]), "ext4");
 
-    // And the way back, twice each: idempotent.
-    for _ in 0..2 {
-        ok(&s.call(&["unmountdevice", d]));
+    // And the way back, four at once each: idempotent and race-free.
+    let name = detach_name(&s, "race");
+    for args in [["unmountdevice", d, ""], ["detach", &name, "node-1"]] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| s.call(&args))).collect();
+            for h in handles {
+                ok(&h.join().unwrap());
+            }
+        });
     }
     assert!(!is_mounted(&dir));
     assert!(s.loop_devices_of("race").is_empty());
-    let name = detach_name(&s, "race");
-    for _ in 0..2 {
-        ok(&s.call(&["detach", &name, "node-1"]));
-    }
     let attached = s.call(&["isattached", &options, "node-1"]);
     let reply: Value = serde_json::from_slice(&attached.stdout).unwrap();
     assert_eq!(reply["attached"], false);

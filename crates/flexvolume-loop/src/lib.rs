@@ -458,6 +458,11 @@ impl Driver for LoopDriver {
         };
         let volume = Self::volume_of_device(&device);
         let _lock = volume.as_ref().map(Volume::lock).transpose()?;
+        // A concurrent call may have finished first while we waited, and the loop device may
+        // even back another image by now: look again under the lock.
+        if mounted_source(dir)?.as_deref() != Some(device.as_str()) {
+            return Ok(());
+        }
         mount::unmount(dir).context("cannot unmount the device")?;
         // Ours and mounted nowhere else (a target's bind mount, another device dir): release.
         if volume.is_some() && mounts_of(&device)?.is_empty() {
