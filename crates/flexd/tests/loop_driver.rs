@@ -457,6 +457,50 @@ fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
     assert!(!is_mounted(&dir));
 }
 
+#[test]
+fn an_image_holding_unrecognised_data_is_never_formatted() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    // Bytes blkid cannot name (no filesystem signature), deep inside a sparse image.
+    let image = s.image("dump");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(16 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"customer records, format unknown", 5 << 20)
+        .unwrap();
+    let before = std::fs::read(&image).unwrap();
+    let options = s.options("16Mi");
+    let target = s.target("dump");
+    let out = s.volume(&[
+        "mount",
+        "--driver",
+        "flexd/loop",
+        "--target",
+        target.to_str().unwrap(),
+        "--volume-name",
+        "dump",
+        "--options",
+        &options,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to format"), "{err}");
+    assert!(
+        std::fs::read(&image).unwrap() == before,
+        "the image is untouched"
+    );
+    assert!(!is_mounted(&target));
+    // The failed mount is undone as far as flexd can: nothing stays attached.
+    ok(&s.volume(&["unmount", "--target", target.to_str().unwrap()]));
+    assert!(
+        s.loop_devices_of("dump").is_empty(),
+        "{:?}",
+        s.loop_devices()
+    );
+}
+
 /// Mounts a loop volume, writes data, grows it with `flexd volume expand` (the driver's
 /// expandvolume and expandfs), and returns the outcome and the sizes before and after.
 fn expand_loop_volume(fs: &str, mb: u64) -> Option<(Output, u64, u64)> {

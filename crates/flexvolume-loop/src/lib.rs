@@ -257,6 +257,38 @@ fn unescape(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Whether any byte of the image is not zero. Only the data extents are read (SEEK_DATA /
+/// SEEK_HOLE), so a fresh sparse image costs nothing whatever its size.
+pub fn image_holds_data(image: &Path) -> io::Result<bool> {
+    use rustix::fs::SeekFrom;
+    use std::io::Read as _;
+    let mut file = File::open(image)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0;
+    loop {
+        let start = match rustix::fs::seek(&file, SeekFrom::Data(pos)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(&file, SeekFrom::Hole(start))?;
+        rustix::fs::seek(&file, SeekFrom::Start(start))?;
+        let mut left = end - start;
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let n = file.read(&mut buf[..want])?;
+            if n == 0 {
+                return Ok(false);
+            }
+            if buf[..n].iter().any(|b| *b != 0) {
+                return Ok(true);
+            }
+            left -= n as u64;
+        }
+        pos = end;
+    }
+}
+
 /// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1Gi`, `1G`.
 pub fn parse_size(text: &str) -> Option<u64> {
     let units: [(&str, u64); 8] = [
@@ -445,6 +477,18 @@ impl Driver for LoopDriver {
                 )))
             }
             None => {}
+        }
+        // blkid knows filesystems, not data: an image someone filled with bytes it cannot
+        // name (a raw dump, an unknown format) is refused rather than formatted over.
+        let unrecognised = mount::filesystem_of(Path::new(&actual))
+            .context("cannot inspect the device")?
+            .is_none();
+        if unrecognised && image_holds_data(&volume.image()).context("cannot read the image")? {
+            return Err(DriverError::failure(format!(
+                "image {} holds data but no filesystem blkid recognises; refusing to format it \
+                 (wipe it yourself if it is really unused)",
+                volume.image().display()
+            )));
         }
         let fs_type = options.fs_type().unwrap_or("ext4");
         mount::format_and_mount(Path::new(&actual), dir, fs_type, options.read_only())
@@ -635,6 +679,25 @@ mod tests {
         let other = Volume::new("w", dir.path()).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", other.image()).unwrap();
         assert!(other.create_or_reuse_image(1 << 20).is_err());
+    }
+
+    #[test]
+    fn data_is_found_anywhere_in_a_sparse_image_and_zeros_are_not_data() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("i.img");
+        let mut f = File::create(&image).unwrap();
+        f.set_len(64 << 20).unwrap();
+        assert!(!image_holds_data(&image).unwrap(), "fresh sparse image");
+        f.seek(SeekFrom::Start(10 << 20)).unwrap();
+        f.write_all(&[0u8; 8192]).unwrap();
+        f.sync_all().unwrap();
+        assert!(!image_holds_data(&image).unwrap(), "written zeros");
+        f.seek(SeekFrom::Start(40 << 20)).unwrap();
+        f.write_all(b"x").unwrap();
+        f.sync_all().unwrap();
+        assert!(image_holds_data(&image).unwrap(), "one byte deep inside");
+        assert!(image_holds_data(&dir.path().join("absent")).is_err());
     }
 
     #[test]
