@@ -19,8 +19,8 @@ pub struct InstallArgs {
     /// The driver executable, or a directory holding it (named after the driver) and its helpers.
     #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
     pub source: Option<PathBuf>,
-    /// Install a driver shipped inside flexd (a copy of this executable), e.g. `loop`
-    /// (as flexd/loop).
+    /// Install a driver shipped with flexd: `loop` (as flexd/loop). Copies the standalone
+    /// `flexd-loop` beside this executable when there is one, else flexd itself.
     #[arg(long, value_enum)]
     pub builtin: Option<crate::builtin::Builtin>,
     /// Stay in the foreground after installing, until SIGTERM/SIGINT (as a DaemonSet container).
