@@ -3,6 +3,7 @@
 //! Every subcommand lives in its own module under `cli/`; this file only parses arguments, sets
 //! up logging and maps errors to exit statuses.
 
+mod builtin;
 mod cli;
 mod serve;
 
@@ -11,6 +12,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Installed as a builtin driver (`<plugin-dir>/flexd~loop/loop`): be that driver.
+    if let Some(code) = builtin::run_if_invoked_as_driver() {
+        return code;
+    }
     let args = cli::Cli::parse();
     if let Err(e) = cli::logging::init(&args.global) {
         eprintln!("flexd: cannot set up logging: {e:#}");

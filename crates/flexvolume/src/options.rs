@@ -122,6 +122,70 @@ impl Options {
     }
 }
 
+/// Why an options JSON received by a driver could not be read. Never quotes a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("the options are not a JSON object of strings: {0}")]
+    NotAnObject(String),
+    #[error("option {key:?} is not a string (kubelet passes only strings)")]
+    NotAString { key: String },
+    #[error("secret option {key:?} is not valid base64")]
+    BadSecret { key: String },
+}
+
+/// The driver's side: reading the options JSON that kubelet (or flexd) passed.
+impl Options {
+    /// Parses the `<json>` argument. Numbers and booleans (hand-written test calls) are taken as
+    /// their JSON text; nested values are refused. Secret values are decoded once, so that
+    /// anything built from these options can redact them.
+    pub fn from_json(text: &str) -> Result<Self, OptionsError> {
+        let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
+            // serde's message names a position, never the content.
+            .map_err(|e| OptionsError::NotAnObject(e.to_string()))?;
+        let mut map = BTreeMap::new();
+        for (key, value) in object {
+            let value = match value {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                _ => return Err(OptionsError::NotAString { key }),
+            };
+            map.insert(key, value);
+        }
+        let mut options = Self {
+            map,
+            secret_values: Vec::new(),
+        };
+        let mut secret_values = Vec::new();
+        for (key, _) in options.secrets() {
+            let raw = options.secret(key).unwrap_or(Ok(Vec::new()))?;
+            secret_values.push(String::from_utf8_lossy(&raw).into_owned());
+        }
+        options.secret_values = secret_values;
+        Ok(options)
+    }
+
+    /// Every option, keys sorted. Secret values are included (base64): do not print them.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.map.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// The `kubernetes.io/secret/<key>` options, as (key without the prefix, base64 value).
+    pub fn secrets(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter()
+            .filter_map(|(k, v)| k.strip_prefix(SECRET_PREFIX).map(|k| (k, v)))
+    }
+
+    /// The decoded value of secret `key` (without the `kubernetes.io/secret/` prefix).
+    pub fn secret(&self, key: &str) -> Option<Result<Vec<u8>, OptionsError>> {
+        let encoded = self.map.get(&format!("{SECRET_PREFIX}{key}"))?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Some(b64.decode(encoded).map_err(|_| OptionsError::BadSecret {
+            key: key.to_owned(),
+        }))
+    }
+}
+
 impl fmt::Debug for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_redacted_json())
@@ -236,6 +300,47 @@ mod tests {
             !clean.contains("hunter2") && !clean.contains("aHVudGVyMg=="),
             "{clean}"
         );
+    }
+
+    #[test]
+    fn a_driver_reads_back_exactly_what_the_host_sent() {
+        let mut spec = spec();
+        spec.options.insert("size".into(), "1Gi".into());
+        spec.secrets.insert("password".into(), b"hunter2".to_vec());
+        let sent = Options::for_mount(&spec, &PodInfo::default(), Some(7));
+        let read = Options::from_json(&sent.to_json()).unwrap();
+        assert_eq!(read.to_json(), sent.to_json());
+        assert_eq!(read.get("size"), Some("1Gi"));
+        assert_eq!(read.secret("password"), Some(Ok(b"hunter2".to_vec())));
+        assert_eq!(read.secret("absent"), None);
+        assert_eq!(read.secrets().count(), 1);
+        // The decoded value is known, so it is redacted wherever it is echoed.
+        let echoed = redact_values("pw=hunter2", &read.sensitive_values());
+        assert_eq!(echoed, "pw=<redacted>");
+        assert!(!format!("{read:?}").contains("aHVudGVyMg=="));
+    }
+
+    #[test]
+    fn bad_options_json_is_refused_without_quoting_values() {
+        let numbers = Options::from_json(r#"{"n":3,"b":true}"#).unwrap();
+        assert_eq!(
+            (numbers.get("n"), numbers.get("b")),
+            (Some("3"), Some("true"))
+        );
+        for bad in ["", "[]", "{", r#""x""#] {
+            assert!(
+                matches!(Options::from_json(bad), Err(OptionsError::NotAnObject(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            Options::from_json(r#"{"k":{"a":"b"}}"#),
+            Err(OptionsError::NotAString { key: "k".into() })
+        );
+        let err =
+            Options::from_json(r#"{"kubernetes.io/secret/pw":"not base64 s3cret!"}"#).unwrap_err();
+        assert_eq!(err, OptionsError::BadSecret { key: "pw".into() });
+        assert!(!err.to_string().contains("s3cret"));
     }
 
     #[test]

@@ -14,10 +14,15 @@ use super::{Global, OutputFormat};
 #[derive(Debug, Args)]
 pub struct InstallArgs {
     /// The driver's name, as in volume specs: vendor/driver.
-    #[arg(long)]
-    pub driver: String,
+    #[arg(long, required_unless_present = "builtin", conflicts_with = "builtin")]
+    pub driver: Option<String>,
     /// The driver executable, or a directory holding it (named after the driver) and its helpers.
-    pub source: PathBuf,
+    #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
+    pub source: Option<PathBuf>,
+    /// Install a driver shipped with flexd: `loop` (as flexd/loop). Copies the standalone
+    /// `flexd-loop` beside this executable when there is one, else flexd itself.
+    #[arg(long, value_enum)]
+    pub builtin: Option<crate::builtin::Builtin>,
     /// Stay in the foreground after installing, until SIGTERM/SIGINT (as a DaemonSet container).
     #[arg(long)]
     pub then_sleep: bool,
@@ -38,12 +43,23 @@ pub struct UninstallArgs {
 }
 
 pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCode> {
-    let name = DriverName::parse(&args.driver)?;
+    let (name, source) = match (args.builtin, &args.driver, &args.source) {
+        (Some(builtin), _, _) => {
+            let name = DriverName::parse(builtin.driver_name())?;
+            let exe = builtin
+                .executable()
+                .context("cannot find flexd's own executable")?;
+            tracing::info!(driver = %name, source = %exe.display(), "installing a builtin driver");
+            (name, exe)
+        }
+        (None, Some(driver), Some(source)) => (DriverName::parse(driver)?, source.clone()),
+        _ => bail!("give --driver and SOURCE, or --builtin"),
+    };
     let termination = match args.then_sleep {
         true => Some(super::signals::Termination::catch()?),
         false => None,
     };
-    let installed = install::install(&global.plugin_dir, &name, &args.source)
+    let installed = install::install(&global.plugin_dir, &name, &source)
         .with_context(|| format!("cannot install driver {name}"))?;
     tracing::info!(driver = %name, path = %installed.path.display(), method = installed.method, replaced = installed.replaced, "driver installed");
     match global.output {

@@ -1,0 +1,628 @@
+//! The builtin `loop` driver end to end: installed with `flexd install --builtin loop` (a copy
+//! of the real flexd binary), driven through `flexd volume` and `flexd check` with real sparse
+//! images, loop devices, mkfs and mounts. Needs root for everything that mounts; each test
+//! skips with a message otherwise. The sandbox unmounts everything below it and releases every
+//! loop device backed by its images when dropped, even when a test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn is_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (loop devices, mkfs, mounts)");
+    false
+}
+
+struct Sandbox {
+    root: tempfile::TempDir,
+}
+
+/// What `flexd install --builtin loop` finds beside flexd.
+#[derive(Clone, Copy, Debug)]
+enum Build {
+    /// `cargo build -p flexd`: flexd and flexd-loop; the small flexd-loop is installed.
+    Standalone,
+    /// flexd alone (copied somewhere by itself): flexd installs itself, a multi-call binary.
+    FlexdAlone,
+}
+
+impl Sandbox {
+    /// A sandbox with the builtin loop driver installed in its plugin dir (the standalone one).
+    fn new() -> Self {
+        Self::installing(Build::Standalone)
+    }
+
+    fn installing(build: Build) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["exec", "state", "work", "images", "bin"] {
+            std::fs::create_dir(root.path().join(d)).unwrap();
+        }
+        let s = Self { root };
+        let (flexd, expected) = match build {
+            Build::Standalone => (
+                PathBuf::from(env!("CARGO_BIN_EXE_flexd")),
+                PathBuf::from(env!("CARGO_BIN_EXE_flexd-loop")),
+            ),
+            Build::FlexdAlone => {
+                let alone = s.root.path().join("bin/flexd");
+                std::fs::copy(env!("CARGO_BIN_EXE_flexd"), &alone).unwrap();
+                (alone.clone(), alone)
+            }
+        };
+        let out = Command::new(&flexd)
+            .arg("--plugin-dir")
+            .arg(s.plugin())
+            .args(["install", "--builtin", "loop"])
+            .output()
+            .unwrap();
+        ok(&out);
+        assert_eq!(
+            std::fs::read(s.driver_exe()).unwrap(),
+            std::fs::read(&expected).unwrap(),
+            "{build:?} installs {}",
+            expected.display()
+        );
+        s
+    }
+    fn plugin(&self) -> PathBuf {
+        self.root.path().join("exec")
+    }
+    fn images(&self) -> PathBuf {
+        self.root.path().join("images")
+    }
+    fn image(&self, volume: &str) -> PathBuf {
+        self.images().join(format!("{volume}.img"))
+    }
+    fn target(&self, name: &str) -> PathBuf {
+        self.root.path().join("work").join(name)
+    }
+    fn driver_exe(&self) -> PathBuf {
+        self.plugin().join("flexd~loop/loop")
+    }
+
+    /// The volume's options: its image lives in this sandbox.
+    fn options(&self, size: &str) -> String {
+        serde_json::json!({"imageDir": self.images(), "size": size}).to_string()
+    }
+
+    fn flexd(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(self.plugin())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn volume(&self, args: &[&str]) -> Output {
+        let state = self.root.path().join("state");
+        let mut all = vec!["volume", "--node", "node-1", "--state-dir"];
+        all.push(state.to_str().unwrap());
+        all.extend_from_slice(args);
+        self.flexd(&all)
+    }
+
+    /// `flexd volume mount` of loop volume `volume` on `target`; returns the JSON outcome.
+    fn mount(&self, volume: &str, target: &Path, size: &str, fs_type: &str) -> Value {
+        let options = self.options(size);
+        let t = target.to_str().unwrap();
+        let mut args = vec!["--output", "json", "mount", "--driver", "flexd/loop"];
+        args.extend([
+            "--target",
+            t,
+            "--volume-name",
+            volume,
+            "--options",
+            &options,
+        ]);
+        if !fs_type.is_empty() {
+            args.extend(["--fs-type", fs_type]);
+        }
+        let out = self.volume(&args);
+        ok(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn unmount(&self, target: &Path) {
+        ok(&self.volume(&["unmount", "--target", target.to_str().unwrap()]));
+    }
+
+    /// Runs the installed driver itself, as kubelet would.
+    fn call(&self, args: &[&str]) -> Output {
+        Command::new(self.driver_exe()).args(args).output().unwrap()
+    }
+
+    /// Loop devices backed by images of this sandbox.
+    fn loop_devices(&self) -> Vec<(String, PathBuf)> {
+        let images = self.images();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let backing = entry.path().join("loop/backing_file");
+            if let Ok(text) = std::fs::read_to_string(&backing) {
+                let file = PathBuf::from(text.trim_end_matches('\n'));
+                if file.starts_with(&images) {
+                    let dev = format!("/dev/{}", entry.file_name().to_string_lossy());
+                    found.push((dev, file));
+                }
+            }
+        }
+        found
+    }
+
+    fn loop_devices_of(&self, volume: &str) -> Vec<String> {
+        let image = self.image(volume);
+        self.loop_devices()
+            .into_iter()
+            .filter(|(_, file)| *file == image)
+            .map(|(dev, _)| dev)
+            .collect()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let root = self
+            .root
+            .path()
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.path().to_owned());
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        for m in mounts {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+        for (dev, _) in self.loop_devices() {
+            let _ = Command::new("losetup").args(["-d", &dev]).output();
+        }
+    }
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+fn is_mounted(path: &Path) -> bool {
+    flexvolume::mount::is_mount_point(path).unwrap()
+}
+
+/// The filesystem UUID on a device: it changes if the device is ever formatted again.
+fn fs_uuid(device: &str) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "UUID", device])
+        .output()
+        .unwrap();
+    ok(&out);
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn fs_type(device: &str) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", device])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn fs_bytes(dir: &Path) -> u64 {
+    let st = rustix::fs::statvfs(dir).unwrap();
+    st.f_blocks * st.f_frsize
+}
+
+#[test]
+fn the_installed_builtin_answers_exact_json_and_nothing_else() {
+    for build in [Build::Standalone, Build::FlexdAlone] {
+        installed_builtin_answers_exact_json(build);
+    }
+}
+
+fn installed_builtin_answers_exact_json(build: Build) {
+    // No root needed: init and unknown call-outs touch nothing.
+    let s = Sandbox::installing(build);
+    let init = s.call(&["init"]);
+    assert_eq!(init.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(init.stdout).unwrap(),
+        "{\"status\":\"Success\",\"capabilities\":{\"attach\":true,\"selinuxRelabel\":true,\"supportsMetrics\":true,\"fsGroup\":true,\"requiresFSResize\":true}}\n"
+    );
+    assert!(init.stderr.is_empty(), "{:?}", init.stderr);
+    let unknown = s.call(&["frobnicate", "x"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8(unknown.stdout).unwrap(),
+        "{\"status\":\"Not supported\",\"message\":\"unknown call-out \\\"frobnicate\\\"\"}\n"
+    );
+    assert!(unknown.stderr.is_empty());
+    let bad = s.call(&["attach", r#"{"volumeID":"../../etc/x"}"#, "node-1"]);
+    assert_eq!(bad.status.code(), Some(1));
+    let reply: Value = serde_json::from_slice(&bad.stdout).unwrap();
+    assert_eq!(reply["status"], "Failure");
+    assert!(reply["message"].as_str().unwrap().contains("is not usable"));
+    assert!(bad.stderr.is_empty());
+    // The installed copy is listed as a driver like any other.
+    let out = s.flexd(&["--output", "json", "drivers"]);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("flexd/loop"));
+}
+
+#[test]
+fn data_survives_unmount_and_remount_and_is_never_reformatted() {
+    if !is_root() {
+        return;
+    }
+    // flexd itself as the driver (multi-call): the whole flow works through that copy too.
+    let s = Sandbox::installing(Build::FlexdAlone);
+    let target = s.target("data");
+    let first = s.mount("vol-a", &target, "64Mi", "");
+    let device = first["device"].as_str().unwrap().to_owned();
+    assert_eq!(s.loop_devices_of("vol-a"), vec![device.clone()]);
+    assert_eq!(fs_type(&device), "ext4", "ext4 is the default");
+    let uuid = fs_uuid(&device);
+    // The image is sparse: 64 MiB long, far fewer blocks on disk.
+    let meta = std::fs::metadata(s.image("vol-a")).unwrap();
+    assert_eq!(meta.len(), 64 << 20);
+    std::fs::write(target.join("precious"), "keep me").unwrap();
+
+    s.unmount(&target);
+    assert!(!target.exists(), "the target flexd created is removed");
+    assert!(
+        s.loop_devices_of("vol-a").is_empty(),
+        "unmountdevice/detach released the loop device"
+    );
+    assert!(s.image("vol-a").exists(), "the image (the data) stays");
+
+    // Asking for xfs now must not format a device that holds ext4.
+    let again = s.mount("vol-a", &target, "64Mi", "xfs");
+    let device = again["device"].as_str().unwrap().to_owned();
+    assert_eq!(fs_type(&device), "ext4");
+    assert_eq!(fs_uuid(&device), uuid, "the filesystem was never recreated");
+    assert_eq!(
+        std::fs::read_to_string(target.join("precious")).unwrap(),
+        "keep me"
+    );
+    s.unmount(&target);
+    assert!(s.loop_devices_of("vol-a").is_empty());
+}
+
+#[test]
+fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    let (a, b) = (s.target("a"), s.target("b"));
+    let da = s.mount("shared", &a, "32Mi", "");
+    let db = s.mount("shared", &b, "32Mi", "");
+    assert_eq!(da["device"], db["device"]);
+    assert_eq!(s.loop_devices_of("shared").len(), 1, "one loop device");
+    std::fs::write(a.join("x"), "from a").unwrap();
+    assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "from a");
+
+    // The driver refuses to release a device that is still mounted.
+    let detach = s.call(&["detach", &detach_name(&s, "shared"), "node-1"]);
+    let reply: Value = serde_json::from_slice(&detach.stdout).unwrap();
+    assert_eq!(reply["status"], "Failure", "{reply}");
+    assert!(reply["message"].as_str().unwrap().contains("still mounted"));
+    assert_eq!(s.loop_devices_of("shared").len(), 1);
+
+    s.unmount(&a);
+    assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "from a");
+    assert_eq!(s.loop_devices_of("shared").len(), 1, "b still uses it");
+    s.unmount(&b);
+    assert!(s.loop_devices_of("shared").is_empty());
+    // Detach again: nothing attached is success (idempotent).
+    let detach = s.call(&["detach", &detach_name(&s, "shared"), "node-1"]);
+    assert_eq!(detach.status.code(), Some(0), "{detach:?}");
+}
+
+/// The name getvolumename gives the volume (what detach receives).
+fn detach_name(s: &Sandbox, volume: &str) -> String {
+    let options = serde_json::json!({
+        "imageDir": s.images(),
+        "kubernetes.io/pvOrVolumeName": volume,
+    })
+    .to_string();
+    let out = s.call(&["getvolumename", &options]);
+    ok(&out);
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name = reply["volumeName"].as_str().unwrap().to_owned();
+    let again: Value =
+        serde_json::from_slice(&s.call(&["getvolumename", &options]).stdout).unwrap();
+    assert_eq!(again["volumeName"], name.as_str(), "stable");
+    name
+}
+
+#[test]
+fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    let options = serde_json::json!({
+        "imageDir": s.images(),
+        "kubernetes.io/pvOrVolumeName": "race",
+        "size": "32Mi",
+    })
+    .to_string();
+    // Eight attaches at once, straight to the driver (flexd would serialise them itself).
+    let devices: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| s.call(&["attach", &options, "node-1"])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let out = h.join().unwrap();
+                ok(&out);
+                let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+                reply["device"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    });
+    assert!(devices.iter().all(|d| *d == devices[0]), "{devices:?}");
+    assert_eq!(s.loop_devices_of("race"), vec![devices[0].clone()]);
+
+    // Four mountdevices of the same dir at once: one mkfs, one mount.
+    let dir = s.target("global");
+    let d = dir.to_str().unwrap();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| s.call(&["mountdevice", d, &devices[0], &options])))
+            .collect();
+        for h in handles {
+            ok(&h.join().unwrap());
+        }
+    });
+    let mounts = flexvolume::mount::mount_table()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.mount_point == dir)
+        .count();
+    assert_eq!(mounts, 1, "mounted exactly once");
+    assert_eq!(fs_type(&devices[0]), "ext4");
+
+    // And the way back, four at once each: idempotent and race-free.
+    let name = detach_name(&s, "race");
+    for args in [["unmountdevice", d, ""], ["detach", &name, "node-1"]] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| s.call(&args))).collect();
+            for h in handles {
+                ok(&h.join().unwrap());
+            }
+        });
+    }
+    assert!(!is_mounted(&dir));
+    assert!(s.loop_devices_of("race").is_empty());
+    let attached = s.call(&["isattached", &options, "node-1"]);
+    let reply: Value = serde_json::from_slice(&attached.stdout).unwrap();
+    assert_eq!(reply["attached"], false);
+}
+
+#[test]
+fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    let options = serde_json::json!({
+        "imageDir": s.images(),
+        "kubernetes.io/pvOrVolumeName": "mine",
+        "size": "16Mi",
+    })
+    .to_string();
+    let attach = s.call(&["attach", &options, "node-1"]);
+    ok(&attach);
+    // Another volume's device passed in by mistake (or malice): refused, not formatted.
+    let other = serde_json::json!({"imageDir": s.images(), "volumeID": "other", "size": "16Mi"})
+        .to_string();
+    let other_attach: Value =
+        serde_json::from_slice(&s.call(&["attach", &other, "node-1"]).stdout).unwrap();
+    let other_device = other_attach["device"].as_str().unwrap().to_owned();
+    let dir = s.target("g");
+    let out = s.call(&[
+        "mountdevice",
+        dir.to_str().unwrap(),
+        &other_device,
+        &options,
+    ]);
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["status"], "Failure", "{reply}");
+    assert!(reply["message"]
+        .as_str()
+        .unwrap()
+        .contains("does not back volume mine"));
+    assert_eq!(
+        fs_type(&other_device),
+        "",
+        "the other device was not formatted"
+    );
+    assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn an_image_holding_unrecognised_data_is_never_formatted() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    // Bytes blkid cannot name (no filesystem signature), deep inside a sparse image.
+    let image = s.image("dump");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(16 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"customer records, format unknown", 5 << 20)
+        .unwrap();
+    let before = std::fs::read(&image).unwrap();
+    let options = s.options("16Mi");
+    let target = s.target("dump");
+    let out = s.volume(&[
+        "mount",
+        "--driver",
+        "flexd/loop",
+        "--target",
+        target.to_str().unwrap(),
+        "--volume-name",
+        "dump",
+        "--options",
+        &options,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to format"), "{err}");
+    assert!(
+        std::fs::read(&image).unwrap() == before,
+        "the image is untouched"
+    );
+    assert!(!is_mounted(&target));
+    // The failed mount is undone as far as flexd can: nothing stays attached.
+    ok(&s.volume(&["unmount", "--target", target.to_str().unwrap()]));
+    assert!(
+        s.loop_devices_of("dump").is_empty(),
+        "{:?}",
+        s.loop_devices()
+    );
+}
+
+/// Mounts a loop volume, writes data, grows it with `flexd volume expand` (the driver's
+/// expandvolume and expandfs), and returns the outcome and the sizes before and after.
+fn expand_loop_volume(fs: &str, mb: u64) -> Option<(Output, u64, u64)> {
+    let s = Sandbox::new();
+    let target = s.target("grow");
+    s.mount("grow", &target, &format!("{mb}Mi"), fs);
+    std::fs::write(target.join("keep"), "data").unwrap();
+    let before = fs_bytes(&target);
+    let size = format!("{}Mi", 2 * mb);
+    let t = target.to_str().unwrap();
+    let out = s.volume(&["--output", "json", "expand", "--target", t, "--size", &size]);
+    let after = fs_bytes(&target);
+    // Whatever happened to the filesystem, the volume itself grew and the data is there.
+    assert_eq!(
+        std::fs::metadata(s.image("grow")).unwrap().len(),
+        (2 * mb) << 20
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("keep")).unwrap(),
+        "data"
+    );
+    s.unmount(&target);
+    Some((out, before, after))
+}
+
+#[test]
+fn expand_grows_the_image_the_loop_device_and_an_xfs_filesystem() {
+    if !is_root() {
+        return;
+    }
+    if Command::new("mkfs.xfs").arg("-V").output().is_err() {
+        eprintln!("skipped: mkfs.xfs is not installed (.ci/run installs xfsprogs)");
+        return;
+    }
+    // XFS needs 300 MB at least; the image is sparse.
+    let (out, before, after) = expand_loop_volume("xfs", 320).unwrap();
+    ok(&out);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["new_bytes"], 640u64 << 20);
+    assert_eq!(
+        json["driver_expanded_fs"], true,
+        "the loop driver's expandfs ran"
+    );
+    assert!(
+        after > before + (250 << 20),
+        "grew from {before} to {after}"
+    );
+}
+
+#[test]
+fn expand_of_ext4_grows_it_or_names_the_missing_capability() {
+    if !is_root() {
+        return;
+    }
+    let (out, before, after) = expand_loop_volume("ext4", 64).unwrap();
+    if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
+        ok(&out);
+        assert!(after > before + (48 << 20), "grew from {before} to {after}");
+    } else {
+        eprintln!("note: no CAP_SYS_RESOURCE here; checking the error instead of the growth");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs CAP_SYS_RESOURCE"), "{err}");
+        assert_eq!(after, before);
+    }
+}
+
+#[test]
+fn flexd_check_passes_every_check_on_the_loop_driver() {
+    if !is_root() {
+        return;
+    }
+    for build in [Build::Standalone, Build::FlexdAlone] {
+        check_passes(build);
+    }
+}
+
+fn check_passes(build: Build) {
+    let s = Sandbox::installing(build);
+    let options = s.options("32Mi");
+    let out = s.flexd(&[
+        "--output",
+        "json",
+        "check",
+        "flexd/loop",
+        "--options",
+        &options,
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for check in report["checks"].as_array().unwrap() {
+        assert_eq!(check["verdict"], "pass", "{check}");
+    }
+    assert_eq!(report["passed"], true);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(s.loop_devices().is_empty(), "check left a loop device");
+}
+
+#[test]
+fn the_readme_quick_start_runs_end_to_end() {
+    if !is_root() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("FLEXD", env!("CARGO_BIN_EXE_flexd"))
+        .output()
+        .unwrap();
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("contents: written through flexd"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("all required checks passed"), "{stdout}");
+    assert!(stdout.contains("the data survived an unmount and a remount"));
+    // It cleans up after itself: no scratch dir, no loop device backed by its images.
+    let leftovers: Vec<_> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|f| f.starts_with("/tmp/flexd-quickstart."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -1,0 +1,663 @@
+//! # flexvolume-driver — write FlexVolume drivers in Rust
+//!
+//! FlexVolume drivers are usually shell scripts, and they break in the same ways: unquoted
+//! `$*`, `echo -ne`, usage text where JSON was expected, log lines mixed into the reply. This
+//! crate does the protocol part for you, with the host library's own types
+//! ([`flexvolume::protocol`], [`flexvolume::options`]) so both sides agree byte for byte:
+//!
+//! - [`Driver`]: one method per call-out; every one but `init` answers `Not supported` unless
+//!   you implement it, which makes kubelet (and flexd) apply Kubernetes' default behaviour;
+//! - [`Request::parse`]: argv exactly as kubelet passes it (SPEC §2), with the options JSON as
+//!   typed [`VolumeOptions`] (well-known `kubernetes.io/*` keys, secrets base64-decoded);
+//! - [`handle`] / [`run`]: the reply serialised as the protocol wants, exit status 0 for
+//!   `Success` and 1 otherwise, and nothing but the reply on stdout — not even on a panic.
+//!
+//! ```no_run
+//! use flexvolume_driver::{Capabilities, Driver, DriverResult, VolumeOptions};
+//! use std::path::Path;
+//!
+//! struct Tmpfs;
+//! impl Driver for Tmpfs {
+//!     fn init(&self) -> DriverResult<Capabilities> {
+//!         Ok(Capabilities { attach: false, ..Capabilities::default() })
+//!     }
+//!     fn mount(&self, target: &Path, options: &VolumeOptions) -> DriverResult<()> {
+//!         // … mount something on `target` …
+//!         Ok(())
+//!     }
+//! }
+//! fn main() -> std::process::ExitCode {
+//!     flexvolume_driver::run(&Tmpfs)
+//! }
+//! ```
+//!
+//! kubelet reads stdout and stderr together (`CombinedOutput`), so a driver must not write to
+//! stderr either: log to a file or syslog, and capture the output of the tools you run.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::Write as _;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+pub use flexvolume::options::{self, Options, OptionsError};
+pub use flexvolume::protocol::{CallOutKind, Capabilities, Reply, Status};
+pub use flexvolume::PodInfo;
+
+/// An answer other than `Success`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// `{"status":"Failure","message":…}`: the operation failed; kubelet retries later.
+    #[error("{0}")]
+    Failure(String),
+    /// `{"status":"Not supported"}`: the host applies Kubernetes' default for this call-out.
+    #[error("{0}")]
+    NotSupported(String),
+}
+
+impl DriverError {
+    pub fn failure(message: impl fmt::Display) -> Self {
+        Self::Failure(message.to_string())
+    }
+
+    /// What every call-out a driver does not implement answers.
+    pub fn not_supported(kind: CallOutKind) -> Self {
+        Self::NotSupported(format!("{kind} is not supported by this driver"))
+    }
+}
+
+pub type DriverResult<T> = Result<T, DriverError>;
+
+/// `?` on any error, with what was being done: `fs::create_dir(p).context("create image dir")?`.
+pub trait ResultExt<T> {
+    fn context(self, what: impl fmt::Display) -> DriverResult<T>;
+}
+
+impl<T, E: fmt::Display> ResultExt<T> for Result<T, E> {
+    fn context(self, what: impl fmt::Display) -> DriverResult<T> {
+        self.map_err(|e| DriverError::Failure(format!("{what}: {e}")))
+    }
+}
+
+/// A FlexVolume driver: one method per call-out, argv already parsed. Every method but
+/// [`Driver::init`] answers `Not supported` by default.
+pub trait Driver {
+    /// `init`: what the driver can do. Unset capabilities should keep Kubernetes' defaults
+    /// (`Capabilities { attach: false, ..Capabilities::default() }`).
+    fn init(&self) -> DriverResult<Capabilities>;
+
+    /// `getvolumename <json>`: a name that identifies the volume; it is what `detach` receives
+    /// (with every `/` turned into `~`). Must be stable for the same options.
+    fn get_volume_name(&self, options: &VolumeOptions) -> DriverResult<String> {
+        let _ = options;
+        Err(DriverError::not_supported(CallOutKind::GetVolumeName))
+    }
+
+    /// `attach <json> <node>`: make the volume available to `node`; the device, if known.
+    fn attach(&self, options: &VolumeOptions, node: &str) -> DriverResult<String> {
+        let _ = (options, node);
+        Err(DriverError::not_supported(CallOutKind::Attach))
+    }
+
+    /// `waitforattach <device> <json>`: wait until the device is there; the device path.
+    fn wait_for_attach(&self, device: &str, options: &VolumeOptions) -> DriverResult<String> {
+        let _ = (device, options);
+        Err(DriverError::not_supported(CallOutKind::WaitForAttach))
+    }
+
+    /// `isattached <json> <node>`.
+    fn is_attached(&self, options: &VolumeOptions, node: &str) -> DriverResult<bool> {
+        let _ = (options, node);
+        Err(DriverError::not_supported(CallOutKind::IsAttached))
+    }
+
+    /// `mountdevice <device-mount-dir> <device> <json>`: the global mount of the device.
+    fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {
+        let _ = (dir, device, options);
+        Err(DriverError::not_supported(CallOutKind::MountDevice))
+    }
+
+    /// `detach <volume-name> <node>`; the name is getvolumename's answer, `/` as `~`.
+    fn detach(&self, volume_name: &str, node: &str) -> DriverResult<()> {
+        let _ = (volume_name, node);
+        Err(DriverError::not_supported(CallOutKind::Detach))
+    }
+
+    /// `unmountdevice <device-mount-dir>`.
+    fn unmount_device(&self, dir: &Path) -> DriverResult<()> {
+        let _ = dir;
+        Err(DriverError::not_supported(CallOutKind::UnmountDevice))
+    }
+
+    /// `mount <target-dir> <json>`: the only call-out (with unmount) that receives secrets.
+    fn mount(&self, target: &Path, options: &VolumeOptions) -> DriverResult<()> {
+        let _ = (target, options);
+        Err(DriverError::not_supported(CallOutKind::Mount))
+    }
+
+    /// `unmount <target-dir>`.
+    fn unmount(&self, target: &Path) -> DriverResult<()> {
+        let _ = target;
+        Err(DriverError::not_supported(CallOutKind::Unmount))
+    }
+
+    /// `expandvolume <json> <device-mount-dir> <new-bytes> <old-bytes>`: grow the volume on
+    /// the storage side; the size it has now.
+    fn expand_volume(
+        &self,
+        options: &VolumeOptions,
+        dir: &Path,
+        new_bytes: u64,
+        old_bytes: u64,
+    ) -> DriverResult<u64> {
+        let _ = (options, dir, new_bytes, old_bytes);
+        Err(DriverError::not_supported(CallOutKind::ExpandVolume))
+    }
+
+    /// `expandfs <json> <device> <device-mount-dir> <new-bytes> <old-bytes>`: grow the
+    /// filesystem on the node.
+    fn expand_fs(
+        &self,
+        options: &VolumeOptions,
+        device: &str,
+        dir: &Path,
+        new_bytes: u64,
+        old_bytes: u64,
+    ) -> DriverResult<()> {
+        let _ = (options, device, dir, new_bytes, old_bytes);
+        Err(DriverError::not_supported(CallOutKind::ExpandFs))
+    }
+}
+
+/// A secret value from the options. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// The decoded bytes. Do not log them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(options::REDACTED)
+    }
+}
+
+/// The options JSON of a call-out, with the well-known keys typed (SPEC §3). Checked when
+/// parsed, so a handler never meets a malformed `readwrite`, fsGroup or secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VolumeOptions {
+    options: Options,
+    read_only: bool,
+    fs_group: Option<u32>,
+}
+
+impl VolumeOptions {
+    pub fn parse(json: &str) -> Result<Self, OptionsArgError> {
+        let options = Options::from_json(json)?;
+        let read_only = match options.get(options::READ_WRITE) {
+            None | Some("rw") | Some("") => false,
+            Some("ro") => true,
+            Some(other) => return Err(OptionsArgError::ReadWrite(other.to_owned())),
+        };
+        let fs_group = match options.get(options::FS_GROUP) {
+            None | Some("") => None,
+            Some(gid) => Some(
+                gid.parse()
+                    .map_err(|_| OptionsArgError::FsGroup(gid.to_owned()))?,
+            ),
+        };
+        Ok(Self {
+            options,
+            read_only,
+            fs_group,
+        })
+    }
+
+    /// `kubernetes.io/fsType`; `None` when absent or empty (the driver picks its default).
+    pub fn fs_type(&self) -> Option<&str> {
+        self.options.get(options::FS_TYPE).filter(|t| !t.is_empty())
+    }
+
+    /// `kubernetes.io/readwrite` is `ro`.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// `kubernetes.io/pvOrVolumeName`: the PV's (or pod volume's) name.
+    pub fn pv_or_volume_name(&self) -> Option<&str> {
+        self.options
+            .get(options::PV_OR_VOLUME_NAME)
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The pod the volume is mounted for (mount only; empty fields otherwise).
+    pub fn pod(&self) -> PodInfo {
+        let field = |key| self.options.get(key).unwrap_or_default().to_owned();
+        PodInfo {
+            name: field(options::POD_NAME),
+            namespace: field(options::POD_NAMESPACE),
+            uid: field(options::POD_UID),
+            service_account: field(options::SERVICE_ACCOUNT_NAME),
+        }
+    }
+
+    /// `kubernetes.io/mounterArgs.FsGroup` (mount only, when the pod sets one).
+    pub fn fs_group(&self) -> Option<u32> {
+        self.fs_group
+    }
+
+    /// Any option, e.g. one of the volume's own (`flexVolume.options`).
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.options.get(key)
+    }
+
+    /// The decoded secret `key` (from `kubernetes.io/secret/<key>`; mount and unmount only).
+    pub fn secret(&self, key: &str) -> Option<Secret> {
+        // Every secret was decoded once in `parse`, so this cannot fail here.
+        self.options.secret(key).and_then(Result::ok).map(Secret)
+    }
+
+    /// The host library's view of these options (redaction helpers, the exact JSON).
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+}
+
+impl fmt::Debug for VolumeOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.options.to_redacted_json())
+    }
+}
+
+/// Why the options argument is unusable. Never quotes a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsArgError {
+    #[error(transparent)]
+    Json(#[from] OptionsError),
+    #[error("kubernetes.io/readwrite is {0:?}; expected \"ro\" or \"rw\"")]
+    ReadWrite(String),
+    #[error("kubernetes.io/mounterArgs.FsGroup is {0:?}; expected a group id")]
+    FsGroup(String),
+}
+
+/// One call-out as kubelet invokes it, argv parsed (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Init,
+    GetVolumeName {
+        options: VolumeOptions,
+    },
+    Attach {
+        options: VolumeOptions,
+        node: String,
+    },
+    WaitForAttach {
+        device: String,
+        options: VolumeOptions,
+    },
+    IsAttached {
+        options: VolumeOptions,
+        node: String,
+    },
+    MountDevice {
+        dir: PathBuf,
+        device: String,
+        options: VolumeOptions,
+    },
+    Detach {
+        volume_name: String,
+        node: String,
+    },
+    UnmountDevice {
+        dir: PathBuf,
+    },
+    Mount {
+        target: PathBuf,
+        options: VolumeOptions,
+    },
+    Unmount {
+        target: PathBuf,
+    },
+    ExpandVolume {
+        options: VolumeOptions,
+        dir: PathBuf,
+        new_bytes: u64,
+        old_bytes: u64,
+    },
+    ExpandFs {
+        options: VolumeOptions,
+        device: String,
+        dir: PathBuf,
+        new_bytes: u64,
+        old_bytes: u64,
+    },
+}
+
+/// Why argv is not a call-out. An unknown call-out answers `Not supported` (so hosts newer
+/// than the driver degrade safely); every other problem answers `Failure`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgvError {
+    #[error("no call-out given; usage: <driver> <call-out> [arguments]")]
+    Missing,
+    #[error("unknown call-out {0:?}")]
+    Unknown(String),
+    #[error("{} takes {} argument(s) ({}), {given} given", kind, kind.arity(), kind.usage())]
+    Arity { kind: CallOutKind, given: usize },
+    #[error("{kind}: argument <{name}> is not UTF-8")]
+    NotUtf8 {
+        kind: CallOutKind,
+        name: &'static str,
+    },
+    #[error("{kind}: <{name}> is {value:?}, not a number of bytes")]
+    Bytes {
+        kind: CallOutKind,
+        name: &'static str,
+        value: String,
+    },
+    #[error("{kind}: bad <json>: {source}")]
+    Options {
+        kind: CallOutKind,
+        #[source]
+        source: OptionsArgError,
+    },
+}
+
+impl Request {
+    /// Parses argv after the executable (`args[0]` is the call-out's name). The arity is
+    /// exact: kubelet never passes more or fewer arguments, so anything else is a caller's bug.
+    pub fn parse(args: &[OsString]) -> Result<Self, ArgvError> {
+        let (name, rest) = args.split_first().ok_or(ArgvError::Missing)?;
+        let name = name.to_string_lossy();
+        let kind: CallOutKind = name
+            .parse()
+            .map_err(|_| ArgvError::Unknown(name.clone().into_owned()))?;
+        if rest.len() != kind.arity() {
+            return Err(ArgvError::Arity {
+                kind,
+                given: rest.len(),
+            });
+        }
+        let text = |i: usize, name: &'static str| -> Result<String, ArgvError> {
+            rest[i]
+                .to_str()
+                .map(str::to_owned)
+                .ok_or(ArgvError::NotUtf8 { kind, name })
+        };
+        let options = |i: usize| -> Result<VolumeOptions, ArgvError> {
+            VolumeOptions::parse(&text(i, "json")?)
+                .map_err(|source| ArgvError::Options { kind, source })
+        };
+        let path = |i: usize| PathBuf::from(&rest[i]);
+        let bytes = |i: usize, name: &'static str| -> Result<u64, ArgvError> {
+            let value = text(i, name)?;
+            value
+                .parse()
+                .map_err(|_| ArgvError::Bytes { kind, name, value })
+        };
+        Ok(match kind {
+            CallOutKind::Init => Self::Init,
+            CallOutKind::GetVolumeName => Self::GetVolumeName {
+                options: options(0)?,
+            },
+            CallOutKind::Attach => Self::Attach {
+                options: options(0)?,
+                node: text(1, "node")?,
+            },
+            CallOutKind::WaitForAttach => Self::WaitForAttach {
+                device: text(0, "device")?,
+                options: options(1)?,
+            },
+            CallOutKind::IsAttached => Self::IsAttached {
+                options: options(0)?,
+                node: text(1, "node")?,
+            },
+            CallOutKind::MountDevice => Self::MountDevice {
+                dir: path(0),
+                device: text(1, "device")?,
+                options: options(2)?,
+            },
+            CallOutKind::Detach => Self::Detach {
+                volume_name: text(0, "volume-name")?,
+                node: text(1, "node")?,
+            },
+            CallOutKind::UnmountDevice => Self::UnmountDevice { dir: path(0) },
+            CallOutKind::Mount => Self::Mount {
+                target: path(0),
+                options: options(1)?,
+            },
+            CallOutKind::Unmount => Self::Unmount { target: path(0) },
+            CallOutKind::ExpandVolume => Self::ExpandVolume {
+                options: options(0)?,
+                dir: path(1),
+                new_bytes: bytes(2, "new-bytes")?,
+                old_bytes: bytes(3, "old-bytes")?,
+            },
+            CallOutKind::ExpandFs => Self::ExpandFs {
+                options: options(0)?,
+                device: text(1, "device")?,
+                dir: path(2),
+                new_bytes: bytes(3, "new-bytes")?,
+                old_bytes: bytes(4, "old-bytes")?,
+            },
+        })
+    }
+
+    pub fn kind(&self) -> CallOutKind {
+        match self {
+            Self::Init => CallOutKind::Init,
+            Self::GetVolumeName { .. } => CallOutKind::GetVolumeName,
+            Self::Attach { .. } => CallOutKind::Attach,
+            Self::WaitForAttach { .. } => CallOutKind::WaitForAttach,
+            Self::IsAttached { .. } => CallOutKind::IsAttached,
+            Self::MountDevice { .. } => CallOutKind::MountDevice,
+            Self::Detach { .. } => CallOutKind::Detach,
+            Self::UnmountDevice { .. } => CallOutKind::UnmountDevice,
+            Self::Mount { .. } => CallOutKind::Mount,
+            Self::Unmount { .. } => CallOutKind::Unmount,
+            Self::ExpandVolume { .. } => CallOutKind::ExpandVolume,
+            Self::ExpandFs { .. } => CallOutKind::ExpandFs,
+        }
+    }
+
+    fn options(&self) -> Option<&VolumeOptions> {
+        match self {
+            Self::GetVolumeName { options }
+            | Self::Attach { options, .. }
+            | Self::WaitForAttach { options, .. }
+            | Self::IsAttached { options, .. }
+            | Self::MountDevice { options, .. }
+            | Self::Mount { options, .. }
+            | Self::ExpandVolume { options, .. }
+            | Self::ExpandFs { options, .. } => Some(options),
+            Self::Init
+            | Self::Detach { .. }
+            | Self::UnmountDevice { .. }
+            | Self::Unmount { .. } => None,
+        }
+    }
+}
+
+/// What the driver prints and how it exits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    pub reply: Reply,
+    /// 0 for `Success`, 1 otherwise (kubelet treats a non-zero `Success` as a driver bug).
+    pub exit_code: u8,
+}
+
+impl Response {
+    fn new(reply: Reply) -> Self {
+        let exit_code = if reply.status == Status::Success {
+            0
+        } else {
+            1
+        };
+        Self { reply, exit_code }
+    }
+
+    fn error(error: DriverError) -> Self {
+        let (status, message) = match error {
+            DriverError::Failure(m) => (Status::Failure, m),
+            DriverError::NotSupported(m) => (Status::NotSupported, m),
+        };
+        Self::new(Reply {
+            message,
+            ..reply(status)
+        })
+    }
+
+    /// The exact stdout: one compact JSON object (what kubelet's `json.Unmarshal` reads).
+    pub fn to_json(&self) -> String {
+        // A struct of strings, numbers and booleans always serialises.
+        serde_json::to_string(&self.reply).unwrap_or_default()
+    }
+}
+
+fn reply(status: Status) -> Reply {
+    Reply {
+        status,
+        message: String::new(),
+        device: None,
+        volume_name: None,
+        attached: None,
+        capabilities: None,
+        volume_new_size: None,
+    }
+}
+
+/// Runs one call-out: parses `args` (argv after the executable), dispatches to the driver,
+/// and builds the reply. Messages are redacted of every secret value the call received, so a
+/// handler that quotes its options by mistake does not leak them. A panicking handler answers
+/// `Failure`.
+pub fn handle<D: Driver + ?Sized>(driver: &D, args: &[OsString]) -> Response {
+    let request = match Request::parse(args) {
+        Ok(request) => request,
+        Err(ArgvError::Unknown(name)) => {
+            return Response::error(DriverError::NotSupported(format!(
+                "unknown call-out {name:?}"
+            )))
+        }
+        Err(e) => return Response::error(DriverError::Failure(e.to_string())),
+    };
+    let sensitive = request
+        .options()
+        .map(|o| o.options().sensitive_values())
+        .unwrap_or_default();
+    let kind = request.kind();
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| dispatch(driver, &request)));
+    let mut response = match outcome {
+        Ok(Ok(reply)) => Response::new(reply),
+        Ok(Err(error)) => Response::error(error),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            Response::error(DriverError::Failure(format!(
+                "driver bug: {kind} panicked: {what}"
+            )))
+        }
+    };
+    response.reply.message = options::redact_values(&response.reply.message, &sensitive);
+    response
+}
+
+fn dispatch<D: Driver + ?Sized>(driver: &D, request: &Request) -> DriverResult<Reply> {
+    let ok = || reply(Status::Success);
+    Ok(match request {
+        Request::Init => Reply {
+            capabilities: Some(driver.init()?),
+            ..ok()
+        },
+        Request::GetVolumeName { options } => Reply {
+            volume_name: Some(driver.get_volume_name(options)?),
+            ..ok()
+        },
+        Request::Attach { options, node } => Reply {
+            device: Some(driver.attach(options, node)?),
+            ..ok()
+        },
+        Request::WaitForAttach { device, options } => Reply {
+            device: Some(driver.wait_for_attach(device, options)?),
+            ..ok()
+        },
+        Request::IsAttached { options, node } => Reply {
+            attached: Some(driver.is_attached(options, node)?),
+            ..ok()
+        },
+        Request::MountDevice {
+            dir,
+            device,
+            options,
+        } => {
+            driver.mount_device(dir, device, options)?;
+            ok()
+        }
+        Request::Detach { volume_name, node } => {
+            driver.detach(volume_name, node)?;
+            ok()
+        }
+        Request::UnmountDevice { dir } => {
+            driver.unmount_device(dir)?;
+            ok()
+        }
+        Request::Mount { target, options } => {
+            driver.mount(target, options)?;
+            ok()
+        }
+        Request::Unmount { target } => {
+            driver.unmount(target)?;
+            ok()
+        }
+        Request::ExpandVolume {
+            options,
+            dir,
+            new_bytes,
+            old_bytes,
+        } => Reply {
+            volume_new_size: Some(driver.expand_volume(options, dir, *new_bytes, *old_bytes)?),
+            ..ok()
+        },
+        Request::ExpandFs {
+            options,
+            device,
+            dir,
+            new_bytes,
+            old_bytes,
+        } => {
+            driver.expand_fs(options, device, dir, *new_bytes, *old_bytes)?;
+            ok()
+        }
+    })
+}
+
+/// The whole `main` of a driver: reads this process's argv, handles the call-out, prints the
+/// reply (one line on stdout, nothing on stderr) and returns the exit status.
+pub fn run<D: Driver + ?Sized>(driver: &D) -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    run_with_args(driver, &args)
+}
+
+/// [`run`] with argv given (for multi-call binaries, whose argv[1] is not the call-out).
+pub fn run_with_args<D: Driver + ?Sized>(driver: &D, args: &[OsString]) -> ExitCode {
+    // The default hook prints to stderr, which kubelet reads together with stdout.
+    panic::set_hook(Box::new(|_| {}));
+    let response = handle(driver, args);
+    let mut line = response.to_json();
+    line.push('\n');
+    let mut stdout = std::io::stdout().lock();
+    // Nothing useful can be done if stdout is gone; the exit status still tells.
+    let _ = stdout
+        .write_all(line.as_bytes())
+        .and_then(|()| stdout.flush());
+    ExitCode::from(response.exit_code)
+}
+
+#[cfg(test)]
+mod tests;

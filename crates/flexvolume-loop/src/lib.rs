@@ -1,0 +1,708 @@
+//! # The `loop` FlexVolume driver
+//!
+//! Real block volumes on any Linux machine, with no storage system: each volume is a sparse
+//! image file under an image directory, attached as a loop device. Shipped with flexd
+//! (`flexd install --builtin loop`), so a new user has a real driver to run, and written with
+//! the [`flexvolume_driver`] SDK, so it doubles as that SDK's worked example.
+//!
+//! | call-out | what it does |
+//! |---|---|
+//! | attach | creates the image (sparse, `size`) or reuses it; sets up a loop device or reuses the one already backing it |
+//! | waitforattach, isattached | the loop device backing the image |
+//! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
+//! | unmountdevice | unmounts, and releases the loop device when nothing else mounts it |
+//! | detach | releases the loop device (refused while it is mounted) |
+//! | getvolumename | `<volume>`, or `<volume>@<image dir, %-escaped>` outside the default image dir |
+//! | expandvolume, expandfs | grow the image and the loop device, then the filesystem |
+//! | mount, unmount | Not supported: the host bind-mounts the device mount |
+//!
+//! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`), `size` (default 1Gi; bytes
+//! or 512Mi, 10Gi, 1G …), `imageDir` (default [`DEFAULT_IMAGE_DIR`]).
+//!
+//! Every step is idempotent, and steps on one volume are serialised by an exclusive `flock`
+//! on `<imageDir>/.<volume>.lock`, so concurrent calls (kubelet retries, two pods) are safe.
+//! A device is only ever formatted when it holds no signature at all, and only the loop device
+//! backing the volume's own image is ever formatted or mounted, whatever device argument the
+//! caller passes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+use flexvolume::mount;
+use flexvolume_driver::{
+    Capabilities, Driver, DriverError, DriverResult, ResultExt as _, VolumeOptions,
+};
+
+/// Where images live unless the volume's `imageDir` option says otherwise.
+pub const DEFAULT_IMAGE_DIR: &str = "/var/lib/flexd-loop";
+/// The size of a new image unless the volume's `size` option says otherwise.
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+pub const VOLUME_ID_OPTION: &str = "volumeID";
+pub const SIZE_OPTION: &str = "size";
+pub const IMAGE_DIR_OPTION: &str = "imageDir";
+/// Longest volume name: keeps `.<name>.lock` within any filesystem's 255-byte name limit.
+pub const MAX_NAME_LEN: usize = 200;
+
+/// The driver. Stateless: everything it knows is on disk (images) or in the kernel (loop
+/// devices, mounts).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoopDriver;
+
+/// One volume: `<dir>/<name>.img`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+impl Volume {
+    /// The volume the options describe. Names and directories are checked before any path is
+    /// built from them.
+    pub fn from_options(options: &VolumeOptions) -> DriverResult<Self> {
+        let name = options
+            .get(VOLUME_ID_OPTION)
+            .filter(|n| !n.is_empty())
+            .or(options.pv_or_volume_name())
+            .ok_or_else(|| {
+                DriverError::failure(format!(
+                    "the volume has no name: set the {VOLUME_ID_OPTION} option (or a PV name)"
+                ))
+            })?;
+        let dir = options
+            .get(IMAGE_DIR_OPTION)
+            .filter(|d| !d.is_empty())
+            .unwrap_or(DEFAULT_IMAGE_DIR);
+        Self::new(name, Path::new(dir))
+    }
+
+    pub fn new(name: &str, dir: &Path) -> DriverResult<Self> {
+        check_name(name)?;
+        let normal = dir.is_absolute()
+            && dir
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !normal {
+            return Err(DriverError::failure(format!(
+                "{IMAGE_DIR_OPTION} {dir:?} must be an absolute path without '..'"
+            )));
+        }
+        // Normalised (`//a/./b/` is `/a/b`), so one directory always gives one detach name.
+        Ok(Self {
+            name: name.to_owned(),
+            dir: dir.components().collect(),
+        })
+    }
+
+    /// The name getvolumename gives and detach receives: stable for the same options, and
+    /// enough to find the image again (detach gets no options).
+    pub fn detach_name(&self) -> String {
+        if self.dir == Path::new(DEFAULT_IMAGE_DIR) {
+            self.name.clone()
+        } else {
+            format!("{}@{}", self.name, escape(&self.dir.to_string_lossy()))
+        }
+    }
+
+    /// The inverse of [`Volume::detach_name`]; `~` (kubelet's `/`) never occurs in it.
+    pub fn from_detach_name(detach_name: &str) -> DriverResult<Self> {
+        match detach_name.split_once('@') {
+            None => Self::new(detach_name, Path::new(DEFAULT_IMAGE_DIR)),
+            Some((name, dir)) => {
+                let dir = unescape(dir).ok_or_else(|| {
+                    DriverError::failure(format!(
+                        "{detach_name:?} is not a volume name this driver gave"
+                    ))
+                })?;
+                Self::new(name, Path::new(&dir))
+            }
+        }
+    }
+
+    pub fn image(&self) -> PathBuf {
+        self.dir.join(format!("{}.img", self.name))
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.dir.join(format!(".{}.lock", self.name))
+    }
+
+    /// Takes the volume's exclusive lock (waits for it), creating the image dir if needed. The
+    /// lock is released when the returned file is closed.
+    fn lock(&self) -> DriverResult<File> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .context(format_args!(
+                "cannot create image dir {}",
+                self.dir.display()
+            ))?;
+        let path = self.lock_path();
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .context(format_args!("cannot open lock {}", path.display()))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .context(format_args!("cannot lock {}", path.display()))?;
+        Ok(file)
+    }
+
+    /// Creates the image (sparse, exclusive) or reuses the one there. Returns whether it was
+    /// created.
+    fn create_or_reuse_image(&self, size: u64) -> DriverResult<bool> {
+        let image = self.image();
+        let created = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&image);
+        match created {
+            Ok(file) => {
+                // set_len makes a hole: no block is written until the filesystem writes one.
+                if let Err(e) = file.set_len(size).and_then(|()| file.sync_all()) {
+                    let _ = fs::remove_file(&image);
+                    return Err(DriverError::failure(format!(
+                        "cannot size image {} to {size} bytes: {e}",
+                        image.display()
+                    )));
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let meta = fs::symlink_metadata(&image)
+                    .context(format_args!("cannot stat {}", image.display()))?;
+                if !meta.is_file() {
+                    return Err(DriverError::failure(format!(
+                        "{} exists and is not a regular file; refusing to use it",
+                        image.display()
+                    )));
+                }
+                Ok(false)
+            }
+            Err(e) => Err(DriverError::failure(format!(
+                "cannot create image {}: {e}",
+                image.display()
+            ))),
+        }
+    }
+
+    /// The loop device backing the image, if any.
+    fn device(&self) -> DriverResult<Option<String>> {
+        if !self.image().exists() {
+            return Ok(None);
+        }
+        losetup::device_of(&self.image())
+    }
+
+    fn attached_device(&self) -> DriverResult<String> {
+        self.device()?.ok_or_else(|| {
+            DriverError::failure(format!(
+                "volume {} is not attached (no loop device backs {})",
+                self.name,
+                self.image().display()
+            ))
+        })
+    }
+}
+
+fn check_name(name: &str) -> DriverResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(DriverError::failure(format!(
+            "volume name {name:?} is not usable: 1-{MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ -, \
+             not starting with '.' or '-'"
+        )))
+    }
+}
+
+/// %-escapes everything but `[A-Za-z0-9._-]`, so the result has no `/`, `~` or `@`.
+fn escape(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn unescape(text: &str) -> Option<String> {
+    let mut out = Vec::new();
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            let hex = std::str::from_utf8(&hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Whether any byte of the image is not zero. Only the data extents are read (SEEK_DATA /
+/// SEEK_HOLE), so a fresh sparse image costs nothing whatever its size.
+pub fn image_holds_data(image: &Path) -> io::Result<bool> {
+    use rustix::fs::SeekFrom;
+    use std::io::Read as _;
+    let mut file = File::open(image)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0;
+    loop {
+        let start = match rustix::fs::seek(&file, SeekFrom::Data(pos)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(&file, SeekFrom::Hole(start))?;
+        rustix::fs::seek(&file, SeekFrom::Start(start))?;
+        let mut left = end - start;
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let n = file.read(&mut buf[..want])?;
+            if n == 0 {
+                return Ok(false);
+            }
+            if buf[..n].iter().any(|b| *b != 0) {
+                return Ok(true);
+            }
+            left -= n as u64;
+        }
+        pos = end;
+    }
+}
+
+/// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1Gi`, `1G`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, factor) = units
+        .iter()
+        .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
+        .unwrap_or((text, 1));
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|n| *n > 0)
+}
+
+fn size_of(options: &VolumeOptions) -> DriverResult<u64> {
+    match options.get(SIZE_OPTION).filter(|s| !s.is_empty()) {
+        None => Ok(DEFAULT_SIZE),
+        Some(text) => parse_size(text).ok_or_else(|| {
+            DriverError::failure(format!(
+                "{SIZE_OPTION} {text:?} is not a size (write 1073741824, 512Mi or 1Gi)"
+            ))
+        }),
+    }
+}
+
+/// The mount source at `dir`, if something is mounted exactly there.
+fn mounted_source(dir: &Path) -> DriverResult<Option<String>> {
+    let resolved = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let table = mount::mount_table().context("cannot read the mount table")?;
+    Ok(table
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == resolved)
+        .map(|m| m.source))
+}
+
+/// Where `device` is mounted (bind mounts of it included).
+fn mounts_of(device: &str) -> DriverResult<Vec<PathBuf>> {
+    let table = mount::mount_table().context("cannot read the mount table")?;
+    Ok(table
+        .into_iter()
+        .filter(|m| m.source == device)
+        .map(|m| m.mount_point)
+        .collect())
+}
+
+/// Loop devices, through util-linux's `losetup`. Output is always captured: a driver's stdout
+/// is its reply.
+mod losetup {
+    use super::*;
+
+    fn run(args: &[&std::ffi::OsStr]) -> DriverResult<String> {
+        let out = Command::new("losetup")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("cannot run losetup (util-linux)")?;
+        if !out.status.success() {
+            let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+            return Err(DriverError::failure(format!(
+                "losetup {} failed ({}): {}",
+                shown.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// The loop device backing `image` (compared by inode, as `losetup -j` does).
+    pub fn device_of(image: &Path) -> DriverResult<Option<String>> {
+        let out = run(&[
+            "--list".as_ref(),
+            "--noheadings".as_ref(),
+            "--output".as_ref(),
+            "NAME".as_ref(),
+            "--associated".as_ref(),
+            image.as_os_str(),
+        ])?;
+        Ok(out.lines().next().map(|l| l.trim().to_owned()))
+    }
+
+    /// A new loop device for `image`, or the one already backing it (`--nooverlap`).
+    pub fn attach(image: &Path) -> DriverResult<String> {
+        run(&[
+            "--find".as_ref(),
+            "--show".as_ref(),
+            "--nooverlap".as_ref(),
+            image.as_os_str(),
+        ])
+    }
+
+    pub fn detach(device: &str) -> DriverResult<()> {
+        run(&["--detach".as_ref(), device.as_ref()]).map(drop)
+    }
+
+    /// Makes the loop device see its image's new size.
+    pub fn refresh_capacity(device: &str) -> DriverResult<()> {
+        run(&["--set-capacity".as_ref(), device.as_ref()]).map(drop)
+    }
+
+    /// The image behind a loop device, from sysfs (`/dev/loop3` → `/sys/block/loop3/…`).
+    pub fn backing_file(device: &str) -> Option<PathBuf> {
+        let name = Path::new(device).file_name()?.to_str()?;
+        if !name.starts_with("loop") {
+            return None;
+        }
+        let text = fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+        let text = text.trim_end_matches('\n');
+        (!text.ends_with(" (deleted)")).then(|| PathBuf::from(text))
+    }
+}
+
+impl LoopDriver {
+    /// The volume whose image backs `device`, when it is one of ours: `<dir>/<name>.img` with
+    /// its lock file beside it.
+    fn volume_of_device(device: &str) -> Option<Volume> {
+        let image = losetup::backing_file(device)?;
+        let name = image.file_name()?.to_str()?.strip_suffix(".img")?;
+        let volume = Volume::new(name, image.parent()?).ok()?;
+        volume.lock_path().exists().then_some(volume)
+    }
+}
+
+impl Driver for LoopDriver {
+    fn init(&self) -> DriverResult<Capabilities> {
+        Ok(Capabilities {
+            attach: true,
+            supports_metrics: true,
+            requires_fs_resize: true,
+            ..Capabilities::default()
+        })
+    }
+
+    fn get_volume_name(&self, options: &VolumeOptions) -> DriverResult<String> {
+        Ok(Volume::from_options(options)?.detach_name())
+    }
+
+    /// The node is ignored: loop devices are local, so this driver attaches where it runs.
+    fn attach(&self, options: &VolumeOptions, _node: &str) -> DriverResult<String> {
+        let volume = Volume::from_options(options)?;
+        let size = size_of(options)?;
+        let _lock = volume.lock()?;
+        volume.create_or_reuse_image(size)?;
+        match volume.device()? {
+            Some(device) => Ok(device),
+            None => losetup::attach(&volume.image()),
+        }
+    }
+
+    fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
+        Volume::from_options(options)?.attached_device()
+    }
+
+    fn is_attached(&self, options: &VolumeOptions, _node: &str) -> DriverResult<bool> {
+        Ok(Volume::from_options(options)?.device()?.is_some())
+    }
+
+    fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {
+        let volume = Volume::from_options(options)?;
+        let _lock = volume.lock()?;
+        // Only the device backing this volume's image is ever formatted or mounted.
+        let actual = volume.attached_device()?;
+        if !device.is_empty() && device != actual {
+            return Err(DriverError::failure(format!(
+                "device {device} does not back volume {} (its device is {actual})",
+                volume.name
+            )));
+        }
+        fs::create_dir_all(dir).context(format_args!("cannot create {}", dir.display()))?;
+        match mounted_source(dir)? {
+            Some(source) if source == actual => return Ok(()),
+            Some(other) => {
+                return Err(DriverError::failure(format!(
+                    "{} already has {other} mounted on it",
+                    dir.display()
+                )))
+            }
+            None => {}
+        }
+        // blkid knows filesystems, not data: an image someone filled with bytes it cannot
+        // name (a raw dump, an unknown format) is refused rather than formatted over.
+        let unrecognised = mount::filesystem_of(Path::new(&actual))
+            .context("cannot inspect the device")?
+            .is_none();
+        if unrecognised && image_holds_data(&volume.image()).context("cannot read the image")? {
+            return Err(DriverError::failure(format!(
+                "image {} holds data but no filesystem blkid recognises; refusing to format it \
+                 (wipe it yourself if it is really unused)",
+                volume.image().display()
+            )));
+        }
+        let fs_type = options.fs_type().unwrap_or("ext4");
+        mount::format_and_mount(Path::new(&actual), dir, fs_type, options.read_only())
+            .context(format_args!("cannot mount volume {}", volume.name))?;
+        Ok(())
+    }
+
+    fn unmount_device(&self, dir: &Path) -> DriverResult<()> {
+        let Some(device) = mounted_source(dir)? else {
+            return Ok(());
+        };
+        let volume = Self::volume_of_device(&device);
+        let _lock = volume.as_ref().map(Volume::lock).transpose()?;
+        // A concurrent call may have finished first while we waited, and the loop device may
+        // even back another image by now: look again under the lock.
+        if mounted_source(dir)?.as_deref() != Some(device.as_str()) {
+            return Ok(());
+        }
+        mount::unmount(dir).context("cannot unmount the device")?;
+        // Ours and mounted nowhere else (a target's bind mount, another device dir): release.
+        if volume.is_some() && mounts_of(&device)?.is_empty() {
+            losetup::detach(&device)?;
+        }
+        Ok(())
+    }
+
+    fn detach(&self, volume_name: &str, _node: &str) -> DriverResult<()> {
+        let volume = Volume::from_detach_name(volume_name)?;
+        if !volume.dir.exists() {
+            return Ok(());
+        }
+        let _lock = volume.lock()?;
+        let Some(device) = volume.device()? else {
+            return Ok(());
+        };
+        let mounts = mounts_of(&device)?;
+        if let Some(first) = mounts.first() {
+            return Err(DriverError::failure(format!(
+                "volume {} is still mounted on {} ({} mount(s)); unmount it first",
+                volume.name,
+                first.display(),
+                mounts.len()
+            )));
+        }
+        losetup::detach(&device)
+    }
+
+    fn expand_volume(
+        &self,
+        options: &VolumeOptions,
+        _dir: &Path,
+        new_bytes: u64,
+        _old_bytes: u64,
+    ) -> DriverResult<u64> {
+        let volume = Volume::from_options(options)?;
+        let _lock = volume.lock()?;
+        let image = volume.image();
+        let file = OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&image)
+            .context(format_args!("cannot open image {}", image.display()))?;
+        let len = file
+            .metadata()
+            .context(format_args!("cannot stat {}", image.display()))?
+            .len();
+        // Never shrink: a smaller size would cut the filesystem off.
+        if new_bytes > len {
+            file.set_len(new_bytes)
+                .and_then(|()| file.sync_all())
+                .context(format_args!(
+                    "cannot grow {} to {new_bytes} bytes",
+                    image.display()
+                ))?;
+        }
+        if let Some(device) = volume.device()? {
+            losetup::refresh_capacity(&device)?;
+        }
+        Ok(new_bytes.max(len))
+    }
+
+    fn expand_fs(
+        &self,
+        options: &VolumeOptions,
+        _device: &str,
+        dir: &Path,
+        _new_bytes: u64,
+        _old_bytes: u64,
+    ) -> DriverResult<()> {
+        let volume = Volume::from_options(options)?;
+        let _lock = volume.lock()?;
+        let device = volume.attached_device()?;
+        mount::grow_filesystem(Path::new(&device), dir).context(format_args!(
+            "cannot grow the filesystem of volume {}",
+            volume.name
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(json: &str) -> VolumeOptions {
+        VolumeOptions::parse(json).unwrap()
+    }
+
+    #[test]
+    fn names_and_dirs_are_checked_before_any_path_is_built() {
+        let v =
+            Volume::from_options(&options(r#"{"kubernetes.io/pvOrVolumeName":"pv-1"}"#)).unwrap();
+        assert_eq!(v.image(), Path::new("/var/lib/flexd-loop/pv-1.img"));
+        let v = Volume::from_options(&options(
+            r#"{"kubernetes.io/pvOrVolumeName":"pv-1","volumeID":"data","imageDir":"/srv/img"}"#,
+        ))
+        .unwrap();
+        assert_eq!(v.image(), Path::new("/srv/img/data.img"));
+        for bad in [
+            r#"{"volumeID":"../etc/passwd"}"#,
+            r#"{"volumeID":"a/b"}"#,
+            r#"{"volumeID":".hidden"}"#,
+            r#"{"volumeID":"-rf"}"#,
+            r#"{"volumeID":"a b"}"#,
+            r#"{"volumeID":"a@b"}"#,
+            r#"{}"#,
+            r#"{"volumeID":"v","imageDir":"relative"}"#,
+            r#"{"volumeID":"v","imageDir":"/srv/../etc"}"#,
+        ] {
+            assert!(Volume::from_options(&options(bad)).is_err(), "{bad}");
+        }
+        let v = Volume::from_options(&options(r#"{"volumeID":"v","imageDir":"//srv/./x/"}"#));
+        assert_eq!(v.unwrap().dir, Path::new("/srv/x"));
+        let long = format!(r#"{{"volumeID":"{}"}}"#, "a".repeat(MAX_NAME_LEN + 1));
+        assert!(Volume::from_options(&options(&long)).is_err());
+    }
+
+    #[test]
+    fn the_detach_name_is_stable_and_finds_the_image_again() {
+        for (json, want) in [
+            (r#"{"volumeID":"v1"}"#, "v1"),
+            (
+                r#"{"volumeID":"v1","imageDir":"/tmp/a b~c@d%"}"#,
+                "v1@%2Ftmp%2Fa%20b%7Ec%40d%25",
+            ),
+        ] {
+            let volume = Volume::from_options(&options(json)).unwrap();
+            let name = volume.detach_name();
+            assert_eq!(name, want);
+            assert!(!name.contains(['/', '~']));
+            assert_eq!(Volume::from_detach_name(&name).unwrap(), volume);
+        }
+        for bad in ["v@%2", "v@%zz", "v@relative", "../x", "v@%2Fa%2F..%2Fb"] {
+            assert!(Volume::from_detach_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1Gi"), Some(1 << 30));
+        assert_eq!(parse_size("512Mi"), Some(512 << 20));
+        assert_eq!(parse_size("1G"), Some(1_000_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        for bad in ["", "0", "-1", "1 Gi", "lots", "99999999999Ti"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        assert_eq!(size_of(&options("{}")).unwrap(), DEFAULT_SIZE);
+        assert!(size_of(&options(r#"{"size":"big"}"#)).is_err());
+    }
+
+    #[test]
+    fn a_new_image_is_sparse_and_an_existing_one_is_reused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = Volume::new("v", dir.path()).unwrap();
+        let _lock = volume.lock().unwrap();
+        assert!(volume.create_or_reuse_image(1 << 30).unwrap());
+        let meta = fs::metadata(volume.image()).unwrap();
+        assert_eq!(meta.len(), 1 << 30);
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            meta.blocks() * 512 < 1 << 20,
+            "sparse: {} blocks",
+            meta.blocks()
+        );
+        fs::write(volume.image(), b"data").unwrap();
+        assert!(!volume.create_or_reuse_image(1 << 30).unwrap());
+        assert_eq!(fs::read(volume.image()).unwrap(), b"data");
+        // A symlink where the image should be is refused, not followed.
+        let other = Volume::new("w", dir.path()).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", other.image()).unwrap();
+        assert!(other.create_or_reuse_image(1 << 20).is_err());
+    }
+
+    #[test]
+    fn data_is_found_anywhere_in_a_sparse_image_and_zeros_are_not_data() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("i.img");
+        let mut f = File::create(&image).unwrap();
+        f.set_len(64 << 20).unwrap();
+        assert!(!image_holds_data(&image).unwrap(), "fresh sparse image");
+        f.seek(SeekFrom::Start(10 << 20)).unwrap();
+        f.write_all(&[0u8; 8192]).unwrap();
+        f.sync_all().unwrap();
+        assert!(!image_holds_data(&image).unwrap(), "written zeros");
+        f.seek(SeekFrom::Start(40 << 20)).unwrap();
+        f.write_all(b"x").unwrap();
+        f.sync_all().unwrap();
+        assert!(image_holds_data(&image).unwrap(), "one byte deep inside");
+        assert!(image_holds_data(&dir.path().join("absent")).is_err());
+    }
+
+    #[test]
+    fn init_reports_attach_and_metrics() {
+        let caps = LoopDriver.init().unwrap();
+        assert!(caps.attach && caps.supports_metrics && caps.requires_fs_resize);
+    }
+}
