@@ -745,6 +745,12 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
         "flexd logs at debug level"
     );
     assert!(!log.contains("hunter2") && !log.contains("aHVudGVyMg=="));
+    let metrics = server.http_get("/metrics");
+    assert!(
+        metrics.contains("flexd_callout_duration_seconds_count"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("hunter2") && !metrics.contains("aHVudGVyMg=="));
 
     let unpublish = csi::NodeUnpublishVolumeRequest {
         volume_id: "pv-1".into(),
