@@ -340,25 +340,97 @@ fn wait_group_empty(pgid: i32) -> Vec<i32> {
     }
 }
 
+/// Children of this test process (zombies included: an unreaped driver is a leak too) whose
+/// command name starts with `prefix`. Other tests of this binary run drivers concurrently, so
+/// only processes with our own names count.
+fn our_children(prefix: &str) -> Vec<(i32, String)> {
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // fields[1] = ppid
+        if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me) && comm.starts_with(prefix)
+        {
+            found.push((pid, format!("{comm} ({})", fields[0])));
+        }
+    }
+    found
+}
+
+/// The exact outcome a misbehaving driver must end with.
+enum Want {
+    /// Timed out, its process group killed.
+    Timeout,
+    /// No usable reply, with this exit status in the message.
+    NoReply(&'static str),
+    /// Claimed Success but died: a driver bug, reported as such.
+    SuccessWithBadExit(&'static str),
+}
+
 #[test]
 fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
     let work = tempfile::tempdir().unwrap();
+    // Each script writes its pid (= its process group) to $2 first. Names start with "mis-"
+    // so that `our_children` can tell them from other tests' drivers.
     let cases = [
         (
-            "children",
-            "for i in $(seq 50); do sleep 100 & done\necho $$ > \"$2\"\nwait\n",
-            "timed out",
+            "mis-children",
+            "for i in $(seq 50); do sleep 100 & done\nwait\n",
+            Want::Timeout,
         ),
-        ("flood", "echo $$ > \"$2\"\nyes flood\n", "timed out"),
+        ("mis-flood", "yes flood\n", Want::Timeout),
+        ("mis-flood-stderr", "yes flood >&2\n", Want::Timeout),
         (
-            "ignore-term",
-            "trap '' TERM\necho $$ > \"$2\"\nwhile :; do sleep 1; done\n",
-            "timed out",
+            "mis-ignore-term",
+            "trap '' TERM\nwhile :; do sleep 1; done\n",
+            Want::Timeout,
         ),
         (
-            "busy-loop",
-            "echo $$ > \"$2\"\nwhile :; do :; done\n",
-            "timed out",
+            "mis-child-ignores-term",
+            "sh -c \"trap '' TERM; while :; do sleep 1; done\" &\nwait\n",
+            Want::Timeout,
+        ),
+        ("mis-busy-loop", "while :; do :; done\n", Want::Timeout),
+        ("mis-hang", "sleep 1000\n", Want::Timeout),
+        (
+            "mis-hang-after-reply",
+            "echo '{\"status\":\"Success\"}'\nsleep 1000\n",
+            Want::Timeout,
+        ),
+        (
+            "mis-closed-stdout-hang",
+            "exec 1>&- 2>&-\nsleep 1000\n",
+            Want::Timeout,
+        ),
+        (
+            "mis-segv",
+            "kill -SEGV $$\n",
+            Want::NoReply("killed by signal 11"),
+        ),
+        (
+            "mis-abort-mid-reply",
+            "printf '{\"status\":\"Succ'\nkill -ABRT $$\n",
+            Want::NoReply("killed by signal 6"),
+        ),
+        (
+            "mis-success-then-kill",
+            "echo '{\"status\":\"Success\"}'\nkill -KILL $$\n",
+            Want::SuccessWithBadExit("killed by signal 9"),
+        ),
+        (
+            "mis-closed-stdout-exit",
+            "exec 1>&-\nexit 3\n",
+            Want::NoReply("exit status 3"),
         ),
     ];
     let config = RunnerConfig {
@@ -368,7 +440,7 @@ fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
     .with_timeout_for_all(Duration::from_millis(700));
     for (name, body, want) in cases {
         let exe = work.path().join(name);
-        write_exe(&exe, &format!("#!/bin/sh\n{body}"));
+        write_exe(&exe, &format!("#!/bin/sh\necho $$ > \"$2\"\n{body}"));
         let pidfile = work.path().join(format!("{name}.pid"));
         let call = CallOut::from_raw(
             CallOutKind::Mount,
@@ -376,7 +448,38 @@ fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
         )
         .unwrap();
         let err = runner::call(&config, &exe, &call).unwrap_err();
-        assert!(err.to_string().contains(want), "{name}: {err}");
+        let message = err.to_string();
+        match want {
+            Want::Timeout => assert!(
+                matches!(err, CallError::Timeout { .. }) && message.contains("timed out"),
+                "{name}: {message}"
+            ),
+            Want::NoReply(exit) => assert!(
+                matches!(
+                    err,
+                    CallError::Protocol {
+                        source: ProtocolError::NoReply { .. },
+                        ..
+                    }
+                ) && message.contains(exit),
+                "{name}: {message}"
+            ),
+            Want::SuccessWithBadExit(exit) => assert!(
+                matches!(
+                    err,
+                    CallError::Protocol {
+                        source: ProtocolError::SuccessWithBadExit { .. },
+                        ..
+                    }
+                ) && message.contains(exit),
+                "{name}: {message}"
+            ),
+        }
+        assert!(
+            message.len() <= MAX_ERROR_LEN,
+            "{name}: {} bytes",
+            message.len()
+        );
         let pgid: i32 = std::fs::read_to_string(&pidfile)
             .unwrap()
             .trim()
@@ -384,7 +487,254 @@ fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
             .unwrap();
         let left = wait_group_empty(pgid);
         assert!(left.is_empty(), "{name}: processes left behind: {left:?}");
+        let unreaped = our_children("mis-");
+        assert!(unreaped.is_empty(), "{name}: children left: {unreaped:?}");
     }
+}
+
+/// Why the process-cap tests cannot run here, if they cannot.
+fn process_cap_unavailable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("needs root to create cgroups".into());
+    }
+    runner::process_cap()
+        .err()
+        .map(|why| format!("no process cap on this machine: {why}"))
+}
+
+/// The call-out cgroup `pid` is in, read from /proc: the line of the hierarchy that holds
+/// flexd's call-out cgroups.
+fn call_cgroup_of(pid: i32) -> Option<PathBuf> {
+    let base = runner::process_cap().ok()?;
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroups.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        let (_, call) = path.split_once(&format!("/{}/", runner::CALLOUTS_DIR))?;
+        Some(base.join(call))
+    })
+}
+
+/// Polls until `pid` no longer exists (or is a zombie), up to `limit`.
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        });
+        if !alive {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_pid(path: &Path) -> i32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A driver that forks without end runs as root, where RLIMIT_NPROC does not hold; flexd's
+/// per-call-out cgroup holds it to `max_processes`, and the timeout kills all of it.
+#[test]
+fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
+    if let Some(why) = process_cap_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const CAP: u32 = 64;
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("forkbomb");
+    write_exe(
+        &exe,
+        // Each process forks twice and becomes a sleeper, so the count stays at the cap (a
+        // shell whose fork fails exits, freeing a slot for another fork).
+        "#!/bin/sh\necho $$ > \"$2\"\nb() { b & b & exec sleep 1000; }\nb 2>/dev/null\n",
+    );
+    let pidfile = work.path().join("bomb.pid");
+    let call = CallOut::from_raw(
+        CallOutKind::Mount,
+        vec![pidfile.clone().into(), "{}".into()],
+    )
+    .unwrap();
+    let config = RunnerConfig {
+        kill_grace: Duration::from_millis(300),
+        max_processes: std::num::NonZeroU32::new(CAP),
+        ..RunnerConfig::default()
+    }
+    .with_timeout_for_all(Duration::from_secs(3));
+
+    // Watch the bomb grow, and learn its cgroup, while the runner waits for it.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (done, pidfile) = (done.clone(), pidfile.clone());
+        std::thread::spawn(move || {
+            let (mut most, mut refused, mut cgroup, mut driver) = (0, 0, None::<PathBuf>, None);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                match &cgroup {
+                    Some(dir) => {
+                        // The kernel's own count of tasks (pids.current) and of forks it
+                        // refused at the cap (pids.events "max").
+                        let read = |f: &str| std::fs::read_to_string(dir.join(f));
+                        let current = read("pids.current").ok();
+                        let current = current.and_then(|c| c.trim().parse::<usize>().ok());
+                        most = most.max(current.unwrap_or(0));
+                        let events = read("pids.events").unwrap_or_default();
+                        let max_events = events.lines().find_map(|l| l.strip_prefix("max "));
+                        let count = max_events.and_then(|n| n.trim().parse::<u64>().ok());
+                        refused = refused.max(count.unwrap_or(0));
+                    }
+                    None => {
+                        driver = std::fs::read_to_string(&pidfile)
+                            .ok()
+                            .and_then(|s| s.trim().parse::<i32>().ok());
+                        cgroup = driver.and_then(call_cgroup_of);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (most, refused, cgroup, driver)
+        })
+    };
+    let err = runner::call(&config, &exe, &call).unwrap_err();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (most, refused, cgroup, driver) = sampler.join().unwrap();
+    assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    eprintln!("fork bomb: at most {most} tasks under a cap of {CAP}, {refused} forks refused");
+    assert!(most >= 16, "the bomb never grew: at most {most} tasks");
+    assert!(most <= CAP as usize, "the cap did not hold: {most} tasks");
+    assert!(
+        refused > 0,
+        "the cap never refused a fork: it was not what held the bomb"
+    );
+
+    // A cgroup can be removed only once no process is left in it.
+    let cgroup = cgroup.expect("the driver ran in a call-out cgroup");
+    assert!(!cgroup.exists(), "{} still has processes", cgroup.display());
+    let driver = driver.expect("the driver wrote its pid");
+    assert!(
+        wait_gone(driver, Duration::from_secs(10)),
+        "driver {driver} survived"
+    );
+}
+
+/// The driver script of the escape tests: a helper leaves the process group (`setsid`),
+/// ignores SIGTERM, and the driver hangs.
+const ESCAPING_DRIVER: &str = "#!/bin/sh\n\
+    setsid sh -c 'trap \"\" TERM; echo $$ > \"$0\"; while :; do sleep 1; done' \"$2.escaped\" &\n\
+    sleep 1000\n";
+
+fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallError, i32) {
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("escaper");
+    write_exe(&exe, ESCAPING_DRIVER);
+    let base = work.path().join("helper");
+    let call =
+        CallOut::from_raw(CallOutKind::Mount, vec![base.clone().into(), "{}".into()]).unwrap();
+    let config = RunnerConfig {
+        kill_grace: Duration::from_millis(300),
+        max_processes,
+        ..RunnerConfig::default()
+    }
+    .with_timeout_for_all(Duration::from_millis(1500));
+    let err = runner::call(&config, &exe, &call).unwrap_err();
+    (err, read_pid(&work.path().join("helper.escaped")))
+}
+
+/// A process-group kill cannot reach a helper that called `setsid`; the call-out's cgroup can.
+/// The same driver without the cap shows the helper would otherwise survive.
+#[test]
+fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
+    if let Some(why) = process_cap_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (err, helper) = run_escaping_driver(Some(runner::DEFAULT_MAX_PROCESSES));
+    assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    assert!(
+        wait_gone(helper, Duration::from_secs(10)),
+        "the escaped helper {helper} survived the timeout"
+    );
+
+    let (err, helper) = run_escaping_driver(None);
+    assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+    let survived = !wait_gone(helper, Duration::from_millis(500));
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(helper).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    assert!(
+        survived,
+        "without the cgroup the escaped helper was killed anyway: the test proves nothing"
+    );
+}
+
+/// FUSE drivers leave a daemon running after a successful mount: it must keep running (still
+/// capped), and its cgroup must go once it ends.
+#[test]
+fn a_daemon_left_by_a_successful_call_out_keeps_running_and_its_cgroup_goes_when_it_ends() {
+    if let Some(why) = process_cap_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("daemonizer");
+    write_exe(
+        &exe,
+        "#!/bin/sh\n\
+         setsid sh -c 'echo $$ > \"$0\"; exec sleep 1000' \"$2.daemon\" >/dev/null 2>&1 &\n\
+         echo '{\"status\":\"Success\"}'\n",
+    );
+    let base = work.path().join("fuse");
+    let call =
+        CallOut::from_raw(CallOutKind::Mount, vec![base.clone().into(), "{}".into()]).unwrap();
+    let config = RunnerConfig {
+        max_processes: std::num::NonZeroU32::new(100),
+        ..RunnerConfig::default()
+    };
+    runner::call(&config, &exe, &call).unwrap();
+    let daemon = read_pid(&work.path().join("fuse.daemon"));
+    let cgroup = call_cgroup_of(daemon).expect("the daemon is in its call-out's cgroup");
+    let kill_daemon = || {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(daemon).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    };
+    let still_running = !wait_gone(daemon, Duration::from_millis(300));
+    let cap = std::fs::read_to_string(cgroup.join("pids.max")).unwrap_or_default();
+    if !still_running || cap.trim() != "100" {
+        kill_daemon();
+        panic!("daemon running: {still_running}, pids.max of its cgroup: {cap:?}");
+    }
+
+    kill_daemon();
+    assert!(wait_gone(daemon, Duration::from_secs(10)));
+    // The next call-out sweeps the empty cgroup.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cgroup.exists() && std::time::Instant::now() < deadline {
+        let quick = work.path().join("quick");
+        write_exe(&quick, "#!/bin/sh\necho '{\"status\":\"Success\"}'\n");
+        runner::call(&config, &quick, &call).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!cgroup.exists(), "{} outlived its daemon", cgroup.display());
 }
 
 #[test]

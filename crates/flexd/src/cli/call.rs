@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 use flexvolume::runner::{self, CallError};
-use flexvolume::{layout, CallOut, CallOutKind, DriverName, RunnerConfig};
+use flexvolume::{layout, CallOut, CallOutKind, DriverName};
 use serde::Serialize;
 
 use super::{Global, OutputFormat};
@@ -43,7 +43,7 @@ pub fn run(global: &Global, args: CallArgs) -> anyhow::Result<ExitCode> {
     let call = CallOut::from_raw(kind, args.args)?;
     let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
         .with_context(|| format!("driver {name} is not usable"))?;
-    let mut config = RunnerConfig::default();
+    let mut config = global.runner_config();
     if let Some(timeout) = args.timeout {
         config = config.with_timeout_for_all(timeout);
     }

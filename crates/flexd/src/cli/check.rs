@@ -132,7 +132,7 @@ pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let name = DriverName::parse(&args.driver)?;
     let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
         .with_context(|| format!("driver {name} is not usable"))?;
-    let config = RunnerConfig::default().with_timeout_for_all(args.timeout);
+    let config = global.runner_config().with_timeout_for_all(args.timeout);
     let mut spec = VolumeSpec::new("flexd-check".to_owned(), name.clone());
     spec.options = parse_options(&args.options)?;
     let mut report = Report {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 use flexvolume::prober::{self, Probed};
-use flexvolume::{Capabilities, RunnerConfig};
+use flexvolume::Capabilities;
 use serde::Serialize;
 
 use super::{Global, OutputFormat};
@@ -46,7 +46,7 @@ impl DriverReport {
 }
 
 pub fn run(global: &Global, args: DriversArgs) -> anyhow::Result<ExitCode> {
-    let config = RunnerConfig::default().with_timeout_for_all(args.timeout);
+    let config = global.runner_config().with_timeout_for_all(args.timeout);
     let probed = prober::probe_all(
         &global.plugin_dir,
         global.layout_policy(),

@@ -51,9 +51,21 @@ pub struct Global {
     /// Log filter (tracing EnvFilter syntax, e.g. `info` or `flexvolume=debug`); RUST_LOG wins.
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,
+    /// Processes (threads included) one driver call-out may have at once, held by a cgroup of
+    /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
+    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get())]
+    pub driver_max_processes: u32,
 }
 
 impl Global {
+    /// How drivers are run, with the limits set on the command line.
+    pub fn runner_config(&self) -> flexvolume::RunnerConfig {
+        flexvolume::RunnerConfig {
+            max_processes: std::num::NonZeroU32::new(self.driver_max_processes),
+            ..flexvolume::RunnerConfig::default()
+        }
+    }
+
     pub fn layout_policy(&self) -> LayoutPolicy {
         LayoutPolicy {
             allow_symlinks: self.allow_symlinks,

@@ -294,7 +294,7 @@ fn plugin_for(
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
     let node = node_name(&args);
     let lifecycle = Lifecycle {
-        runner: RunnerConfig::default(),
+        runner: global.runner_config(),
         state: StateDir::new(&args.state_dir),
         node: node.clone(),
     };

@@ -50,7 +50,7 @@ pub fn prober_config(global: &Global, runner: RunnerConfig) -> ProberConfig {
 
 pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
     let termination = super::signals::Termination::catch()?;
-    let (prober, events) = Prober::start(prober_config(global, RunnerConfig::default()))
+    let (prober, events) = Prober::start(prober_config(global, global.runner_config()))
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // On SIGTERM/SIGINT the prober stops, which ends the event stream below.
     let prober = Arc::new(Mutex::new(Some(prober)));

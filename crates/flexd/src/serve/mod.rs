@@ -232,7 +232,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = metrics::Metrics::new();
     let runner = RunnerConfig {
         observer: Some(flexvolume::runner::Observer(metrics.clone())),
-        ..RunnerConfig::default()
+        ..global.runner_config()
     };
     let node_name = args.node_name.clone().unwrap_or_else(|| {
         rustix::system::uname()

@@ -8,12 +8,21 @@
 //! - output is capped per stream; the rest is drained and dropped so the driver never blocks on a
 //!   full pipe.
 //!
+//! - a cap on the processes one call-out may have, and a kill that reaches helpers which left the
+//!   process group (see [`cgroup`]).
+//!
 //! One thread per call: `poll(2)` on both pipes and a pidfd. Kernels without pidfd (< 5.3) get a
 //! short poll interval and `try_wait` instead.
+
+mod cgroup;
+
+use cgroup::CallCgroup;
+pub use cgroup::{process_cap, CALLOUTS_DIR};
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
+use std::num::NonZeroU32;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -33,6 +42,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2 * 60);
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
 /// Kept per stream; a reply is a few hundred bytes, a chatty driver's log a few kilobytes.
 pub const DEFAULT_OUTPUT_CAP: usize = 1024 * 1024;
+/// Processes (threads included: the pids controller counts tasks) one call-out may have at once.
+/// Drivers use a handful; a FUSE helper a few dozen threads. A fork bomb stops here.
+pub const DEFAULT_MAX_PROCESSES: NonZeroU32 = match NonZeroU32::new(1024) {
+    Some(n) => n,
+    None => unreachable!(),
+};
 
 /// How driver processes are run. Cheap to clone; shared by every plugin.
 #[derive(Debug, Clone)]
@@ -47,6 +62,8 @@ pub struct RunnerConfig {
     /// if flexd dies: a driver orphaned by a crashed flexd then still blocks the next operation
     /// on its volume until it finishes. Empty outside an operation.
     pub held_locks: Vec<std::sync::Arc<std::fs::File>>,
+    /// The process cap of one call-out (cgroup `pids.max`); `None` runs drivers uncapped.
+    pub max_processes: Option<NonZeroU32>,
 }
 
 /// How a call-out ended, as metrics count it.
@@ -113,6 +130,7 @@ impl Default for RunnerConfig {
             output_cap: DEFAULT_OUTPUT_CAP,
             observer: None,
             held_locks: Vec::new(),
+            max_processes: Some(DEFAULT_MAX_PROCESSES),
         }
     }
 }
@@ -250,14 +268,34 @@ pub fn run_argv(
         kind,
         source,
     };
-    let mut child = spawn(program, argv, &config.held_locks)?;
-    let result = supervise(config, &mut child, timeout, start);
+    let mut cgroup = config.max_processes.and_then(CallCgroup::create);
+    let mut child = match spawn(program, argv, &config.held_locks, cgroup.as_ref()) {
+        Err(CallError::Spawn { source, .. }) if cgroup.is_some() => {
+            // Joining the cgroup failed in the child (it is ours and empty, so this is odd):
+            // a driver that runs uncapped beats a volume that cannot mount.
+            tracing::warn!(error = %source, "driver could not join its process-cap cgroup; retrying uncapped");
+            if let Some(cgroup) = cgroup.take() {
+                cgroup.remove();
+            }
+            spawn(program, argv, &config.held_locks, None)?
+        }
+        other => other?,
+    };
+    let result = supervise(config, &mut child, cgroup.as_ref(), timeout, start);
     if result.is_err() {
         // Abandoned half-way (an i/o error): no driver is ever left running or as a zombie.
         if let Some(pgid) = Pid::from_raw(child.id() as i32) {
             let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
         }
         let _ = child.wait();
+    }
+    if let Some(cgroup) = cgroup {
+        if result.is_err() {
+            cgroup.kill_and_remove();
+        } else {
+            // Helpers the driver left running on purpose (FUSE daemons) keep running.
+            cgroup.remove();
+        }
     }
     result.map_err(|outcome| match outcome {
         Supervised::Io(source) => io_err(source),
@@ -280,6 +318,7 @@ fn spawn(
     program: &Path,
     argv: &[&std::ffi::OsStr],
     held_locks: &[std::sync::Arc<std::fs::File>],
+    cgroup: Option<&CallCgroup>,
 ) -> Result<Child, CallError> {
     use std::os::fd::AsRawFd;
     let mut pause = TEXT_BUSY_PAUSE;
@@ -306,6 +345,15 @@ fn spawn(
                     }
                     Ok(())
                 });
+            }
+        }
+        if let Some(cgroup) = cgroup {
+            // SAFETY: runs in the forked child before exec; `join_from_child` only calls open
+            // and write, which are async-signal-safe, and allocates nothing. The cgroup outlives
+            // the spawn.
+            unsafe {
+                let procs = cgroup.joiner();
+                command.pre_exec(move || cgroup::join_from_child(&procs));
             }
         }
         let result = command.spawn();
@@ -337,6 +385,7 @@ enum Supervised {
 fn supervise(
     config: &RunnerConfig,
     child: &mut Child,
+    cgroup: Option<&CallCgroup>,
     timeout: Duration,
     start: Instant,
 ) -> Result<RawOutput, Supervised> {
@@ -351,7 +400,14 @@ fn supervise(
     let exited =
         wait_until(child, pidfd.as_ref(), &mut out, &mut err, deadline).map_err(Supervised::Io)?;
     if !exited {
-        kill_group(child, pidfd.as_ref(), &mut out, &mut err, config.kill_grace);
+        kill_group(
+            child,
+            cgroup,
+            pidfd.as_ref(),
+            &mut out,
+            &mut err,
+            config.kill_grace,
+        );
         return Err(Supervised::TimedOut);
     }
     // The driver is gone; take what is already in the pipes, without waiting for writers that
@@ -435,9 +491,11 @@ fn poll_ready(fd: &OwnedFd) -> bool {
     matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
-/// SIGTERM to the group, a grace period, then SIGKILL; always reaps the driver.
+/// SIGTERM to the group (and to helpers in the call-out's cgroup that left the group), a grace
+/// period, then SIGKILL; always reaps the driver. The caller empties the cgroup afterwards.
 fn kill_group(
     child: &mut Child,
+    cgroup: Option<&CallCgroup>,
     pidfd: Option<&OwnedFd>,
     out: &mut Capture,
     err: &mut Capture,
@@ -447,6 +505,9 @@ fn kill_group(
         return;
     };
     let _ = rustix::process::kill_process_group(pgid, Signal::TERM);
+    if let Some(cgroup) = cgroup {
+        cgroup.signal_all(Signal::TERM);
+    }
     let exited = wait_until(child, pidfd, out, err, Instant::now() + grace).unwrap_or(false);
     if !exited {
         let _ = rustix::process::kill_process_group(pgid, Signal::KILL);

@@ -1,0 +1,433 @@
+//! A process cap per call-out, through the cgroup `pids` controller.
+//!
+//! Why a cgroup: drivers run as root, and the kernel ignores `RLIMIT_NPROC` for root, so a
+//! driver that forks without end (a bug in a retry loop, or a fork bomb) could use up the node's
+//! pid space. `pids.max` holds for root too. The cgroup also names every process a call-out
+//! started, including helpers that left the driver's process group with `setsid`, so a timeout
+//! kills them all.
+//!
+//! Each call-out gets its own cgroup, `flexd-callouts/call-<pid>-<n>` below flexd's own cgroup
+//! in the `pids` hierarchy. The child joins it before `exec`, so not even its first fork is
+//! outside. After a normal exit, helpers the driver left running on purpose (FUSE daemons) are
+//! left alone, alive and still capped; their cgroup is removed once they are gone.
+//!
+//! Where no usable `pids` hierarchy exists (controller missing, or cgroup v2 without it
+//! delegated to flexd's cgroup), call-outs run uncapped and a warning says why, once.
+
+use std::ffi::CString;
+use std::io;
+use std::num::NonZeroU32;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+/// The directory, below flexd's own cgroup, that holds one cgroup per running call-out.
+pub const CALLOUTS_DIR: &str = "flexd-callouts";
+
+/// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Where the per-call-out cgroups go.
+#[derive(Debug)]
+struct Hierarchy {
+    base: PathBuf,
+    /// cgroup v2 offers `cgroup.kill`, which kills a whole cgroup without a race against forks.
+    v2: bool,
+}
+
+static HIERARCHY: OnceLock<Result<Hierarchy, String>> = OnceLock::new();
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+/// Cgroups that still had processes (daemonized helpers) when their call-out ended.
+static LEFTOVERS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The directory call-outs are capped in, or why they cannot be. Detected once per process.
+pub fn process_cap() -> Result<&'static Path, &'static str> {
+    match hierarchy() {
+        Ok(h) => Ok(&h.base),
+        Err(why) => Err(why),
+    }
+}
+
+fn hierarchy() -> &'static Result<Hierarchy, String> {
+    HIERARCHY.get_or_init(|| {
+        let found = detect();
+        match &found {
+            Ok(h) => {
+                tracing::debug!(dir = %h.base.display(), v2 = h.v2, "driver process cap ready");
+                sweep_stale(&h.base);
+            }
+            Err(why) => tracing::warn!(
+                reason = %why,
+                "drivers run without a process cap: a driver that forks without end is stopped \
+                 only by its timeout"
+            ),
+        }
+        found
+    })
+}
+
+fn detect() -> Result<Hierarchy, String> {
+    let read =
+        |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+    let candidates = locate(&read("/proc/self/cgroup")?, &read("/proc/self/mountinfo")?);
+    if candidates.is_empty() {
+        return Err("no cgroup hierarchy with the pids controller is mounted".into());
+    }
+    let mut reasons = Vec::new();
+    for candidate in candidates {
+        match prepare(&candidate) {
+            Ok(h) => return Ok(h),
+            Err(why) => reasons.push(why),
+        }
+    }
+    Err(reasons.join("; "))
+}
+
+/// flexd's own cgroup directory in a hierarchy that may carry the pids controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Candidate {
+    own: PathBuf,
+    v2: bool,
+}
+
+/// Finds, from `/proc/self/cgroup` and `/proc/self/mountinfo`, flexd's own cgroup directory in
+/// the unified (v2) hierarchy and in a v1 `pids` hierarchy, v2 first. Pure, for tests.
+fn locate(cgroups: &str, mountinfo: &str) -> Vec<Candidate> {
+    let mut own_v2 = None;
+    let mut own_v1 = None;
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            own_v2 = Some(path.to_owned());
+        } else if controllers.split(',').any(|c| c == "pids") {
+            own_v1 = Some(path.to_owned());
+        }
+    }
+    let mut v2 = None;
+    let mut v1 = None;
+    for line in mountinfo.lines() {
+        let Some((before, after)) = line.split_once(" - ") else {
+            continue;
+        };
+        let before: Vec<&str> = before.split(' ').collect();
+        let after: Vec<&str> = after.split(' ').collect();
+        let (Some(root), Some(mount_point), Some(fstype)) =
+            (before.get(3), before.get(4), after.first())
+        else {
+            continue;
+        };
+        let super_options = after.get(2).copied().unwrap_or("");
+        let own = match *fstype {
+            "cgroup2" if v2.is_none() => own_v2.as_deref().map(|own| (own, true)),
+            "cgroup" if v1.is_none() && super_options.split(',').any(|o| o == "pids") => {
+                own_v1.as_deref().map(|own| (own, false))
+            }
+            _ => None,
+        };
+        let Some((own, is_v2)) = own else { continue };
+        let Some(dir) = own_dir(&unescape(root), &unescape(mount_point), own) else {
+            continue;
+        };
+        let found = Some(Candidate {
+            own: dir,
+            v2: is_v2,
+        });
+        if is_v2 {
+            v2 = found;
+        } else {
+            v1 = found;
+        }
+    }
+    v2.into_iter().chain(v1).collect()
+}
+
+/// The directory of cgroup `own` in a hierarchy whose `root` is mounted at `mount_point`.
+fn own_dir(root: &str, mount_point: &str, own: &str) -> Option<PathBuf> {
+    let relative = if root == "/" {
+        own
+    } else {
+        own.strip_prefix(root)?
+    };
+    let relative = relative.trim_start_matches('/');
+    if relative.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(Path::new(mount_point).join(relative))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let digits = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        if let (b'\\', Some(d)) = (bytes[i], digits) {
+            let value = (d[0] - b'0') as u32 * 64 + (d[1] - b'0') as u32 * 8 + (d[2] - b'0') as u32;
+            if let Ok(value) = u8::try_from(value) {
+                out.push(value);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Makes `<own>/flexd-callouts` a cgroup whose children get `pids.max`.
+fn prepare(candidate: &Candidate) -> Result<Hierarchy, String> {
+    let own = &candidate.own;
+    let base = own.join(CALLOUTS_DIR);
+    let context = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
+    if candidate.v2 {
+        let controllers = std::fs::read_to_string(own.join("cgroup.controllers"))
+            .map_err(|e| context("cannot read", &own.join("cgroup.controllers"), e))?;
+        if !controllers.split_whitespace().any(|c| c == "pids") {
+            return Err(format!(
+                "cgroup v2: the pids controller is not available in {}",
+                own.display()
+            ));
+        }
+        enable_pids(own).map_err(|e| {
+            format!(
+                "cgroup v2: cannot enable pids below {} ({e}); give flexd a cgroup of its own \
+                 with the pids controller delegated",
+                own.display()
+            )
+        })?;
+    }
+    match std::fs::create_dir(&base) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(context("cannot create", &base, e)),
+    }
+    if candidate.v2 {
+        enable_pids(&base).map_err(|e| context("cannot enable pids in", &base, e))?;
+    }
+    Ok(Hierarchy {
+        base,
+        v2: candidate.v2,
+    })
+}
+
+/// Lets the children of a v2 cgroup have `pids.max`.
+fn enable_pids(dir: &Path) -> io::Result<()> {
+    let control = dir.join("cgroup.subtree_control");
+    if std::fs::read_to_string(&control)?
+        .split_whitespace()
+        .any(|c| c == "pids")
+    {
+        return Ok(());
+    }
+    std::fs::write(control, "+pids")
+}
+
+/// Removes empty call-out cgroups an earlier flexd left (it was killed, or helpers outlived it).
+/// Ones that still hold processes are kept and retried later.
+fn sweep_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let mut leftovers = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_name().as_bytes().starts_with(b"call-") && std::fs::remove_dir(&path).is_err()
+        {
+            leftovers.push(path);
+        }
+    }
+}
+
+/// Retries removing the cgroups of helpers that were still running when their call-out ended.
+fn sweep_leftovers() {
+    let mut leftovers = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
+    leftovers.retain(|dir| match std::fs::remove_dir(dir) {
+        Ok(()) => false,
+        Err(e) => e.kind() != io::ErrorKind::NotFound,
+    });
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Called in the
+/// child between fork and exec: only `open` and `write`, both async-signal-safe, no allocation.
+pub(crate) fn join_from_child(procs: &std::ffi::CStr) -> io::Result<()> {
+    let fd = rustix::fs::open(
+        procs,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    rustix::io::write(&fd, b"0")?;
+    Ok(())
+}
+
+/// The cgroup of one call-out.
+#[derive(Debug)]
+pub(crate) struct CallCgroup {
+    dir: PathBuf,
+    /// `cgroup.procs` of `dir`, ready for the child to open between fork and exec (no
+    /// allocation there).
+    procs: CString,
+    v2: bool,
+}
+
+impl CallCgroup {
+    /// A new cgroup capped at `max` processes, or `None` when call-outs cannot be capped here.
+    pub(crate) fn create(max: NonZeroU32) -> Option<Self> {
+        let Ok(hierarchy) = hierarchy() else {
+            return None;
+        };
+        sweep_leftovers();
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let dir = hierarchy
+            .base
+            .join(format!("call-{}-{id}", std::process::id()));
+        let made = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()));
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir(&dir);
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the process-cap cgroup; this call-out runs uncapped");
+            return None;
+        }
+        let procs = CString::new(dir.join("cgroup.procs").into_os_string().as_bytes()).ok()?;
+        Some(Self {
+            dir,
+            procs,
+            v2: hierarchy.v2,
+        })
+    }
+
+    /// What the child needs to join this cgroup: see [`join_from_child`].
+    pub(crate) fn joiner(&self) -> CString {
+        self.procs.clone()
+    }
+
+    /// The processes in this cgroup now.
+    pub(crate) fn members(&self) -> Vec<Pid> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter_map(Pid::from_raw)
+            .collect()
+    }
+
+    /// Sends `signal` to every process in the cgroup.
+    pub(crate) fn signal_all(&self, signal: Signal) {
+        for pid in self.members() {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
+    /// Kills everything in the cgroup, waits (bounded) until it is empty, and removes it.
+    pub(crate) fn kill_and_remove(self) {
+        let deadline = Instant::now() + KILL_DEADLINE;
+        // cgroup.kill (Linux 5.14) kills the whole cgroup at once, forks in flight included;
+        // elsewhere a process may fork between our read and our kill, hence the loop.
+        let killed_at_once = self.v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok();
+        loop {
+            let members = self.members();
+            if members.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            if !killed_at_once {
+                for pid in members {
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.remove();
+    }
+
+    /// Removes the cgroup; if helpers still run in it, it is kept and removed once they end.
+    pub(crate) fn remove(self) {
+        if std::fs::remove_dir(&self.dir).is_err() {
+            LEFTOVERS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_CGROUPS: &str = "9:name=systemd:/\n8:pids:/\n4:memory:/a/b\n0::/\n";
+    const HYBRID_MOUNTS: &str = "\
+35 26 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+40 35 0:35 / /sys/fs/cgroup/pids rw,relatime shared:17 - cgroup cgroup rw,pids
+45 35 0:40 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn hybrid_hosts_offer_v2_then_v1_pids() {
+        assert_eq!(
+            locate(HYBRID_CGROUPS, HYBRID_MOUNTS),
+            vec![
+                Candidate {
+                    own: "/sys/fs/cgroup/unified".into(),
+                    v2: true
+                },
+                Candidate {
+                    own: "/sys/fs/cgroup/pids".into(),
+                    v2: false
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_unified_host_offers_flexds_own_cgroup() {
+        let cgroups = "0::/system.slice/flexd.service\n";
+        let mounts = "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            locate(cgroups, mounts),
+            vec![Candidate {
+                own: "/sys/fs/cgroup/system.slice/flexd.service".into(),
+                v2: true
+            }]
+        );
+    }
+
+    #[test]
+    fn a_v1_mount_of_a_subtree_is_followed_and_escapes_are_refused() {
+        let mounts = "40 35 0:35 /kubepods /host/pids rw - cgroup cgroup rw,pids\n";
+        assert_eq!(
+            locate("3:pids:/kubepods/pod1/c1\n", mounts),
+            vec![Candidate {
+                own: "/host/pids/pod1/c1".into(),
+                v2: false
+            }]
+        );
+        assert!(locate("3:pids:/other/c1\n", mounts).is_empty());
+        assert!(locate("3:pids:/kubepods/../x\n", mounts).is_empty());
+    }
+
+    #[test]
+    fn hierarchies_without_pids_and_garbage_lines_are_ignored() {
+        let mounts = "40 35 0:35 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\nnonsense\n";
+        assert!(locate("4:memory:/\nbad line\n", mounts).is_empty());
+        assert!(locate("", "").is_empty());
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        assert_eq!(unescape(r"/trailing\"), r"/trailing\");
+        assert_eq!(unescape(r"/bad\09x"), r"/bad\09x");
+    }
+}
