@@ -201,7 +201,7 @@ fn prepare(candidate: &Candidate) -> Result<Hierarchy, String> {
                 own.display()
             ));
         }
-        enable_pids(own).map_err(|e| {
+        enable_pids_below_self(own).map_err(|e| {
             format!(
                 "cgroup v2: cannot enable pids below {} ({e}); give flexd a cgroup of its own \
                  with the pids controller delegated",
@@ -221,6 +221,39 @@ fn prepare(candidate: &Candidate) -> Result<Hierarchy, String> {
         base,
         v2: candidate.v2,
     })
+}
+
+/// The leaf flexd moves into when it is alone in a v2 cgroup (see [`enable_pids_below_self`]).
+pub const DAEMON_DIR: &str = "flexd-daemon";
+
+/// Enables pids for the children of flexd's own v2 cgroup. cgroup v2 lets a cgroup that has
+/// processes hand controllers to its children only at the root ("no internal processes"). In a
+/// container flexd is usually alone in its cgroup: then it moves into a leaf of its own, as
+/// container inits do, and tries again. If other processes share the cgroup, it leaves them
+/// alone and reports why.
+fn enable_pids_below_self(own: &Path) -> io::Result<()> {
+    let busy = match enable_pids(own) {
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => e,
+        other => return other,
+    };
+    let procs = std::fs::read_to_string(own.join("cgroup.procs"))?;
+    if !holds_only(&procs, std::process::id()) {
+        return Err(busy);
+    }
+    let leaf = own.join(DAEMON_DIR);
+    match std::fs::create_dir(&leaf) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
+    tracing::info!(cgroup = %leaf.display(), "moved into a leaf cgroup to cap drivers below it");
+    enable_pids(own)
+}
+
+/// Whether `cgroup.procs` text lists exactly the process `pid`.
+fn holds_only(procs: &str, pid: u32) -> bool {
+    let mut listed = procs.split_whitespace().map(str::parse::<u32>);
+    listed.next() == Some(Ok(pid)) && listed.all(|p| p == Ok(pid))
 }
 
 /// Lets the children of a v2 cgroup have `pids.max`.
@@ -422,6 +455,15 @@ mod tests {
         let mounts = "40 35 0:35 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\nnonsense\n";
         assert!(locate("4:memory:/\nbad line\n", mounts).is_empty());
         assert!(locate("", "").is_empty());
+    }
+
+    #[test]
+    fn flexd_moves_itself_only_when_alone_in_its_cgroup() {
+        assert!(holds_only("42\n", 42));
+        assert!(!holds_only("42\n43\n", 42));
+        assert!(!holds_only("43\n", 42));
+        assert!(!holds_only("", 42));
+        assert!(!holds_only("42\nx\n", 42));
     }
 
     #[test]
