@@ -159,6 +159,62 @@ fn s2_install_update_subdir_and_remove() {
     assert_eq!(kinds.last(), Some(&EventKind::Remove), "{kinds:?}");
 }
 
+/// A change made and undone while the driver's `init` runs (a scratch file written and removed)
+/// leaves the directory as the probe saw it when it ended: one event, not an add then an update.
+#[test]
+fn s2b_a_change_undone_while_init_runs_is_one_event() {
+    let h = Harness::start(|_| {});
+    let started = h.plugin.parent().unwrap().join("init-started");
+    let body = format!(
+        "#!/bin/sh\ncase \"$1\" in init) touch '{}'; sleep 1; echo '{{\"status\":\"Success\"}}';; \
+         *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n",
+        started.display()
+    );
+    install(&h.plugin, "acme~slow", &body);
+    let deadline = Instant::now() + PATIENCE;
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "init never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let scratch = h.plugin.join("acme~slow/scratch");
+    std::fs::write(&scratch, "x").unwrap();
+    std::fs::remove_file(&scratch).unwrap();
+    let e = h.next();
+    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/slow"));
+    h.quiet(5);
+}
+
+/// The other side of the rule above: an upgrade that lands while the old version's `init` runs
+/// is reported, even though the probe already saw the new file when it ended.
+#[test]
+fn s2c_an_upgrade_during_init_is_reported() {
+    let h = Harness::start(|_| {});
+    let started = h.plugin.parent().unwrap().join("init-started");
+    let slow_v1 = format!(
+        "#!/bin/sh\ncase \"$1\" in init) touch '{}'; sleep 1; echo '{{\"status\":\"Success\"}}';; \
+         *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n",
+        started.display()
+    );
+    install(&h.plugin, "acme~up", &slow_v1);
+    let deadline = Instant::now() + PATIENCE;
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "init never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    install(&h.plugin, "acme~up", &script(true));
+    let first = h.next();
+    assert_eq!(first.kind, EventKind::Add);
+    if !attach_of(&first) {
+        let second = h.next();
+        assert_eq!(second.kind, EventKind::Update);
+        assert!(
+            attach_of(&second),
+            "the upgrade's capabilities were reported"
+        );
+    }
+    h.quiet(4);
+}
+
 #[test]
 fn s3_empty_dir_is_silent_and_a_removed_plugin_dir_comes_back() {
     let h = Harness::start(|_| {});

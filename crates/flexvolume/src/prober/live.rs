@@ -75,8 +75,8 @@ pub enum ProberError {
 enum Message {
     Stop,
     ReprobeAll,
-    /// A probe's result, with the directory's fingerprint taken before it was read.
-    Probed(String, Option<Probed>, u64),
+    /// A probe's result, with the directory's fingerprints taken before it was read and after.
+    Probed(String, Option<Probed>, u64, u64),
 }
 
 /// A handle on the running prober; dropping it stops the prober and joins its threads.
@@ -147,6 +147,8 @@ impl Prober {
             in_flight: HashSet::new(),
             rerun: HashSet::new(),
             fingerprints,
+            reported: HashMap::new(),
+            explicit: HashSet::new(),
             next_rescan: None,
             events: events_tx,
         };
@@ -204,6 +206,29 @@ fn is_empty_dir(path: &std::path::Path) -> bool {
         })
 }
 
+/// What one event reported about a key: the directory tree as it was once the probe ended, and
+/// the outcome. Two probes with equal `Reported` saw the same driver, so the second has nothing to
+/// say.
+#[derive(Debug, PartialEq, Eq)]
+struct Reported {
+    tree: u64,
+    path: Option<PathBuf>,
+    outcome: Option<Result<crate::Capabilities, String>>,
+}
+
+impl Reported {
+    fn of(tree: u64, found: Option<&Probed>) -> Self {
+        Self {
+            tree,
+            path: found.and_then(|p| p.path.clone()),
+            outcome: found.map(|p| match &p.result {
+                Ok(plugin) => Ok(plugin.capabilities),
+                Err(e) => Err(e.to_string()),
+            }),
+        }
+    }
+}
+
 struct Loop {
     config: ProberConfig,
     watches: WatchSet,
@@ -214,6 +239,11 @@ struct Loop {
     rerun: HashSet<String>,
     /// Fingerprints of degraded keys, compared every interval.
     fingerprints: HashMap<String, u64>,
+    /// What the last event of each key described; a probe that finds exactly that again has
+    /// nothing to report.
+    reported: HashMap<String, Reported>,
+    /// Keys re-probed on request: they report even when nothing changed.
+    explicit: HashSet<String>,
     next_rescan: Option<Instant>,
     events: Sender<ProbeEvent>,
 }
@@ -267,12 +297,26 @@ impl Loop {
                     Message::ReprobeAll => {
                         // Explicit: bypasses the rate limit.
                         for key in self.all_keys() {
+                            self.explicit.insert(key.clone());
                             self.dispatch(&key, &jobs);
                         }
                     }
-                    Message::Probed(key, found, seen) => {
+                    Message::Probed(key, found, seen, after) => {
                         self.in_flight.remove(&key);
-                        self.settle(&key, found.as_ref());
+                        let reported = Reported::of(after, found.as_ref());
+                        let explicit = self.explicit.remove(&key);
+                        if explicit || self.reported.get(&key) != Some(&reported) {
+                            self.settle(&key, found.as_ref());
+                            if found.is_some() {
+                                self.reported.insert(key.clone(), reported);
+                            } else {
+                                self.reported.remove(&key);
+                            }
+                        } else {
+                            // The events that led here were already reflected in what the
+                            // last probe saw (an install that raced it): one change, one event.
+                            tracing::debug!(key, "re-probe found what was reported; no event");
+                        }
                         // Changed while its init ran: probe again, unless the probe already saw
                         // the directory as it is now.
                         if self.rerun.remove(&key)
@@ -368,7 +412,11 @@ impl Loop {
                         layout::entry(&config.plugin_dir, key.as_ref(), config.layout_policy)
                             .map(|entry| probe_entry(entry, &config.runner))
                     };
-                    if messages.send(Message::Probed(key, found, seen)).is_err() {
+                    let after = super::watch::fingerprint(&config.plugin_dir, &key);
+                    if messages
+                        .send(Message::Probed(key, found, seen, after))
+                        .is_err()
+                    {
                         return;
                     }
                     wake_up(&wake);
