@@ -1,22 +1,9 @@
 //! The reply parser on arbitrary driver output: never panics, and whatever it returns is a
 //! reply it would find again in that reply's own JSON.
 #![no_main]
-use flexvolume::protocol::{self, CallOutKind, ExitStatus};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    // Split the input into stdout and stderr at the first NUL, as two streams.
-    let (stdout, stderr) = match data.iter().position(|b| *b == 0) {
-        Some(i) => (&data[..i], &data[i + 1..]),
-        None => (data, &[][..]),
-    };
-    if let Some(reply) = protocol::find_reply(stdout) {
-        let json = serde_json::to_vec(&reply).expect("a reply serialises");
-        let again = protocol::find_reply(&json).expect("a serialised reply parses");
-        assert_eq!(again.status, reply.status);
-        assert_eq!(again.capabilities, reply.capabilities);
-    }
-    for exit in [ExitStatus::Code(0), ExitStatus::Code(1), ExitStatus::Signal(9)] {
-        let _ = protocol::interpret(CallOutKind::Mount, exit, stdout, stderr, protocol::excerpt);
-    }
-});
+#[path = "../checks/reply_parser.rs"]
+mod checks;
+
+fuzz_target!(|data: &[u8]| checks::check(data));

@@ -1,0 +1,28 @@
+//! The reply parser on arbitrary driver output: never panics, and whatever it returns is a
+//! reply it would find again in that reply's own JSON.
+//!
+//! Shared by the fuzz target and by the normal test suite, which runs every committed seed
+//! through it (crates/flexd/tests/fuzz_seeds.rs).
+use flexvolume::protocol::{self, CallOutKind, ExitStatus};
+
+/// Panics when an invariant breaks.
+pub fn check(data: &[u8]) {
+    // Split the input into stdout and stderr at the first NUL, as two streams.
+    let (stdout, stderr) = match data.iter().position(|b| *b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    if let Some(reply) = protocol::find_reply(stdout) {
+        let json = serde_json::to_vec(&reply).expect("a reply serialises");
+        let again = protocol::find_reply(&json).expect("a serialised reply parses");
+        assert_eq!(again.status, reply.status);
+        assert_eq!(again.capabilities, reply.capabilities);
+    }
+    for exit in [
+        ExitStatus::Code(0),
+        ExitStatus::Code(1),
+        ExitStatus::Signal(9),
+    ] {
+        let _ = protocol::interpret(CallOutKind::Mount, exit, stdout, stderr, protocol::excerpt);
+    }
+}
