@@ -390,8 +390,17 @@ mod losetup {
         ])
     }
 
+    /// Detaches `device` and waits (up to 5 s) until the kernel has let it go. While anyone
+    /// still has it open (udev's or another tool's `blkid` probe, for a moment), the kernel only
+    /// marks it to be cleared on last close; the next attach or a caller's check would see a
+    /// device that is still busy. Past the deadline the clear is left to the kernel.
     pub fn detach(device: &str) -> DriverResult<()> {
-        run(&["--detach".as_ref(), device.as_ref()]).map(drop)
+        run(&["--detach".as_ref(), device.as_ref()])?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while backing_file_text(device).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(())
     }
 
     /// Makes the loop device see its image's new size.
@@ -401,13 +410,18 @@ mod losetup {
 
     /// The image behind a loop device, from sysfs (`/dev/loop3` → `/sys/block/loop3/…`).
     pub fn backing_file(device: &str) -> Option<PathBuf> {
+        let text = backing_file_text(device)?;
+        let text = text.trim_end_matches('\n');
+        (!text.ends_with(" (deleted)")).then(|| PathBuf::from(text))
+    }
+
+    /// sysfs' `backing_file` of a loop device, as is; `None` once the device is free.
+    fn backing_file_text(device: &str) -> Option<String> {
         let name = Path::new(device).file_name()?.to_str()?;
         if !name.starts_with("loop") {
             return None;
         }
-        let text = fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
-        let text = text.trim_end_matches('\n');
-        (!text.ends_with(" (deleted)")).then(|| PathBuf::from(text))
+        fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()
     }
 }
 

@@ -159,23 +159,32 @@ fn s2_install_update_subdir_and_remove() {
     assert_eq!(kinds.last(), Some(&EventKind::Remove), "{kinds:?}");
 }
 
-/// A change made and undone while the driver's `init` runs (a scratch file written and removed)
-/// leaves the directory as the probe saw it when it ended: one event, not an add then an update.
-#[test]
-fn s2b_a_change_undone_while_init_runs_is_one_event() {
-    let h = Harness::start(|_| {});
-    let started = h.plugin.parent().unwrap().join("init-started");
+/// Installs a driver whose `init` takes a second, and returns once that `init` is running.
+fn install_slow_and_wait_for_its_init(h: &Harness, dir_name: &str) {
+    let started = h
+        .plugin
+        .parent()
+        .unwrap()
+        .join(format!("{dir_name}.init-started"));
     let body = format!(
         "#!/bin/sh\ncase \"$1\" in init) touch '{}'; sleep 1; echo '{{\"status\":\"Success\"}}';; \
          *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n",
         started.display()
     );
-    install(&h.plugin, "acme~slow", &body);
+    install(&h.plugin, dir_name, &body);
     let deadline = Instant::now() + PATIENCE;
     while !started.exists() {
         assert!(Instant::now() < deadline, "init never ran");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A change made and undone while the driver's `init` runs (a scratch file written and removed)
+/// leaves the directory as the probe saw it when it ended: one event, not an add then an update.
+#[test]
+fn s2b_a_change_undone_while_init_runs_is_one_event() {
+    let h = Harness::start(|_| {});
+    install_slow_and_wait_for_its_init(&h, "acme~slow");
     let scratch = h.plugin.join("acme~slow/scratch");
     std::fs::write(&scratch, "x").unwrap();
     std::fs::remove_file(&scratch).unwrap();
@@ -189,18 +198,7 @@ fn s2b_a_change_undone_while_init_runs_is_one_event() {
 #[test]
 fn s2c_an_upgrade_during_init_is_reported() {
     let h = Harness::start(|_| {});
-    let started = h.plugin.parent().unwrap().join("init-started");
-    let slow_v1 = format!(
-        "#!/bin/sh\ncase \"$1\" in init) touch '{}'; sleep 1; echo '{{\"status\":\"Success\"}}';; \
-         *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n",
-        started.display()
-    );
-    install(&h.plugin, "acme~up", &slow_v1);
-    let deadline = Instant::now() + PATIENCE;
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "init never ran");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    install_slow_and_wait_for_its_init(&h, "acme~up");
     install(&h.plugin, "acme~up", &script(true));
     let first = h.next();
     assert_eq!(first.kind, EventKind::Add);

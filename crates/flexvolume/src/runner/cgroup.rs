@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 
+use crate::mount::unescape;
+
 /// The directory, below flexd's own cgroup, that holds one cgroup per running call-out.
 pub const CALLOUTS_DIR: &str = "flexd-callouts";
 
@@ -162,29 +164,6 @@ fn own_dir(root: &str, mount_point: &str, own: &str) -> Option<PathBuf> {
         return None;
     }
     Some(Path::new(mount_point).join(relative))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let digits = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        if let (b'\\', Some(d)) = (bytes[i], digits) {
-            let value = (d[0] - b'0') as u32 * 64 + (d[1] - b'0') as u32 * 8 + (d[2] - b'0') as u32;
-            if let Ok(value) = u8::try_from(value) {
-                out.push(value);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Makes `<own>/flexd-callouts` a cgroup whose children get `pids.max`.
@@ -464,12 +443,5 @@ mod tests {
         assert!(!holds_only("43\n", 42));
         assert!(!holds_only("", 42));
         assert!(!holds_only("42\nx\n", 42));
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
-        assert_eq!(unescape(r"/trailing\"), r"/trailing\");
-        assert_eq!(unescape(r"/bad\09x"), r"/bad\09x");
     }
 }
