@@ -1290,3 +1290,106 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
     ok(&s.flexd(&["unmount", "--target", t]));
     assert!(!is_mounted(&target));
 }
+
+/// Fills the filesystem holding `dir` with one file, until ENOSPC.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    loop {
+        match f.write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) => break,
+            Err(e) => panic!("filling {}: {e}", dir.display()),
+        }
+    }
+    filler
+}
+
+/// Volume records and temp files in the state dir `dir` (locks and pinned drivers are kept by
+/// design).
+fn state_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = walk(&dir.join("volumes"))
+        .into_iter()
+        .filter_map(|p| Some(p.strip_prefix(dir).ok()?.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names
+}
+
+/// flexd's state on a full disk: a new mount is refused with a clear error before the driver
+/// mounts anything, the records already there survive intact, no temp file is left, and once
+/// space is back everything proceeds.
+#[test]
+fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    rustix::mount::mount(
+        "tmpfs",
+        s.state(),
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=256k",
+    )
+    .unwrap();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let (a, b) = (s.target("a"), s.target("b"));
+    let (ta, tb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", ta]));
+    let records = state_files(&s.state());
+    assert!(!records.is_empty(), "the mount is recorded");
+    let listed = |s: &Sandbox| -> Vec<String> {
+        let out = s.flexd(&["--output", "json", "list"]);
+        ok(&out);
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut targets: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["target"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        targets.sort();
+        targets
+    };
+    assert_eq!(listed(&s), [ta]);
+
+    let filler = fill(&s.state());
+    let out = s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", tb]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a mount without room for its record");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!is_mounted(&b), "nothing is mounted without a record");
+    assert_eq!(s.calls_of("mount").len(), 1, "the driver was not asked");
+    assert_eq!(
+        state_files(&s.state()),
+        records,
+        "no temp file, no lost record"
+    );
+    assert_eq!(listed(&s), [ta]);
+
+    // Unmounting on the full disk either works or fails clearly; either way state and mounts
+    // agree.
+    let out = s.flexd(&["unmount", "--target", ta]);
+    eprintln!("unmount on a full state disk succeeded: {}", out.status.success());
+    if out.status.success() {
+        assert!(!is_mounted(&a));
+        assert_eq!(listed(&s), Vec::<String>::new());
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("No space left on device"), "{err}");
+        assert!(is_mounted(&a));
+        assert_eq!(listed(&s), [ta]);
+    }
+
+    std::fs::remove_file(filler).unwrap();
+    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", tb]));
+    assert!(is_mounted(&b));
+    ok(&s.flexd(&["unmount", "--target", ta]));
+    ok(&s.flexd(&["unmount", "--target", tb]));
+    assert!(!is_mounted(&a) && !is_mounted(&b));
+    assert_eq!(listed(&s), Vec::<String>::new());
+    assert_eq!(state_files(&s.state()), Vec::<String>::new());
+}

@@ -190,10 +190,19 @@ impl StateDir {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        let mut file = File::create(&temp).map_err(io_err(&temp))?;
-        file.write_all(&json).map_err(io_err(&temp))?;
-        file.sync_all().map_err(io_err(&temp))?;
-        fs::rename(&temp, &path).map_err(io_err(&path))?;
+        let written = File::create(&temp)
+            .and_then(|mut file| {
+                file.write_all(&json)?;
+                file.sync_all()
+            })
+            .map_err(io_err(&temp))
+            .and_then(|()| fs::rename(&temp, &path).map_err(io_err(&path)));
+        if let Err(e) = written {
+            // A full disk or a failing device: the old record stays as it was, and no
+            // half-written temp file is left to fill the disk further.
+            let _ = fs::remove_file(&temp);
+            return Err(e);
+        }
         File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&dir))?;
@@ -287,9 +296,14 @@ impl StateDir {
         }
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         if fs::hard_link(executable, &pinned).is_err() {
-            let temp = dir.join(".copy");
-            fs::copy(executable, &temp).map_err(io_err(&temp))?;
-            fs::rename(&temp, &pinned).map_err(io_err(&pinned))?;
+            let temp = dir.join(format!(".copy.{}", std::process::id()));
+            let copied = fs::copy(executable, &temp)
+                .map_err(io_err(&temp))
+                .and_then(|_| fs::rename(&temp, &pinned).map_err(io_err(&pinned)));
+            if let Err(e) = copied {
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
         }
         Ok(pinned)
     }
