@@ -405,3 +405,105 @@ fn then_sleep_stays_up_until_sigterm_and_exits_zero() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+/// Unmounts a tmpfs when dropped, so a failing test leaves no mount behind.
+struct TmpfsMount(PathBuf);
+
+impl TmpfsMount {
+    fn new(at: &Path, size: &std::ffi::CStr) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        rustix::mount::mount(
+            "tmpfs",
+            at,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            size,
+        )
+        .unwrap();
+        Self(at.to_owned())
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// Fills the filesystem holding `dir` until ENOSPC; returns the filler file.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join(".filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write(&chunk).is_ok() {}
+    filler
+}
+
+/// A driver script padded to `kib` KiB, so that copying it needs room.
+fn write_big_driver(path: &Path, version: &str, kib: usize) {
+    write_driver(path, version);
+    let mut script = std::fs::read_to_string(path).unwrap();
+    script.push_str(&format!("# {}\n", "x".repeat(kib * 1024)));
+    std::fs::write(path, script).unwrap();
+}
+
+/// A full plugin-dir disk: installing a new version (a file, or a directory) fails with a clear
+/// error, the old version keeps running, and no staging file or directory is left to fill the
+/// disk further. With room again, the same install succeeds.
+#[test]
+fn installing_onto_a_full_disk_fails_clearly_and_keeps_the_old_version() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs as the plugin dir");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let plugin_dir = root.path().join("exec");
+    let _mount = TmpfsMount::new(&plugin_dir, c"size=512k");
+    let src = root.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let (v1, v2, v2_dir) = (src.join("v1"), src.join("v2"), src.join("v2-dir"));
+    write_driver(&v1, "v1");
+    write_big_driver(&v2, "v2", 64);
+    write_driver_dir(&v2_dir, "v2");
+    write_big_driver(&v2_dir.join("drv"), "v2", 64);
+    let install = |what: &Path| {
+        flexd(
+            &plugin_dir,
+            &["install", "--driver", "acme/drv", what.to_str().unwrap()],
+        )
+    };
+    let out = install(&v1);
+    assert!(out.status.success(), "{out:?}");
+    let installed = plugin_dir.join("acme~drv/drv");
+    let filler = fill(&plugin_dir);
+
+    for new in [&v2, &v2_dir] {
+        let out = install(new);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{} installed on a full disk",
+            new.display()
+        );
+        assert!(err.contains("No space left on device"), "{err}");
+        let reply = runner::call(&RunnerConfig::default(), &installed, &CallOut::init()).unwrap();
+        assert_eq!(reply.message, "v1", "the old version stays in place");
+        assert!(
+            dot_files(&plugin_dir.join("acme~drv")).is_empty(),
+            "staging files left: {:?}",
+            dot_files(&plugin_dir.join("acme~drv"))
+        );
+        let leftovers: Vec<String> = dot_files(&plugin_dir)
+            .into_iter()
+            .filter(|n| n != ".filler")
+            .collect();
+        assert!(leftovers.is_empty(), "staging dirs left: {leftovers:?}");
+    }
+
+    std::fs::remove_file(filler).unwrap();
+    let out = install(&v2);
+    assert!(out.status.success(), "{out:?}");
+    let reply = runner::call(&RunnerConfig::default(), &installed, &CallOut::init()).unwrap();
+    assert_eq!(reply.message, "v2");
+}

@@ -1373,7 +1373,10 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     // Unmounting on the full disk either works or fails clearly; either way state and mounts
     // agree.
     let out = s.flexd(&["unmount", "--target", ta]);
-    eprintln!("unmount on a full state disk succeeded: {}", out.status.success());
+    eprintln!(
+        "unmount on a full state disk succeeded: {}",
+        out.status.success()
+    );
     if out.status.success() {
         assert!(!is_mounted(&a));
         assert_eq!(listed(&s), Vec::<String>::new());

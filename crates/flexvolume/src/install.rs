@@ -124,9 +124,14 @@ fn install_file(
     let exe = name.executable_name();
     let path = dir.join(exe);
     let staged = dir.join(format!(".{exe}"));
-    copy_file_synced(source, &staged, mode)?;
     let replaced = path.exists();
-    fs::rename(&staged, &path).map_err(io_err("rename into place", &path))?;
+    let placed = copy_file_synced(source, &staged, mode)
+        .and_then(|()| fs::rename(&staged, &path).map_err(io_err("rename into place", &path)));
+    if let Err(e) = placed {
+        // A full disk: the old version stays in place, and no partial copy is left behind.
+        let _ = fs::remove_file(&staged);
+        return Err(e);
+    }
     sync_dir(&dir)?;
     Ok(Installed {
         name: name.clone(),
