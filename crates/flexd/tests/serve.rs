@@ -434,6 +434,8 @@ fn metrics_count_call_outs_and_drivers_and_health_answers() {
         r#"flexd_drivers{status="failed"} 1"#,
         r#"flexd_probe_events_total{event="add"} 1"#,
         r#"flexd_probe_events_total{event="failed"} 1"#,
+        // No driver left a helper running.
+        "flexd_lingering_callout_cgroups 0",
     ] {
         assert!(metrics.contains(line), "missing {line} in:\n{metrics}");
     }

@@ -49,6 +49,7 @@ pub struct Metrics {
     calls: HistogramFamily,
     probe_events: Family<EventLabels, Counter>,
     drivers: Family<StatusLabels, Gauge>,
+    lingering: Gauge,
 }
 
 fn call_histogram() -> Histogram {
@@ -73,11 +74,18 @@ impl Metrics {
             probe_events.clone(),
         );
         registry.register("drivers", "Drivers served, by status", drivers.clone());
+        let lingering = Gauge::default();
+        registry.register(
+            "lingering_callout_cgroups",
+            "Call-out cgroups where driver helpers still run after their call-out ended (FUSE daemons, or helpers that survived a kill)",
+            lingering.clone(),
+        );
         Arc::new(Self {
             registry: Mutex::new(registry),
             calls,
             probe_events,
             drivers,
+            lingering,
         })
     }
 
@@ -100,6 +108,8 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
+        self.lingering
+            .set(flexvolume::runner::lingering().len() as i64);
         let mut text = String::new();
         if let Ok(registry) = self.registry.lock() {
             let _ = prometheus_client::encoding::text::encode(&mut text, &registry);

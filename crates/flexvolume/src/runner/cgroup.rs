@@ -1,50 +1,34 @@
-//! A process cap per call-out, through the cgroup `pids` controller.
+//! Finding the cgroup hierarchy that caps call-outs: flexd's own cgroup in the `pids`
+//! hierarchy (cgroup v2, or v1's `pids` on hybrid hosts), with `flexd-callouts/` below it for
+//! the call-outs' cgroups (see [`super::capped`]).
 //!
 //! Why a cgroup: drivers run as root, and the kernel ignores `RLIMIT_NPROC` for root, so a
 //! driver that forks without end (a bug in a retry loop, or a fork bomb) could use up the node's
-//! pid space. `pids.max` holds for root too. The cgroup also names every process a call-out
-//! started, including helpers that left the driver's process group with `setsid`, so a timeout
-//! kills them all.
-//!
-//! Each call-out gets its own cgroup, `flexd-callouts/call-<pid>-<n>` below flexd's own cgroup
-//! in the `pids` hierarchy. The child joins it before `exec`, so not even its first fork is
-//! outside. After a normal exit, helpers the driver left running on purpose (FUSE daemons) are
-//! left alone, alive and still capped; their cgroup is removed once they are gone.
+//! pid space. `pids.max` holds for root too.
 //!
 //! Where no usable `pids` hierarchy exists (controller missing, or cgroup v2 without it
 //! delegated to flexd's cgroup), call-outs run uncapped and a warning says why, once.
 
-use std::ffi::CString;
 use std::io;
-use std::num::NonZeroU32;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
-use rustix::process::{Pid, Signal};
+use rustix::process::Pid;
 
 use crate::mount::unescape;
 
-/// The directory, below flexd's own cgroup, that holds one cgroup per running call-out.
+/// The directory, below flexd's own cgroup, that holds the call-outs' cgroups.
 pub const CALLOUTS_DIR: &str = "flexd-callouts";
-
-/// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
-const KILL_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Where the per-call-out cgroups go.
 #[derive(Debug)]
-struct Hierarchy {
-    base: PathBuf,
-    /// cgroup v2 offers `cgroup.kill`, which kills a whole cgroup without a race against forks.
-    v2: bool,
+pub(crate) struct Hierarchy {
+    pub(crate) base: PathBuf,
+    /// cgroup v2: `cgroup.kill`, and no per-thread membership.
+    pub(crate) v2: bool,
 }
 
 static HIERARCHY: OnceLock<Result<Hierarchy, String>> = OnceLock::new();
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-/// Cgroups that still had processes (daemonized helpers) when their call-out ended.
-static LEFTOVERS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// The directory call-outs are capped in, or why they cannot be. Detected once per process.
 pub fn process_cap() -> Result<&'static Path, &'static str> {
@@ -54,7 +38,7 @@ pub fn process_cap() -> Result<&'static Path, &'static str> {
     }
 }
 
-fn hierarchy() -> &'static Result<Hierarchy, String> {
+pub(crate) fn hierarchy() -> &'static Result<Hierarchy, String> {
     HIERARCHY.get_or_init(|| {
         let found = detect();
         match &found {
@@ -247,131 +231,35 @@ fn enable_pids(dir: &Path) -> io::Result<()> {
     std::fs::write(control, "+pids")
 }
 
-/// Removes empty call-out cgroups an earlier flexd left (it was killed, or helpers outlived it).
-/// Ones that still hold processes are kept and retried later.
+/// Removes empty call-out cgroups that flexd processes no longer running left behind (killed,
+/// or helpers outlived them); ones still holding helpers are watched as leftovers. Other live
+/// flexd processes (a `flexd volume` beside `flexd serve`) keep theirs.
 fn sweep_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
-    let mut leftovers = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
     for entry in entries.flatten() {
-        let path = entry.path();
-        if entry.file_name().as_bytes().starts_with(b"call-") && std::fs::remove_dir(&path).is_err()
-        {
-            leftovers.push(path);
-        }
-    }
-}
-
-/// Retries removing the cgroups of helpers that were still running when their call-out ended.
-fn sweep_leftovers() {
-    let mut leftovers = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
-    leftovers.retain(|dir| match std::fs::remove_dir(dir) {
-        Ok(()) => false,
-        Err(e) => e.kind() != io::ErrorKind::NotFound,
-    });
-}
-
-/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Called in the
-/// child between fork and exec: only `open` and `write`, both async-signal-safe, no allocation.
-pub(crate) fn join_from_child(procs: &std::ffi::CStr) -> io::Result<()> {
-    let fd = rustix::fs::open(
-        procs,
-        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    rustix::io::write(&fd, b"0")?;
-    Ok(())
-}
-
-/// The cgroup of one call-out.
-#[derive(Debug)]
-pub(crate) struct CallCgroup {
-    dir: PathBuf,
-    /// `cgroup.procs` of `dir`, ready for the child to open between fork and exec (no
-    /// allocation there).
-    procs: CString,
-    v2: bool,
-}
-
-impl CallCgroup {
-    /// A new cgroup capped at `max` processes, or `None` when call-outs cannot be capped here.
-    pub(crate) fn create(max: NonZeroU32) -> Option<Self> {
-        let Ok(hierarchy) = hierarchy() else {
-            return None;
+        let name = entry.file_name();
+        let Some(owner) = owner_of(&name.to_string_lossy()) else {
+            continue;
         };
-        sweep_leftovers();
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let dir = hierarchy
-            .base
-            .join(format!("call-{}-{id}", std::process::id()));
-        let made = std::fs::create_dir(&dir)
-            .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()));
-        if let Err(e) = made {
-            let _ = std::fs::remove_dir(&dir);
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the process-cap cgroup; this call-out runs uncapped");
-            return None;
+        let alive =
+            Pid::from_raw(owner).is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok());
+        if alive {
+            continue;
         }
-        let procs = CString::new(dir.join("cgroup.procs").into_os_string().as_bytes()).ok()?;
-        Some(Self {
-            dir,
-            procs,
-            v2: hierarchy.v2,
-        })
-    }
-
-    /// What the child needs to join this cgroup: see [`join_from_child`].
-    pub(crate) fn joiner(&self) -> CString {
-        self.procs.clone()
-    }
-
-    /// The processes in this cgroup now.
-    pub(crate) fn members(&self) -> Vec<Pid> {
-        std::fs::read_to_string(self.dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse::<i32>().ok())
-            .filter_map(Pid::from_raw)
-            .collect()
-    }
-
-    /// Sends `signal` to every process in the cgroup.
-    pub(crate) fn signal_all(&self, signal: Signal) {
-        for pid in self.members() {
-            let _ = rustix::process::kill_process(pid, signal);
+        let path = entry.path();
+        if std::fs::remove_dir(&path).is_err() {
+            super::capped::remember_leftover(path);
         }
     }
+}
 
-    /// Kills everything in the cgroup, waits (bounded) until it is empty, and removes it.
-    pub(crate) fn kill_and_remove(self) {
-        let deadline = Instant::now() + KILL_DEADLINE;
-        // cgroup.kill (Linux 5.14) kills the whole cgroup at once, forks in flight included;
-        // elsewhere a process may fork between our read and our kill, hence the loop.
-        let killed_at_once = self.v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok();
-        loop {
-            let members = self.members();
-            if members.is_empty() || Instant::now() >= deadline {
-                break;
-            }
-            if !killed_at_once {
-                for pid in members {
-                    let _ = rustix::process::kill_process(pid, Signal::KILL);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.remove();
-    }
-
-    /// Removes the cgroup; if helpers still run in it, it is kept and removed once they end.
-    pub(crate) fn remove(self) {
-        if std::fs::remove_dir(&self.dir).is_err() {
-            LEFTOVERS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(self.dir);
-        }
-    }
+/// The pid of the process that made the call-out cgroup `name` (`call-<pid>-<n>`).
+fn owner_of(name: &str) -> Option<i32> {
+    let (pid, n) = name.strip_prefix("call-")?.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
 }
 
 #[cfg(test)]
@@ -434,6 +322,15 @@ mod tests {
         let mounts = "40 35 0:35 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\nnonsense\n";
         assert!(locate("4:memory:/\nbad line\n", mounts).is_empty());
         assert!(locate("", "").is_empty());
+    }
+
+    #[test]
+    fn only_call_out_cgroups_name_an_owner() {
+        assert_eq!(owner_of("call-123-7"), Some(123));
+        assert_eq!(owner_of("call-123"), None);
+        assert_eq!(owner_of("call-x-7"), None);
+        assert_eq!(owner_of("call-1-x"), None);
+        assert_eq!(owner_of("flexd-daemon"), None);
     }
 
     #[test]

@@ -9,14 +9,16 @@
 //!   full pipe.
 //!
 //! - a cap on the processes one call-out may have, and a kill that reaches helpers which left the
-//!   process group (see [`cgroup`]).
+//!   process group (see [`capped`] and [`cgroup`]).
 //!
 //! One thread per call: `poll(2)` on both pipes and a pidfd. Kernels without pidfd (< 5.3) get a
 //! short poll interval and `try_wait` instead.
 
+mod capped;
 mod cgroup;
 
-use cgroup::CallCgroup;
+pub use capped::lingering;
+use capped::CallCgroup;
 pub use cgroup::{process_cap, CALLOUTS_DIR};
 
 use std::collections::BTreeMap;
@@ -275,7 +277,7 @@ pub fn run_argv(
             // a driver that runs uncapped beats a volume that cannot mount.
             tracing::warn!(error = %source, "driver could not join its process-cap cgroup; retrying uncapped");
             if let Some(cgroup) = cgroup.take() {
-                cgroup.remove();
+                cgroup.release();
             }
             spawn(program, argv, &config.held_locks, None)?
         }
@@ -291,10 +293,10 @@ pub fn run_argv(
     }
     if let Some(cgroup) = cgroup {
         if result.is_err() {
-            cgroup.kill_and_remove();
+            cgroup.kill_all();
         } else {
             // Helpers the driver left running on purpose (FUSE daemons) keep running.
-            cgroup.remove();
+            cgroup.release();
         }
     }
     result.map_err(|outcome| match outcome {
@@ -347,16 +349,10 @@ fn spawn(
                 });
             }
         }
-        if let Some(cgroup) = cgroup {
-            // SAFETY: runs in the forked child before exec; `join_from_child` only calls open
-            // and write, which are async-signal-safe, and allocates nothing. The cgroup outlives
-            // the spawn.
-            unsafe {
-                let procs = cgroup.joiner();
-                command.pre_exec(move || cgroup::join_from_child(&procs));
-            }
-        }
-        let result = command.spawn();
+        let result = match cgroup {
+            Some(cgroup) => cgroup.spawn(command),
+            None => command.spawn(),
+        };
         match result {
             Err(e)
                 if e.kind() == io::ErrorKind::ExecutableFileBusy && tries < TEXT_BUSY_RETRIES =>

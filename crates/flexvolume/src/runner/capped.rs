@@ -1,0 +1,365 @@
+//! One cgroup per running call-out: `pids.max` caps its processes, and a timeout kills
+//! everything in it, including helpers that left the driver's process group with `setsid`.
+//! After a normal exit, helpers the driver left running on purpose (FUSE daemons) are left
+//! alone, alive and still capped, and reported as [`lingering`] until they end.
+//!
+//! The child must be born inside the cgroup, or its first fork could escape. Moving a task
+//! between cgroups takes a lock whose write side waits for an RCU grace period: about 8 ms on
+//! a quiet host, every time, which would add to every sporadic call-out. So nothing moves per
+//! call-out:
+//! - cgroup v1 (hybrid hosts) lets one thread sit in another cgroup than its process. Each
+//!   call-out cgroup has a *spawner* thread living in it; a child is born in its parent
+//!   thread's cgroup, so the spawner's `posix_spawn` puts the driver straight inside.
+//! - cgroup v2 has no such per-thread membership; there the child joins between fork and exec
+//!   (and pays the move).
+//!
+//! Cgroups (with their spawners) are pooled: making a cgroup and a thread costs one move,
+//! once, when the pool grows.
+
+use std::ffi::CString;
+use std::io;
+use std::num::NonZeroU32;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+use super::cgroup::hierarchy;
+
+/// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+/// Idle cgroups kept at most (one per concurrent call-out is enough); more are removed.
+const MAX_IDLE: usize = 32;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+/// Empty call-out cgroups ready for the next call-outs.
+static IDLE: Mutex<Vec<Pooled>> = Mutex::new(Vec::new());
+/// Cgroups where helpers still ran when their call-out ended.
+static LEFTOVERS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// An idle cgroup: its `pids.max` as last written, and its spawner if it has one (v1).
+struct Pooled {
+    dir: PathBuf,
+    max: Option<NonZeroU32>,
+    spawner: Option<Spawner>,
+}
+
+/// Call-out cgroups where helpers of finished call-outs still run (FUSE daemons, or helpers
+/// that outlived a kill), as of the last look. For operators: each holds driver processes
+/// flexd no longer waits for.
+pub fn lingering() -> Vec<PathBuf> {
+    sweep_leftovers();
+    lock(&LEFTOVERS).clone()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn remember_leftover(dir: PathBuf) {
+    lock(&LEFTOVERS).push(dir);
+}
+
+/// Looks again at the leftovers: once empty, they go back to the pool. At most once a second
+/// when called per call-out (one read per leftover).
+fn sweep_leftovers_now_and_then() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    {
+        let mut last = lock(&LAST);
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    sweep_leftovers();
+}
+
+fn sweep_leftovers() {
+    let mut emptied = Vec::new();
+    lock(&LEFTOVERS).retain(|dir| match tasks_in(dir) {
+        Ok(0) => {
+            emptied.push(dir.clone());
+            false
+        }
+        Ok(_) => true,
+        Err(_) => false, // removed by someone else
+    });
+    for dir in emptied {
+        park(Pooled {
+            dir,
+            max: None,
+            spawner: None,
+        });
+    }
+}
+
+/// Puts an empty cgroup in the pool, or removes it when the pool is full.
+fn park(pooled: Pooled) {
+    let mut idle = lock(&IDLE);
+    if idle.len() < MAX_IDLE {
+        idle.push(pooled);
+        return;
+    }
+    drop(idle);
+    let Pooled { dir, spawner, .. } = pooled;
+    // The spawner's thread must end (leaving the cgroup) before the cgroup can go.
+    if let Some(spawner) = spawner {
+        spawner.stop();
+    }
+    if std::fs::remove_dir(&dir).is_err() {
+        remember_leftover(dir);
+    }
+}
+
+/// The driver processes in the cgroup `dir`. flexd itself is listed too on v1 while a spawner
+/// thread lives there; it is never one of them.
+fn members_of(dir: &Path) -> io::Result<Vec<Pid>> {
+    let me = std::process::id() as i32;
+    Ok(std::fs::read_to_string(dir.join("cgroup.procs"))?
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter_map(Pid::from_raw)
+        .collect())
+}
+
+/// Tasks charged to the cgroup `dir` (`pids.current`): processes, threads, and zombies not yet
+/// reaped. A cgroup is reused only when nothing of an earlier call-out is charged to it, or the
+/// next driver would start with part of its cap used up. (Orphans of a killed driver are
+/// reaped by pid 1; where pid 1 does not reap, they stay charged, and their cgroup stays
+/// aside.)
+fn tasks_in(dir: &Path) -> io::Result<u64> {
+    std::fs::read_to_string(dir.join("pids.current"))?
+        .trim()
+        .parse()
+        .map_err(io::Error::other)
+}
+
+/// A thread living in one call-out cgroup, spawning the drivers of the call-outs that use it.
+struct Spawner {
+    jobs: Sender<(Command, SyncSender<io::Result<Child>>)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Spawner {
+    /// Starts a thread and moves it into `dir` (the one move this costs).
+    fn start(dir: &Path) -> io::Result<Self> {
+        let (jobs, inbox) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::sync_channel(1);
+        let tasks = dir.join("tasks");
+        let thread = std::thread::Builder::new()
+            .name("flexd-spawner".into())
+            .stack_size(64 * 1024)
+            .spawn(move || spawner_main(&tasks, &inbox, &ready_tx))?;
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Self { jobs, thread }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::other("the spawner thread ended at start")),
+        }
+    }
+
+    fn spawn(&self, command: Command) -> io::Result<Child> {
+        let (reply_tx, reply) = mpsc::sync_channel(1);
+        self.jobs
+            .send((command, reply_tx))
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        reply
+            .recv()
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?
+    }
+
+    /// Ends the thread, which leaves the cgroup as it ends.
+    fn stop(self) {
+        drop(self.jobs);
+        let _ = self.thread.join();
+    }
+}
+
+fn spawner_main(
+    tasks: &Path,
+    inbox: &Receiver<(Command, SyncSender<io::Result<Child>>)>,
+    ready: &SyncSender<io::Result<()>>,
+) {
+    let tid = rustix::thread::gettid().as_raw_nonzero().to_string();
+    if let Err(e) = std::fs::write(tasks, tid) {
+        let _ = ready.send(Err(e));
+        return;
+    }
+    let _ = ready.send(Ok(()));
+    for (mut command, reply) in inbox {
+        let _ = reply.send(command.spawn());
+    }
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Called in the
+/// child between fork and exec: only `open` and `write`, both async-signal-safe, no allocation.
+fn join_from_child(procs: &std::ffi::CStr) -> io::Result<()> {
+    let fd = rustix::fs::open(
+        procs,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    rustix::io::write(&fd, b"0")?;
+    Ok(())
+}
+
+/// The cgroup of one running call-out.
+pub(crate) struct CallCgroup {
+    dir: PathBuf,
+    max: NonZeroU32,
+    v2: bool,
+    spawner: Option<Spawner>,
+}
+
+impl std::fmt::Debug for CallCgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallCgroup")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl CallCgroup {
+    /// An empty cgroup capped at `max` driver processes, or `None` when call-outs cannot be
+    /// capped here (warned about).
+    pub(crate) fn create(max: NonZeroU32) -> Option<Self> {
+        let Ok(hierarchy) = hierarchy() else {
+            return None;
+        };
+        sweep_leftovers_now_and_then();
+        let reused = lock(&IDLE).pop();
+        let Pooled {
+            dir,
+            max: had,
+            spawner,
+        } = match reused {
+            // Gone only if someone removed it by hand; then make a new one.
+            Some(pooled) if pooled.dir.is_dir() => pooled,
+            _ => {
+                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                let dir = hierarchy
+                    .base
+                    .join(format!("call-{}-{id}", std::process::id()));
+                if let Err(e) = std::fs::create_dir(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot create the process-cap cgroup; this call-out runs uncapped");
+                    return None;
+                }
+                Pooled {
+                    dir,
+                    max: None,
+                    spawner: None,
+                }
+            }
+        };
+        let give_up = |dir: PathBuf, spawner: Option<Spawner>, e: io::Error, what: &str| {
+            tracing::warn!(dir = %dir.display(), error = %e, "{what}; this call-out runs uncapped");
+            park(Pooled {
+                dir,
+                max: None,
+                spawner,
+            });
+            None
+        };
+        if had != Some(max) {
+            // On v1 the spawner thread counts as one task of the cgroup.
+            let limit = if hierarchy.v2 {
+                max.get()
+            } else {
+                max.get() + 1
+            };
+            if let Err(e) = std::fs::write(dir.join("pids.max"), limit.to_string()) {
+                return give_up(dir, spawner, e, "cannot set pids.max");
+            }
+        }
+        let spawner = match (hierarchy.v2, spawner) {
+            (true, _) => None,
+            (false, Some(spawner)) => Some(spawner),
+            (false, None) => match Spawner::start(&dir) {
+                Ok(spawner) => Some(spawner),
+                Err(e) => return give_up(dir, None, e, "cannot start a spawner in the cgroup"),
+            },
+        };
+        Some(Self {
+            dir,
+            max,
+            v2: hierarchy.v2,
+            spawner,
+        })
+    }
+
+    /// Spawns `command` inside this cgroup, so that not even the driver's first fork is
+    /// outside it.
+    pub(crate) fn spawn(&self, mut command: Command) -> io::Result<Child> {
+        match &self.spawner {
+            Some(spawner) => spawner.spawn(command),
+            None => {
+                let procs = CString::new(self.dir.join("cgroup.procs").into_os_string().as_bytes())
+                    .map_err(io::Error::other)?;
+                // SAFETY: runs in the forked child before exec; `join_from_child` only calls
+                // open and write, which are async-signal-safe, and allocates nothing.
+                unsafe {
+                    command.pre_exec(move || join_from_child(&procs));
+                }
+                command.spawn()
+            }
+        }
+    }
+
+    /// The driver processes in this cgroup now.
+    pub(crate) fn members(&self) -> Vec<Pid> {
+        members_of(&self.dir).unwrap_or_default()
+    }
+
+    /// Sends `signal` to every driver process in the cgroup.
+    pub(crate) fn signal_all(&self, signal: Signal) {
+        for pid in self.members() {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+
+    /// Kills every driver process in the cgroup and waits (bounded) until none is left.
+    pub(crate) fn kill_all(self) {
+        let deadline = Instant::now() + KILL_DEADLINE;
+        // cgroup.kill (v2, Linux 5.14) kills the whole cgroup at once, forks in flight
+        // included; elsewhere a process may fork between our read and our kill, hence the loop.
+        let killed_at_once = self.v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok();
+        loop {
+            let members = self.members();
+            if members.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            if !killed_at_once {
+                for pid in members {
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.release();
+    }
+
+    /// Done with the call-out: an empty cgroup goes back to the pool; one where helpers still
+    /// run (FUSE daemons), or not yet reaped, is kept aside until they are gone, and its spawner
+    /// retires.
+    pub(crate) fn release(self) {
+        let own = u64::from(self.spawner.is_some());
+        if tasks_in(&self.dir).is_ok_and(|n| n == own) {
+            park(Pooled {
+                dir: self.dir,
+                max: Some(self.max),
+                spawner: self.spawner,
+            });
+        } else {
+            if let Some(spawner) = self.spawner {
+                spawner.stop();
+            }
+            remember_leftover(self.dir);
+        }
+    }
+}
