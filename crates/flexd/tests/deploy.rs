@@ -168,7 +168,13 @@ fn the_flexd_daemonset_arguments_are_accepted_by_flexd() {
     let docs = documents("flexd-daemonset.yaml");
     let ds_doc = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
     let ds: DaemonSet = typed(ds_doc);
-    let container = &ds.spec.unwrap().template.spec.unwrap().containers[0];
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.share_process_namespace,
+        Some(true),
+        "flexd must not be pid 1: orphaned driver helpers need a reaper"
+    );
+    let container = &pod.containers[0];
     let args = container.args.clone().unwrap();
     // `--help` after the real arguments: clap validates everything before it, then prints help.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_flexd"))
