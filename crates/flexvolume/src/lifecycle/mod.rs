@@ -252,12 +252,7 @@ impl Lifecycle {
             .ok_or_else(|| LifecycleError::NotManaged {
                 target: target.to_owned(),
             })?;
-        let plugin = resolve
-            .resolve(&record)
-            .ok_or_else(|| LifecycleError::NoDriver {
-                driver: record.driver.clone(),
-                target: target.to_owned(),
-            })?;
+        let plugin = unmounter::plugin_of(resolve, &record)?;
         expander::expand(&lc, &plugin, &record, new_bytes)
     }
 
@@ -312,12 +307,7 @@ impl Lifecycle {
             .ok_or_else(|| LifecycleError::NotManaged {
                 target: target.to_owned(),
             })?;
-        let plugin = resolve
-            .resolve(&record)
-            .ok_or_else(|| LifecycleError::NoDriver {
-                driver: record.driver.clone(),
-                target: target.to_owned(),
-            })?;
+        let plugin = unmounter::plugin_of(resolve, &record)?;
         expander::expand_fs_only(&lc, &plugin, &record, new_bytes)
     }
 

@@ -18,6 +18,19 @@ pub trait DriverResolver {
     fn resolve(&self, record: &VolumeRecord) -> Option<std::sync::Arc<Plugin>>;
 }
 
+/// The plugin that tears down or changes a recorded volume, or why there is none.
+pub(crate) fn plugin_of(
+    resolve: &dyn DriverResolver,
+    record: &VolumeRecord,
+) -> Result<std::sync::Arc<Plugin>, LifecycleError> {
+    resolve
+        .resolve(record)
+        .ok_or_else(|| LifecycleError::NoDriver {
+            driver: record.driver.clone(),
+            target: record.target.clone(),
+        })
+}
+
 /// Tears down what the record of `target` says was done; `expected` refuses a record of
 /// another role (a CSI unpublish must not unstage).
 pub fn teardown(
@@ -44,12 +57,7 @@ pub fn teardown(
             found: record.role,
         });
     }
-    let plugin = resolve
-        .resolve(&record)
-        .ok_or_else(|| LifecycleError::NoDriver {
-            driver: record.driver.clone(),
-            target: target.to_owned(),
-        })?;
+    let plugin = plugin_of(resolve, &record)?;
     let mut outcome = UnmountOutcome {
         target: target.to_owned(),
         managed: true,
