@@ -123,6 +123,11 @@ fn id_of(target: &Path) -> String {
     )
 }
 
+/// How long a pinned driver version nobody references is kept after it was last pinned.
+pub const PIN_GRACE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+/// The lock name that serializes pinning and collecting pins.
+const PINS_LOCK: &str = "pinned drivers";
+
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -232,11 +237,53 @@ impl StateDir {
                 let dir = self.volumes();
                 File::open(&dir)
                     .and_then(|d| d.sync_all())
-                    .map_err(io_err(&dir))
+                    .map_err(io_err(&dir))?;
+                // The volume may have been the last user of a pinned driver version.
+                if let Err(e) = self.collect_pins(PIN_GRACE) {
+                    tracing::warn!(error = %e, "cannot collect unused pinned drivers");
+                }
+                Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io_err(&path)(e)),
         }
+    }
+
+    /// Removes pinned driver copies that no record references and that nobody pinned in the
+    /// last `grace` (a mount pins, then writes its record). Returns how many went. Does nothing
+    /// while any record is unreadable: what it references is unknown.
+    pub fn collect_pins(&self, grace: std::time::Duration) -> Result<usize, StateError> {
+        let pins = self.root.join("pinned");
+        if !pins.is_dir() {
+            return Ok(0);
+        }
+        let _lock = self.lock(Path::new(PINS_LOCK))?;
+        let mut referenced = std::collections::HashSet::new();
+        for record in self.list()? {
+            let Ok(record) = record else { return Ok(0) };
+            if let Some(dir) = record.pinned.as_deref().and_then(Path::parent) {
+                referenced.insert(dir.to_owned());
+            }
+        }
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for driver_dir in fs::read_dir(&pins).map_err(io_err(&pins))?.flatten() {
+            let driver_dir = driver_dir.path();
+            for version in fs::read_dir(&driver_dir).into_iter().flatten().flatten() {
+                let version = version.path();
+                let pinned_lately = fs::symlink_metadata(&version)
+                    .and_then(|m| m.modified())
+                    .map(|t| now.duration_since(t).unwrap_or_default() < grace)
+                    .unwrap_or(true);
+                if referenced.contains(&version) || pinned_lately {
+                    continue;
+                }
+                fs::remove_dir_all(&version).map_err(io_err(&version))?;
+                removed += 1;
+            }
+            let _ = fs::remove_dir(&driver_dir); // only when empty
+        }
+        Ok(removed)
     }
 
     /// Every record; unreadable ones are reported, not hidden.
@@ -284,6 +331,8 @@ impl StateDir {
     /// torn down after the driver is removed. Hard link when possible (no copy), else a copy.
     pub fn pin(&self, dir_name: &str, executable: &Path) -> Result<PathBuf, StateError> {
         let content = fs::read(executable).map_err(io_err(executable))?;
+        // Against collect_pins removing this version between our look and our record.
+        let _lock = self.lock(Path::new(PINS_LOCK))?;
         let name = executable.file_name().unwrap_or_default();
         let dir = self
             .root
@@ -292,6 +341,10 @@ impl StateDir {
             .join(format!("{:016x}", stable_hash(&content)));
         let pinned = dir.join(name);
         if pinned.exists() {
+            // Pinned again: collect_pins keeps it for the grace period from now.
+            File::open(&dir)
+                .and_then(|d| d.set_modified(std::time::SystemTime::now()))
+                .map_err(io_err(&dir))?;
             return Ok(pinned);
         }
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -379,6 +432,53 @@ mod tests {
         json.as_object_mut().unwrap().remove("role");
         let old: VolumeRecord = serde_json::from_value(json).unwrap();
         assert_eq!(old.role, Role::Mount);
+    }
+
+    #[test]
+    fn pinned_versions_go_once_no_record_uses_them_and_the_grace_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path().join("state"));
+        let exe = dir.path().join("drv");
+        let pin = |content: &str| {
+            fs::write(&exe, content).unwrap();
+            state.pin("acme~drv", &exe).unwrap()
+        };
+        let (v1, v2, v3) = (pin("v1"), pin("v2"), pin("v3"));
+        let mut used = record("/t/a");
+        used.pinned = Some(v2.clone());
+        state.save(&used).unwrap();
+
+        let zero = std::time::Duration::ZERO;
+        let hour = std::time::Duration::from_secs(3600);
+        assert_eq!(state.collect_pins(hour).unwrap(), 0, "all pinned lately");
+        // v3 is pinned again just now: it is kept even with no grace left for the others.
+        let old = std::time::SystemTime::now() - hour;
+        for v in [&v1, &v2, &v3] {
+            File::open(v.parent().unwrap())
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        fs::write(&exe, "v3").unwrap();
+        state.pin("acme~drv", &exe).unwrap();
+        assert_eq!(
+            state
+                .collect_pins(std::time::Duration::from_secs(60))
+                .unwrap(),
+            1
+        );
+        assert!(!v1.exists() && v2.exists() && v3.exists());
+
+        // A corrupt record could reference anything: nothing is collected.
+        fs::write(state.record_path(Path::new("/t/bad")), "{").unwrap();
+        assert_eq!(state.collect_pins(zero).unwrap(), 0);
+        fs::remove_file(state.record_path(Path::new("/t/bad"))).unwrap();
+
+        // The last user goes: its version (pinned an hour ago) is collected with the record.
+        state.remove(Path::new("/t/a")).unwrap();
+        assert!(!v2.exists() && v3.exists());
+        assert_eq!(state.collect_pins(zero).unwrap(), 1);
+        assert!(!dir.path().join("state/pinned/acme~drv").exists());
     }
 
     #[test]
