@@ -1396,3 +1396,54 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     assert_eq!(listed(&s), Vec::<String>::new());
     assert_eq!(state_files(&s.state()), Vec::<String>::new());
 }
+
+/// The pinned driver versions under the state dir (`pinned/<driver dir>/<version>`).
+fn pinned_versions(state: &Path) -> Vec<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(state.join("pinned"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .map(|v| v.path())
+        .collect();
+    versions.sort();
+    versions
+}
+
+/// A pinned driver version stays while a volume mounted with it does, and goes with the last
+/// one (once its grace period after the last pin has passed, backdated here).
+#[test]
+fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
+    if !is_root() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let (a, b) = (s.target("a"), s.target("b"));
+    for t in [&a, &b] {
+        ok(&s.flexd(&[
+            "mount",
+            "--driver",
+            "acme/tmpfs",
+            "--target",
+            t.to_str().unwrap(),
+        ]));
+    }
+    let versions = pinned_versions(&s.state());
+    assert_eq!(versions.len(), 1, "one version, pinned once: {versions:?}");
+    let backdate = || {
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for v in pinned_versions(&s.state()) {
+            std::fs::File::open(&v)
+                .unwrap()
+                .set_modified(hour_ago)
+                .unwrap();
+        }
+    };
+    backdate();
+    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    assert_eq!(pinned_versions(&s.state()), versions, "b still uses it");
+    backdate();
+    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    assert_eq!(pinned_versions(&s.state()), Vec::<PathBuf>::new());
+}

@@ -238,7 +238,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         // Detected now rather than at the first call-out, so the log says at start whether
         // drivers are capped (a warning with the reason is logged when they are not).
         if let Ok(dir) = flexvolume::runner::process_cap() {
-            tracing::info!(cgroup = %dir.display(), max = ?runner.max_processes, "driver call-outs are process-capped");
+            tracing::info!(cgroup = %dir.display(), max_processes = runner.max_processes.map_or(0, |m| m.get()), "driver call-outs are process-capped");
         }
     }
     let node_name = args.node_name.clone().unwrap_or_else(|| {
