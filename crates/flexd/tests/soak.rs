@@ -102,6 +102,28 @@ impl Drop for Watcher {
 }
 
 /// (open fds, inotify watches, RSS in KiB) of a process.
+/// The call-out cgroups of process `pid` (its process cap), and how many of them still hold a
+/// process other than `pid` itself (a spawner thread of `pid` lives in each on cgroup v1).
+fn callout_cgroups(pid: u32) -> (usize, usize) {
+    let Ok(base) = flexvolume::runner::process_cap() else {
+        return (0, 0);
+    };
+    let prefix = format!("call-{pid}-");
+    let mut count = 0;
+    let mut busy = 0;
+    for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        count += 1;
+        let procs = std::fs::read_to_string(entry.path().join("cgroup.procs")).unwrap_or_default();
+        if procs.lines().any(|p| p.trim() != pid.to_string()) {
+            busy += 1;
+        }
+    }
+    (count, busy)
+}
+
 fn resources(pid: u32) -> (usize, usize, u64) {
     let fd_dir = PathBuf::from(format!("/proc/{pid}/fd"));
     let mut fds = 0;
@@ -334,6 +356,19 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
     let total: u64 = ops.values().sum();
     let (fds0, watches0, rss0) = baseline.unwrap_or_else(|| resources(watcher.pid()));
     let (fds, watches, rss) = resources(watcher.pid());
+    // A probe may still be running; once it ends, no driver process may be left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut cgroups, mut busy) = callout_cgroups(watcher.pid());
+    while busy > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        (cgroups, busy) = callout_cgroups(watcher.pid());
+    }
+    eprintln!("soak: the watcher keeps {cgroups} call-out cgroups; {busy} hold a driver process");
+    assert_eq!(busy, 0, "seed {seed}: a driver process outlived its init");
+    assert!(
+        cgroups <= 32,
+        "seed {seed}: {cgroups} call-out cgroups (pool bound 32)"
+    );
     eprintln!(
         "soak: {total} operations {ops:?}; watcher fds {fds0}->{fds}, inotify watches {watches0}->{watches}, RSS {rss0}->{rss} KiB; 0 leaked mounts"
     );
