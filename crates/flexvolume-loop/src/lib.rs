@@ -289,27 +289,9 @@ pub fn image_holds_data(image: &Path) -> io::Result<bool> {
     }
 }
 
-/// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1Gi`, `1G`.
+/// A volume size (see [`flexvolume::spec::parse_quantity`]); zero is not a size.
 pub fn parse_size(text: &str) -> Option<u64> {
-    let units: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    let (digits, factor) = units
-        .iter()
-        .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
-        .unwrap_or((text, 1));
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(factor))
-        .filter(|n| *n > 0)
+    flexvolume::spec::parse_quantity(text).filter(|n| *n > 0)
 }
 
 fn size_of(options: &VolumeOptions) -> DriverResult<u64> {

@@ -54,3 +54,26 @@ pub struct PodInfo {
     pub uid: String,
     pub service_account: String,
 }
+
+/// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1Gi`, `1G`.
+/// Shared by `flexd volume expand --size` and the loop driver's `size` option.
+pub fn parse_quantity(text: &str) -> Option<u64> {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, factor) = units
+        .iter()
+        .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
+        .unwrap_or((text, 1));
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+}

@@ -107,26 +107,9 @@ pub struct ExpandArgs {
     pub size: u64,
 }
 
-/// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1G`.
+/// `--size`: a Kubernetes quantity (see [`flexvolume::spec::parse_quantity`]).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let units: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    let (digits, factor) = units
-        .iter()
-        .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
-        .unwrap_or((text, 1));
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(factor))
+    flexvolume::spec::parse_quantity(text)
         .ok_or_else(|| format!("{text:?} is not a size (write 1073741824, 512Mi or 1Gi)"))
 }
 
