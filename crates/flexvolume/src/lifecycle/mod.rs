@@ -237,13 +237,13 @@ impl Lifecycle {
         Ok((name, ran))
     }
 
-    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
-    pub fn expand(
+    /// Runs `f` on the recorded volume at `target` and its plugin, under the target's lock.
+    fn with_managed<T>(
         &self,
         target: &Path,
-        new_bytes: u64,
         resolve: &dyn DriverResolver,
-    ) -> Result<ExpandOutcome, LifecycleError> {
+        f: impl FnOnce(&Lifecycle, &Plugin, &crate::state::VolumeRecord) -> Result<T, LifecycleError>,
+    ) -> Result<T, LifecycleError> {
         let target_lock = self.state.lock(target)?;
         let lc = self.holding(&[&target_lock]);
         let record = self
@@ -253,7 +253,19 @@ impl Lifecycle {
                 target: target.to_owned(),
             })?;
         let plugin = unmounter::plugin_of(resolve, &record)?;
-        expander::expand(&lc, &plugin, &record, new_bytes)
+        f(&lc, &plugin, &record)
+    }
+
+    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
+    pub fn expand(
+        &self,
+        target: &Path,
+        new_bytes: u64,
+        resolve: &dyn DriverResolver,
+    ) -> Result<ExpandOutcome, LifecycleError> {
+        self.with_managed(target, resolve, |lc, plugin, record| {
+            expander::expand(lc, plugin, record, new_bytes)
+        })
     }
 
     /// Tears down exactly what was done for `target`, whichever operation did it
@@ -299,16 +311,9 @@ impl Lifecycle {
         new_bytes: u64,
         resolve: &dyn DriverResolver,
     ) -> Result<ExpandOutcome, LifecycleError> {
-        let target_lock = self.state.lock(target)?;
-        let lc = self.holding(&[&target_lock]);
-        let record = self
-            .state
-            .load(target)?
-            .ok_or_else(|| LifecycleError::NotManaged {
-                target: target.to_owned(),
-            })?;
-        let plugin = unmounter::plugin_of(resolve, &record)?;
-        expander::expand_fs_only(&lc, &plugin, &record, new_bytes)
+        self.with_managed(target, resolve, |lc, plugin, record| {
+            expander::expand_fs_only(lc, plugin, record, new_bytes)
+        })
     }
 
     /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).

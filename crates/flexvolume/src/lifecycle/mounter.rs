@@ -21,17 +21,7 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
     let existing = lc.state.load(target)?;
     if mount::is_mount_point(target)? {
         tracing::debug!(target = %target.display(), "already mounted");
-        // A crash (or a failed ownership pass) between the mount and its last record leaves
-        // the stage behind: finish SetUp, then record it.
-        let mut ownership = None;
-        if let Some(record) = existing.as_ref().filter(|r| r.stage != Stage::Mounted) {
-            ownership = set_up_ownership(req)?;
-            let record = VolumeRecord {
-                stage: Stage::Mounted,
-                ..record.clone()
-            };
-            lc.state.save(&record)?;
-        }
+        let ownership = finish_set_up(lc, req, existing.as_ref())?;
         return Ok(MountOutcome {
             target: target.to_owned(),
             mounted_now: false,
@@ -162,15 +152,7 @@ pub fn publish(
     };
     if mount::is_mount_point(target)? {
         tracing::debug!(target = %target.display(), "already published");
-        let mut ownership = None;
-        if let Some(record) = existing.as_ref().filter(|r| r.stage != Stage::Mounted) {
-            ownership = set_up_ownership(req)?;
-            let record = VolumeRecord {
-                stage: Stage::Mounted,
-                ..record.clone()
-            };
-            lc.state.save(&record)?;
-        }
+        let ownership = finish_set_up(lc, req, existing.as_ref())?;
         return Ok(MountOutcome {
             target: target.to_owned(),
             mounted_now: false,
@@ -286,6 +268,24 @@ fn mount_target(
 /// FlexVolume; a read-only mount is left alone). The driver also gets the fsGroup as
 /// `kubernetes.io/mounterArgs.FsGroup`, for drivers that apply it themselves with
 /// `fsGroup: false`.
+/// For a target that is already mounted: a crash (or a failed ownership pass) between the
+/// mount and its last record leaves the stage behind; finish SetUp, then record it.
+fn finish_set_up(
+    lc: &Lifecycle,
+    req: &MountRequest<'_>,
+    existing: Option<&VolumeRecord>,
+) -> Result<Option<crate::ownership::OwnershipReport>, LifecycleError> {
+    let Some(record) = existing.filter(|r| r.stage != Stage::Mounted) else {
+        return Ok(None);
+    };
+    let ownership = set_up_ownership(req)?;
+    lc.state.save(&VolumeRecord {
+        stage: Stage::Mounted,
+        ..record.clone()
+    })?;
+    Ok(ownership)
+}
+
 fn set_up_ownership(
     req: &MountRequest<'_>,
 ) -> Result<Option<crate::ownership::OwnershipReport>, LifecycleError> {
