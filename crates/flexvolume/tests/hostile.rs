@@ -698,7 +698,7 @@ fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
 /// FUSE drivers leave a daemon running after a successful mount: it must keep running (still
 /// capped), be reported as lingering while it runs, and stop being reported once it ends.
 #[test]
-fn a_daemon_left_by_a_successful_call_out_keeps_running_and_its_cgroup_goes_when_it_ends() {
+fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it_ends() {
     if let Some(why) = process_cap_unavailable() {
         eprintln!("skipped: {why}");
         return;
