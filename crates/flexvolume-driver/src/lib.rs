@@ -2,8 +2,9 @@
 //!
 //! FlexVolume drivers are usually shell scripts, and they break in the same ways: unquoted
 //! `$*`, `echo -ne`, usage text where JSON was expected, log lines mixed into the reply. This
-//! crate does the protocol part for you, with the host library's own types
-//! ([`flexvolume::protocol`], [`flexvolume::options`]) so both sides agree byte for byte:
+//! crate does the protocol part for you, with the very types the host runtime uses
+//! ([`flexvolume_protocol::protocol`], [`flexvolume_protocol::options`]) so both sides agree
+//! byte for byte, and without the host runtime itself (no inotify, rayon or tokio in your build):
 //!
 //! - [`Driver`]: one method per call-out; every one but `init` answers `Not supported` unless
 //!   you implement it, which makes kubelet (and flexd) apply Kubernetes' default behaviour;
@@ -41,9 +42,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub use flexvolume::options::{self, Options, OptionsError};
-pub use flexvolume::protocol::{CallOutKind, Capabilities, Reply, Status};
-pub use flexvolume::PodInfo;
+pub use flexvolume_protocol::options::{self, Options, OptionsError};
+pub use flexvolume_protocol::protocol::{CallOutKind, Capabilities, Reply, Status};
+pub use flexvolume_protocol::PodInfo;
 
 /// An answer other than `Success`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

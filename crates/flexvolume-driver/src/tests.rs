@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::Path;
 
-use flexvolume::{CallOut, DriverName, Options, VolumeSpec};
+use flexvolume_protocol::{CallOut, DriverName, Options, VolumeSpec};
 
 use super::*;
 
@@ -223,7 +223,8 @@ fn every_call_out_parses_the_hosts_argv_and_answers_exact_bytes() {
             call.kind
         );
         // What the host's own parser reads from these bytes is the same reply.
-        let back = flexvolume::protocol::find_reply(response.to_json().as_bytes()).unwrap();
+        let back =
+            flexvolume_protocol::protocol::find_reply(response.to_json().as_bytes()).unwrap();
         assert_eq!(back, response.reply, "{}", call.kind);
     }
 }

@@ -1,0 +1,27 @@
+//! # flexvolume-protocol — the FlexVolume protocol as pure data
+//!
+//! What a FlexVolume host and a FlexVolume driver must agree on byte for byte, and nothing else:
+//! no process, no filesystem, no threads. The host runtime (`flexvolume`) and the driver SDK
+//! (`flexvolume-driver`) both build on it, so a driver author's build pulls in none of the host
+//! machinery (inotify, rayon, tokio).
+//!
+//! - [`name`]: driver names (`vendor/driver`) and their on-disk form (`vendor~driver`),
+//!   validated before any path is built from them;
+//! - [`protocol`]: call-outs and their argv, replies, capabilities, the tolerant reply parser and
+//!   the exit-status rules;
+//! - [`options`]: the options JSON, byte-for-byte as kubelet builds it, and its parser on the
+//!   driver's side; secrets are redacted from every printable form;
+//! - [`spec`]: a volume as the options builder sees it, the pod it is for, and Kubernetes
+//!   quantities.
+//!
+//! The contract these modules implement is `docs/protocol.md` in the repository.
+
+pub mod name;
+pub mod options;
+pub mod protocol;
+pub mod spec;
+
+pub use name::DriverName;
+pub use options::Options;
+pub use protocol::{CallOut, CallOutKind, Capabilities, Reply, Status};
+pub use spec::{PodInfo, VolumeSpec};
