@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal};
 
 use super::cgroup::hierarchy;
+use super::leftovers::{self, remember as remember_leftover};
 
 /// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -40,8 +41,6 @@ const MAX_IDLE: usize = 32;
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Empty call-out cgroups ready for the next call-outs.
 static IDLE: Mutex<Vec<Pooled>> = Mutex::new(Vec::new());
-/// Cgroups where helpers still ran when their call-out ended.
-static LEFTOVERS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// An idle cgroup: its `pids.max` as last written, and its spawner if it has one (v1).
 struct Pooled {
@@ -55,15 +54,11 @@ struct Pooled {
 /// flexd no longer waits for.
 pub fn lingering() -> Vec<PathBuf> {
     sweep_leftovers();
-    lock(&LEFTOVERS).clone()
+    leftovers::lock().clone()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn remember_leftover(dir: PathBuf) {
-    lock(&LEFTOVERS).push(dir);
 }
 
 /// Looks again at the leftovers: once empty, they go back to the pool. At most once a second
@@ -82,7 +77,7 @@ fn sweep_leftovers_now_and_then() {
 
 fn sweep_leftovers() {
     let mut emptied = Vec::new();
-    lock(&LEFTOVERS).retain(|dir| match tasks_in(dir) {
+    leftovers::lock().retain(|dir| match tasks_in(dir) {
         Ok(0) => {
             emptied.push(dir.clone());
             false

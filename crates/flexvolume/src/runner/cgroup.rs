@@ -250,7 +250,7 @@ fn sweep_stale(base: &Path) {
         }
         let path = entry.path();
         if std::fs::remove_dir(&path).is_err() {
-            super::capped::remember_leftover(path);
+            super::leftovers::remember(path);
         }
     }
 }

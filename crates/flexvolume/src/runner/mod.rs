@@ -16,6 +16,7 @@
 
 mod capped;
 mod cgroup;
+mod leftovers;
 
 pub use capped::lingering;
 use capped::CallCgroup;
