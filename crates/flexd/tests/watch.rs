@@ -1,6 +1,6 @@
 //! `flexd watch` through the real binary, with drivers installed, updated and removed by
-//! `flexd install` / `flexd uninstall`: the seed's testing plan (initial install, update,
-//! another driver, removal) as the operator sees it.
+//! `flexd install` / `flexd uninstall`: the discovery design's testing plan (initial install,
+//! update, another driver, removal) as the operator sees it (docs/discovery.md#guarantees).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

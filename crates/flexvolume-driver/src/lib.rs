@@ -8,8 +8,9 @@
 //!
 //! - [`Driver`]: one method per call-out; every one but `init` answers `Not supported` unless
 //!   you implement it, which makes kubelet (and flexd) apply Kubernetes' default behaviour;
-//! - [`Request::parse`]: argv exactly as kubelet passes it (SPEC §2), with the options JSON as
-//!   typed [`VolumeOptions`] (well-known `kubernetes.io/*` keys, secrets base64-decoded);
+//! - [`Request::parse`]: argv exactly as kubelet passes it (docs/protocol.md#call-outs), with
+//!   the options JSON as typed [`VolumeOptions`] (well-known `kubernetes.io/*` keys, secrets
+//!   base64-decoded);
 //! - [`handle`] / [`run`]: the reply serialised as the protocol wants, exit status 0 for
 //!   `Success` and 1 otherwise, and nothing but the reply on stdout — not even on a panic.
 //!
@@ -188,7 +189,7 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The options JSON of a call-out, with the well-known keys typed (SPEC §3). Checked when
+/// The options JSON of a call-out (docs/protocol.md#options), well-known keys typed. Checked when
 /// parsed, so a handler never meets a malformed `readwrite`, fsGroup or secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct VolumeOptions {
@@ -286,7 +287,7 @@ pub enum OptionsArgError {
     FsGroup(String),
 }
 
-/// One call-out as kubelet invokes it, argv parsed (SPEC §2).
+/// One call-out as kubelet invokes it, argv parsed (docs/protocol.md#call-outs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Init,

@@ -1,4 +1,4 @@
-//! Atomic driver installation (the seed's "Atomic Driver Installation", done safely).
+//! Atomic driver installation (docs/discovery.md#installation).
 //!
 //! A driver must never be executed half-written, nor a driver directory seen half-updated:
 //! - a single executable is copied to `.<driver>` beside its final name (dot-names are invisible

@@ -1,4 +1,4 @@
-//! The plugin manager: which plugin serves a volume (SPEC §5).
+//! The plugin manager: which plugin serves a volume (docs/discovery.md#manager).
 //!
 //! It holds two kinds of plugins, as kubelet's `VolumePluginMgr` does: *static* ones, registered
 //! explicitly by the program embedding the library, and *probed* ones, which follow the
@@ -8,10 +8,11 @@
 //! when the second is registered.
 //!
 //! A probed driver whose `init` failed is remembered as failed and is never replaced by an older
-//! cached version: the user must see that the new driver is broken (the seed's rule). A driver
-//! that was removed is remembered too, so that a mount through it can say *why* it is refused —
-//! volumes mounted through it are torn down with the copy pinned at mount time (see
-//! [`crate::state::StateDir::pin`]), not through the manager.
+//! cached version: the user must see that the new driver is broken
+//! (docs/discovery.md#failed-not-cached). A driver that was removed is remembered too, so that
+//! a mount through it can say *why* it is refused — volumes mounted through it are torn down
+//! with the copy pinned at mount time (see [`crate::state::StateDir::pin`]), not through the
+//! manager.
 //!
 //! Lookups take a read lock and do two hash lookups, whatever the number of plugins
 //! (k8s#124839: kubelet's lookups raced with probing).

@@ -316,7 +316,7 @@ impl StateDir {
         Ok(records)
     }
 
-    /// How many recorded volumes depend on a driver (the in-use rule of SPEC §5). Unreadable
+    /// How many recorded volumes depend on a driver (docs/discovery.md#in-use). Unreadable
     /// records cannot be attributed and are not counted; `list` reports them.
     pub fn volumes_using(&self, driver: &crate::name::DriverName) -> Result<usize, StateError> {
         let name = driver.to_string();

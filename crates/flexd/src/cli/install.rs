@@ -1,4 +1,5 @@
-//! `flexd install` / `flexd uninstall`: the seed's deployment script, done atomically.
+//! `flexd install` / `flexd uninstall`: the deployment script, done atomically
+//! (docs/discovery.md#installation).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -215,7 +215,7 @@ impl Served {
             EventKind::Add | EventKind::Update => self.ready(&name, event.plugin.clone()),
             // A driver that failed init keeps (or gets) its socket with Probe answering not
             // ready, so kubelet and operators see it instead of it silently vanishing; the
-            // older version is not kept (SPEC §5).
+            // older version is not kept (docs/discovery.md#failed-not-cached).
             EventKind::Failed => self.ready(&name, None),
             EventKind::Remove => self.remove(&name).await,
         }

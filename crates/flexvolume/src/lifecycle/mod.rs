@@ -1,5 +1,5 @@
 //! The volume lifecycle: what kubelet does with a FlexVolume driver, with Kubernetes' default
-//! for every call-out a driver answers `Not supported` to (SPEC §6).
+//! for every call-out a driver answers `Not supported` to (docs/lifecycle.md#defaults).
 //!
 //! Node flow, attachable driver: attach → waitforattach → mountdevice onto the device mount
 //! dir → mount (default: bind of the device mount dir) into each target; and back: unmount

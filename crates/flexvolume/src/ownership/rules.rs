@@ -1,6 +1,6 @@
 //! What SetUp(fsGroup) wants of one entry: pure decisions, no I/O, so every rule is unit-tested.
 //!
-//! The rules are SPEC §6 (Kubernetes' `SetVolumeOwnership`, restricted to the group bits):
+//! The rules (docs/lifecycle.md#fsgroup-rules): Kubernetes' `SetVolumeOwnership`, group bits only:
 //! every entry gets the group (lchown: uid unchanged, symlinks not followed); non-symlinks get
 //! `g+rw` (`g+r` on a read-only volume); directories also `g+x` and setgid, so files created
 //! later inherit the group.

@@ -1,9 +1,9 @@
-//! Rate limit without loss (SPEC §4.8), as pure logic with the clock passed in.
+//! Rate limit without loss (docs/discovery.md#rate-limit), as pure logic with the clock passed in.
 //!
 //! Per key (a driver directory), changes are processed at most once per interval. The first
 //! change after a quiet interval is processed at once (leading edge); changes inside the
 //! interval are folded into one processing when it ends (trailing edge). Nothing is dropped: a
-//! change always leads to a processing that starts after it. The seed's v1.8 implementation
+//! change always leads to a processing that starts after it. Kubernetes' v1.8 implementation
 //! simply ignored changes inside the interval, which lost the last version of a driver written
 //! twice in quick succession.
 

@@ -1,14 +1,15 @@
 //! The running prober: drivers installed, upgraded or removed while flexd runs are seen without
-//! a restart (the seed "Dynamic Flexvolume Plugin Discovery", SPEC §4).
+//! a restart (docs/discovery.md#guarantees).
 //!
 //! One thread owns inotify and the per-directory state. It sleeps in `poll(2)` on the inotify fd
 //! and a wake pipe, with a timeout only while a trailing edge or a degraded rescan is pending,
 //! so an idle plugin dir costs nothing. A change of a driver directory is rate limited by
 //! [`Coalescer`] and its `init` runs on a worker pool, so a hung `init` of one driver never
-//! delays another (SPEC §4.10). A directory is never probed twice at once; if it changes while
-//! its `init` runs, it is probed again afterwards. Only the changed driver is re-initialised
-//! (unlike kubelet, k8s#58352), and a failed driver is retried only when its directory changes
-//! again or on an explicit [`Prober::reprobe_all`] (no retry loop, calico#4308).
+//! delays another (docs/discovery.md#isolation). A directory is never probed twice at once; if
+//! it changes while its `init` runs, it is probed again afterwards. Only the changed driver is
+//! re-initialised (unlike kubelet, k8s#58352), and a failed driver is retried only when its
+//! directory changes again or on an explicit [`Prober::reprobe_all`] (no retry loop,
+//! calico#4308).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -27,7 +28,7 @@ use super::{probe_entries, probe_entry, Probed};
 use crate::layout::{self, LayoutPolicy};
 use crate::runner::RunnerConfig;
 
-/// Default minimum time between two processings of one driver directory (SPEC §4.8).
+/// Default minimum time between two processings of one driver dir (docs/discovery.md#rate-limit).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A batch of at least this many events marks a storm...

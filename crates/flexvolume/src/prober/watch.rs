@@ -7,7 +7,8 @@
 //!
 //! Names starting with `.` are never watched and their events are ignored, anywhere. Symlinks
 //! are never followed for watching: a driver directory that is a symlink (allowed only with
-//! `--allow-symlinks`) is seen as a whole, changes inside its target are not (SPEC §4.7).
+//! `--allow-symlinks`) is seen as a whole, changes inside its target are not
+//! (docs/discovery.md#symlinks).
 //!
 //! When the kernel's watch limit (`fs.inotify.max_user_watches`) is reached, the directory that
 //! could not be watched is reported once and *degraded*: the prober fingerprints it every probe
@@ -125,7 +126,7 @@ impl WatchSet {
         }
     }
 
-    /// Creates the plugin dir if needed (it must always exist, SPEC §4.6) and watches it.
+    /// Creates the plugin dir if needed (docs/discovery.md#plugin-dir) and watches it.
     pub fn watch_root(&mut self) -> io::Result<()> {
         std::fs::create_dir_all(&self.root)?;
         match self.add(&self.root.clone()) {

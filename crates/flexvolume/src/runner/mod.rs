@@ -1,6 +1,6 @@
 //! Executing a driver: spawn, capture, time out, reap.
 //!
-//! Rules (SPEC §2 "Execution"), each learnt from drivers in the field:
+//! Rules (docs/protocol.md#execution), each learnt from drivers in the field:
 //! - no shell, stdin `/dev/null` (a driver that reads stdin must not hang on ours);
 //! - its own process group, so a timeout kills the helpers it started too;
 //! - we wait for the *process*, not for the pipes to close: FUSE helpers and `mount.cifs`
