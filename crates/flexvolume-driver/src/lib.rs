@@ -646,7 +646,7 @@ pub fn run<D: Driver + ?Sized>(driver: &D) -> ExitCode {
     run_with_args(driver, &args)
 }
 
-/// [`run`] with argv given (for multi-call binaries, whose argv[1] is not the call-out).
+/// [`run`] with argv given (for multi-call binaries, whose `argv[1]` is not the call-out).
 pub fn run_with_args<D: Driver + ?Sized>(driver: &D, args: &[OsString]) -> ExitCode {
     // The default hook prints to stderr, which kubelet reads together with stdout.
     panic::set_hook(Box::new(|_| {}));

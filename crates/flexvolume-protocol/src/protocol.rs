@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::options::Options;
 
-/// Every call-out of the protocol. The string form is the argv[1] the driver receives.
+/// Every call-out of the protocol. The string form is the `argv[1]` the driver receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CallOutKind {
