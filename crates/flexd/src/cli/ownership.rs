@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand, ValueEnum};
 use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
 
@@ -61,6 +61,19 @@ impl From<PolicyArg> for Policy {
 pub fn run(global: &Global, args: OwnershipArgs) -> anyhow::Result<ExitCode> {
     let OwnershipCommand::Apply(apply) = args.command;
     let root = std::path::absolute(&apply.dir).context("bad DIR")?;
+    ownership::check_gid(apply.fs_group).context("bad --fs-group")?;
+    // Refused rather than clamped: a number this large is a typo or an attack, and saying so
+    // beats silently running with fewer. Values up to the limit are clamped by the library to
+    // a few walkers per core (the report says how many ran).
+    if apply.threads > ownership::MAX_WALKERS {
+        bail!(
+            "--threads {}: at most {} walker threads (the walk is bound by the filesystem; \
+             this machine uses at most {}); 0 means one per core",
+            apply.threads,
+            ownership::MAX_WALKERS,
+            ownership::max_walkers()
+        );
+    }
     let request = OwnershipRequest {
         root: &root,
         gid: apply.fs_group,
@@ -104,7 +117,7 @@ pub fn print_summary(report: &OwnershipReport) {
         return;
     }
     println!(
-        "{}: group {}: {} entries, {} group changes, {} mode changes, {} vanished, {} errors, {:.2}s",
+        "{}: group {}: {} entries, {} group changes, {} mode changes, {} vanished, {} errors, {:.2}s, {} walkers",
         report.root.display(),
         report.gid,
         report.entries,
@@ -112,7 +125,8 @@ pub fn print_summary(report: &OwnershipReport) {
         report.chmodded,
         report.vanished,
         report.error_count,
-        report.seconds
+        report.seconds,
+        report.walkers
     );
     for error in &report.errors {
         println!(

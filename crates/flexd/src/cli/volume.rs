@@ -296,7 +296,11 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                 plugin: &plugin,
                 spec: &spec,
                 pod: &pod,
-                fs_group: mount.fs_group,
+                fs_group: (mount
+                    .fs_group
+                    .map(flexvolume::ownership::check_gid)
+                    .transpose())
+                .context("bad --fs-group")?,
                 fs_group_policy: mount.fs_group_policy.into(),
                 target: &target,
             };

@@ -99,11 +99,14 @@ pub fn fs_group(capability: Option<&VolumeCapability>) -> Result<Option<u32>, St
     if group.is_empty() {
         return Ok(None);
     }
-    group.parse().map(Some).map_err(|_| {
+    let gid = group.parse().map_err(|_| {
         Status::invalid_argument(format!(
             "volume_mount_group {group:?} is not a numeric group id"
         ))
-    })
+    })?;
+    flexvolume::ownership::check_gid(gid)
+        .map(Some)
+        .map_err(|e| Status::invalid_argument(format!("volume_mount_group: {e}")))
 }
 
 #[cfg(test)]
@@ -154,6 +157,10 @@ mod tests {
         assert_eq!(fs_group(Some(&mount_cap(""))).unwrap(), None);
         assert_eq!(
             fs_group(Some(&mount_cap("wheel"))).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            fs_group(Some(&mount_cap("4294967295"))).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

@@ -35,8 +35,47 @@ pub struct OwnershipRequest<'a> {
     pub policy: Policy,
     /// A read-only volume gets `g+r` instead of `g+rw`.
     pub read_only: bool,
-    /// Walker threads; 0 means one per core.
+    /// Walker threads; 0 means one per core. More than [`max_walkers`] are clamped to it.
     pub threads: usize,
+}
+
+/// (uid_t)-1 and (gid_t)-1: `chown` reads this id as "leave unchanged", so a pass "to" it
+/// would report changes it never made. It can never be an owner.
+pub const UNSET_ID: u32 = u32::MAX;
+
+/// No more walker threads than this, whatever the cores. The walk is bound by metadata calls
+/// on one filesystem (getdents, fstatat, fchownat contend on the same inodes and journal);
+/// past a few threads per core more walkers only cost stacks and scheduling. 64 walkers
+/// reserve at most 128 MiB of stack address space, never the machine.
+pub const MAX_WALKERS: usize = 64;
+
+/// Walker threads per core at most: more than one per core still helps when the filesystem
+/// waits on a network or a slow disk (NFS, cold caches); four is enough to keep those busy.
+pub const WALKERS_PER_CORE: usize = 4;
+
+/// The most walkers any pass gets on this machine: `min(WALKERS_PER_CORE × cores, MAX_WALKERS)`.
+pub fn max_walkers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * WALKERS_PER_CORE).clamp(1, MAX_WALKERS)
+}
+
+/// The walkers a pass asking for `requested` threads gets: 0 means one per core, and no
+/// request gets more than [`max_walkers`]. Clamped here, in the library, so that every caller
+/// (the CLI, SetUp, a future one) is bounded, not only those that validate their input.
+pub fn walkers_for(requested: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match requested {
+        0 => cores.min(MAX_WALKERS),
+        n => n.min(max_walkers()),
+    }
+}
+
+/// Refuses the one group id that can never own anything ([`UNSET_ID`]).
+pub fn check_gid(gid: u32) -> Result<u32, OwnershipError> {
+    if gid == UNSET_ID {
+        return Err(OwnershipError::UnsetId { id: gid });
+    }
+    Ok(gid)
 }
 
 /// Live counts of a pass, readable while it runs (progress bars, logs).
@@ -83,6 +122,8 @@ pub struct OwnershipReport {
     pub chmodded: u64,
     /// Entries that disappeared while the pass ran (not errors).
     pub vanished: u64,
+    /// Walker threads the pass ran with (0 when nothing was walked): the request, clamped.
+    pub walkers: usize,
     /// All entry errors counted; the first [`MAX_REPORTED_ERRORS`] are in `errors`.
     pub error_count: u64,
     pub errors: Vec<EntryError>,
@@ -105,6 +146,8 @@ pub enum OwnershipError {
     },
     #[error("cannot start the walker threads: {0}")]
     Threads(String),
+    #[error("group id {id} is (gid_t)-1, which chown reads as \"leave the group unchanged\"; it cannot own a volume")]
+    UnsetId { id: u32 },
 }
 
 /// Runs one pass, logging progress for a long one (first after 30 s, then every 60 s).
@@ -122,6 +165,7 @@ pub(crate) fn apply_observed(
     counters: &Counters,
     before_entry: &walk::EntryHook,
 ) -> Result<OwnershipReport, OwnershipError> {
+    check_gid(request.gid)?;
     let started = std::time::Instant::now();
     let mut report = progress::while_running(
         request.root,
@@ -146,6 +190,7 @@ pub(crate) fn apply_observed(
         entries = report.entries,
         chowned = report.chowned,
         chmodded = report.chmodded,
+        walkers = report.walkers,
         seconds = report.seconds,
         "ownership pass done"
     );

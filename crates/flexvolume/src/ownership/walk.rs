@@ -55,16 +55,14 @@ pub fn run(
         errors: Mutex::new(Vec::new()),
         before_entry,
     };
+    let mut walkers = 0;
     let skipped = request.policy == Policy::OnRootMismatch
         && rules::root_is_right(stat.st_mode, stat.st_gid, request.gid, request.read_only);
     if !skipped {
         if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-            let threads = match request.threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                n => n,
-            };
+            walkers = super::walkers_for(request.threads);
             let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
+                .num_threads(walkers)
                 .thread_name(|i| format!("flexd-ownership-{i}"))
                 .build()
                 .map_err(|e| OwnershipError::Threads(e.to_string()))?;
@@ -93,6 +91,7 @@ pub fn run(
         chowned: counters.chowned.load(Ordering::Relaxed),
         chmodded: counters.chmodded.load(Ordering::Relaxed),
         vanished: counters.vanished.load(Ordering::Relaxed),
+        walkers,
         error_count: counters.errors.load(Ordering::Relaxed),
         errors,
         seconds: 0.0,
@@ -383,6 +382,43 @@ mod tests {
         );
         let outside_mode = std::fs::metadata(outside.path()).unwrap().mode();
         assert_eq!(outside_mode & 0o2000, 0, "the outside dir got setgid");
+    }
+
+    #[test]
+    fn walkers_are_clamped_to_a_small_multiple_of_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let most = super::super::max_walkers();
+        assert!(most <= super::super::MAX_WALKERS);
+        assert!(most <= cores * super::super::WALKERS_PER_CORE);
+        assert_eq!(super::super::walkers_for(100_000), most);
+        assert_eq!(super::super::walkers_for(usize::MAX), most);
+        assert_eq!(super::super::walkers_for(1), 1);
+        assert_eq!(super::super::walkers_for(0), cores.min(most));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let mut huge = request(dir.path(), target_gid());
+        huge.threads = 100_000;
+        let report = super::super::apply(&huge, &Counters::default()).expect("pass");
+        assert_eq!(report.walkers, most);
+    }
+
+    #[test]
+    fn the_unset_gid_is_refused_before_anything_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let before = std::fs::metadata(&file).unwrap();
+        let counters = Counters::default();
+        let error = super::super::apply(&request(dir.path(), u32::MAX), &counters).unwrap_err();
+        assert!(
+            matches!(error, OwnershipError::UnsetId { id: u32::MAX }),
+            "{error}"
+        );
+        assert_eq!(counters.entries(), 0);
+        let after = std::fs::metadata(&file).unwrap();
+        assert_eq!((after.mode(), after.gid()), (before.mode(), before.gid()));
+        assert!(super::super::check_gid(u32::MAX - 1).is_ok());
     }
 
     #[test]
