@@ -88,5 +88,6 @@ pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
         out.flush()?;
     }
+    flexvolume::runner::remove_own_cgroups();
     Ok(ExitCode::SUCCESS)
 }

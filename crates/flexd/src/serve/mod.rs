@@ -306,6 +306,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         prober.stop();
         served.stop_all().await;
+        flexvolume::runner::remove_own_cgroups();
         metrics_task.abort();
         Ok::<_, anyhow::Error>(())
     })?;

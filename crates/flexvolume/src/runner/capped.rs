@@ -94,6 +94,21 @@ fn sweep_leftovers() {
     }
 }
 
+/// Empties the pool, ending the spawner threads (a cgroup holding one cannot be removed), and
+/// hands back the pooled directories; see [`super::cgroup::remove_own_cgroups`].
+pub(crate) fn drain_idle() -> Vec<PathBuf> {
+    let drained = std::mem::take(&mut *lock(&IDLE));
+    drained
+        .into_iter()
+        .map(|pooled| {
+            if let Some(spawner) = pooled.spawner {
+                spawner.stop();
+            }
+            pooled.dir
+        })
+        .collect()
+}
+
 /// Puts an empty cgroup in the pool, or removes it when the pool is full.
 fn park(pooled: Pooled) {
     let mut idle = lock(&IDLE);

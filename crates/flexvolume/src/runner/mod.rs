@@ -20,7 +20,7 @@ mod leftovers;
 
 pub use capped::lingering;
 use capped::CallCgroup;
-pub use cgroup::{process_cap, CALLOUTS_DIR};
+pub use cgroup::{process_cap, remove_own_cgroups, CALLOUTS_DIR};
 
 use std::collections::BTreeMap;
 use std::fs::File;
