@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{RenameFlags, CWD};
 
+use crate::layout::{LayoutError, LayoutPolicy};
 use crate::name::DriverName;
 
 /// Why an installation or removal did not happen. The live driver is untouched in every case.
@@ -41,6 +42,10 @@ pub enum InstallError {
         "{path} exists and is not a directory (or is a symlink); refusing to install through it"
     )]
     TargetNotADirectory { path: PathBuf },
+    /// What was staged is not a driver discovery would accept (an executable that is a symlink
+    /// resolving outside the plugin dir, not executable, missing...): discovery's own reason.
+    #[error("{0}; discovery would refuse it, so it was not installed")]
+    Refused(#[source] LayoutError),
     #[error("driver {name} is not installed in {plugin_dir}")]
     NotInstalled {
         name: DriverName,
@@ -79,10 +84,12 @@ pub struct Installed {
 }
 
 /// Installs `source` (an executable file, or a directory containing `<driver>`) as `name`.
+/// What discovery would refuse under `policy` is refused before the live driver is touched.
 pub fn install(
     plugin_dir: &Path,
     name: &DriverName,
     source: &Path,
+    policy: LayoutPolicy,
 ) -> Result<Installed, InstallError> {
     let meta = fs::metadata(source).map_err(|e| InstallError::Source {
         path: source.to_owned(),
@@ -92,7 +99,7 @@ pub fn install(
     if meta.is_file() {
         install_file(plugin_dir, name, source, &meta)
     } else if meta.is_dir() {
-        install_dir(plugin_dir, name, source)
+        install_dir(plugin_dir, name, source, policy)
     } else {
         Err(InstallError::SourceKind {
             path: source.to_owned(),
@@ -146,6 +153,7 @@ fn install_dir(
     plugin_dir: &Path,
     name: &DriverName,
     source: &Path,
+    policy: LayoutPolicy,
 ) -> Result<Installed, InstallError> {
     let exe = name.executable_name();
     let source_exe = source.join(exe);
@@ -166,7 +174,7 @@ fn install_dir(
     if staging.exists() {
         fs::remove_dir_all(&staging).map_err(io_err("remove stale staging dir", &staging))?;
     }
-    let result = stage_and_swap(plugin_dir, source, &staging, &dir);
+    let result = stage_and_swap(plugin_dir, source, &staging, &dir, name, policy);
     if staging.exists() {
         // Either a failed stage or the old version after an exchange: it goes either way.
         let _ = fs::remove_dir_all(&staging);
@@ -186,8 +194,14 @@ fn stage_and_swap(
     source: &Path,
     staging: &Path,
     dir: &Path,
+    name: &DriverName,
+    policy: LayoutPolicy,
 ) -> Result<(bool, &'static str), InstallError> {
     copy_tree_synced(source, staging)?;
+    // Checked on the staged copy, where symlinks resolve as they will once swapped in (a
+    // relative link resolves against its new home, not the source's).
+    crate::layout::check_staged(plugin_dir, staging, name, policy)
+        .map_err(InstallError::Refused)?;
     sync_dir(plugin_dir)?;
     let result = match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

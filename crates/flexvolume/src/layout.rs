@@ -148,6 +148,70 @@ pub fn locate(
     read_entry(plugin_dir, &canonical_root, dir_name.as_ref(), policy).outcome
 }
 
+/// Checks a driver directory staged at `staged` (a hidden sibling inside the plugin dir) by
+/// the rules discovery applies once it is renamed to `name`'s directory, so that an installer
+/// refuses exactly what discovery would refuse, for the same reason. Errors name the final
+/// paths, as discovery will.
+pub fn check_staged(
+    plugin_dir: &Path,
+    staged: &Path,
+    name: &DriverName,
+    policy: LayoutPolicy,
+) -> Result<Driver, LayoutError> {
+    let canonical_root = plugin_dir
+        .canonicalize()
+        .map_err(|e| LayoutError::io(plugin_dir, &e))?;
+    let dir_name = name.dir_name();
+    let dir = plugin_dir.join(&dir_name);
+    let rename = |path: PathBuf| match path.strip_prefix(staged) {
+        Ok(rest) => dir.join(rest),
+        Err(_) => path,
+    };
+    let outcome = check_entry(
+        staged,
+        std::ffi::OsStr::new(&dir_name),
+        &canonical_root,
+        policy,
+    );
+    outcome
+        .map(|driver| Driver {
+            path: rename(driver.path),
+            dir: dir.clone(),
+            ..driver
+        })
+        .map_err(|error| match error {
+            LayoutError::NotADirectory { path } => {
+                LayoutError::NotADirectory { path: rename(path) }
+            }
+            LayoutError::BadName { dir, source } => LayoutError::BadName {
+                dir: rename(dir),
+                source,
+            },
+            LayoutError::NotUtf8 { dir } => LayoutError::NotUtf8 { dir: rename(dir) },
+            LayoutError::MissingExecutable { path } => {
+                LayoutError::MissingExecutable { path: rename(path) }
+            }
+            LayoutError::NotAFile { path } => LayoutError::NotAFile { path: rename(path) },
+            LayoutError::NotExecutable { path, mode } => LayoutError::NotExecutable {
+                path: rename(path),
+                mode,
+            },
+            LayoutError::Escapes {
+                path,
+                target,
+                plugin_dir,
+            } => LayoutError::Escapes {
+                path: rename(path),
+                target: rename(target),
+                plugin_dir,
+            },
+            LayoutError::Io { path, message } => LayoutError::Io {
+                path: rename(path),
+                message,
+            },
+        })
+}
+
 fn read_entry(
     plugin_dir: &Path,
     canonical_root: &Path,

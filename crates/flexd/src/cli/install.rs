@@ -60,7 +60,7 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
         true => Some(super::signals::Termination::catch()?),
         false => None,
     };
-    let installed = install::install(&global.plugin_dir, &name, &source)
+    let installed = install::install(&global.plugin_dir, &name, &source, global.layout_policy())
         .with_context(|| format!("cannot install driver {name}"))?;
     tracing::info!(driver = %name, path = %installed.path.display(), method = installed.method, replaced = installed.replaced, "driver installed");
     match global.output {
