@@ -2,15 +2,39 @@
 //!
 //! Created when the driver is found, removed when it goes. A stale socket file left by a crash
 //! is replaced; the directory under `--csi-dir` is flexd's own and removed with the driver.
+//!
+//! Every socket bounds its connections, so that clients that connect and say nothing cannot pin
+//! flexd's memory (hyper waits for the HTTP/2 preface forever, and accepts without limit):
+//! - a connection must send the HTTP/2 client preface within [`PREFACE_TIMEOUT`], or it is
+//!   closed before tonic ever sees it;
+//! - at most [`MAX_CONNECTIONS`] connections per socket, the ones still owing their preface
+//!   included; at the cap flexd stops accepting, and new clients wait in the listen backlog
+//!   until a slot frees (a waiting kubelet is served late rather than refused);
+//! - every connection is asked to go (GOAWAY) after [`MAX_CONNECTION_AGE`]: an idle one closes
+//!   at once, one with calls in flight once they finish. kubelet dials per operation and the
+//!   sidecars' gRPC clients reconnect transparently;
+//! - a peer that stops answering HTTP/2 pings ([`KEEPALIVE_INTERVAL`], [`KEEPALIVE_TIMEOUT`])
+//!   is dropped, even with a call in flight (it could not read the answer anyway).
+//!
+//! `FLEXD_PREFACE_TIMEOUT`, `FLEXD_MAX_CONNECTIONS` and `FLEXD_CONNECTION_MAX_AGE` (seconds,
+//! or a count) override the first three, for tests and unusual hosts.
 
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::net::UnixListener;
-use tokio::sync::oneshot;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
+use tonic::transport::server::{Connected, UdsConnectInfo};
 use tonic::transport::Server;
 
 use super::driver::ServedDriver;
@@ -44,13 +68,227 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
 }
 
+/// Time a new connection has to send the HTTP/2 client preface (24 bytes every gRPC client
+/// sends at once).
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections per socket at most. kubelet holds one or two per driver, each sidecar one; 256
+/// leaves room for bursts and for every socket of several drivers under the default 1024 open
+/// files, while 256 connections' buffers stay within a few tens of MiB.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Age at which a connection is asked to go (GOAWAY).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5 * 60);
+/// HTTP/2 pings on every connection this often...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// ...and a peer that does not answer one within this is dropped.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The connection bounds in force (the defaults, or the environment's overrides).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    preface_timeout: Duration,
+    max_connections: usize,
+    max_age: Duration,
+}
+
+fn limits() -> Limits {
+    static LIMITS: OnceLock<Limits> = OnceLock::new();
+    *LIMITS.get_or_init(|| {
+        let seconds = |var: &str, default: Duration| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .filter(|d| !d.is_zero())
+                .unwrap_or(default)
+        };
+        let limits = Limits {
+            preface_timeout: seconds("FLEXD_PREFACE_TIMEOUT", PREFACE_TIMEOUT),
+            max_connections: std::env::var("FLEXD_MAX_CONNECTIONS")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|n| (1..=Semaphore::MAX_PERMITS).contains(n))
+                .unwrap_or(MAX_CONNECTIONS),
+            max_age: seconds("FLEXD_CONNECTION_MAX_AGE", MAX_CONNECTION_AGE),
+        };
+        tracing::info!(
+            preface_timeout_seconds = limits.preface_timeout.as_secs_f64(),
+            max_connections = limits.max_connections,
+            max_age_seconds = limits.max_age.as_secs_f64(),
+            "gRPC connection bounds (per socket)"
+        );
+        limits
+    })
+}
+
+/// A gRPC server builder with the connection bounds set.
+fn server() -> Server {
+    Server::builder()
+        .max_connection_age(limits().max_age)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
+/// An accepted connection that sent its preface: the preface is replayed to hyper, and the
+/// connection's slot under the cap is held until hyper drops it.
+struct Admitted {
+    stream: UnixStream,
+    replayed: usize,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Admitted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.replayed < PREFACE.len() {
+            let rest = &PREFACE[self.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            self.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Admitted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Admitted {
+    type ConnectInfo = UdsConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// Reads the 24-byte HTTP/2 client preface (without io-util: readiness and `try_read`).
+async fn read_preface(stream: &UnixStream) -> io::Result<()> {
+    let mut got = [0u8; PREFACE.len()];
+    let mut filled = 0;
+    while filled < got.len() {
+        stream.readable().await?;
+        match stream.try_read(&mut got[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if got[..filled] != PREFACE[..filled] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an HTTP/2 client preface",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The connections of `listener` that sent their preface in time, at most
+/// `limits.max_connections` at once (admitted or still owing their preface). Accepting stops
+/// when tonic drops the stream.
+fn admitted(
+    listener: UnixListener,
+    socket: PathBuf,
+    limits: Limits,
+) -> impl tokio_stream::Stream<Item = io::Result<Admitted>> {
+    let (admit, incoming) = mpsc::channel::<Admitted>(16);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::spawn(async move {
+        let full = AtomicBool::new(false);
+        loop {
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    if !full.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(socket = %socket.display(), max_connections = limits.max_connections, "connection cap reached; new connections wait until one closes");
+                    }
+                    tokio::select! {
+                        slot = slots.clone().acquire_owned() => match slot {
+                            Ok(slot) => slot,
+                            Err(_) => return,
+                        },
+                        () = admit.closed() => return,
+                    }
+                }
+            };
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = admit.closed() => return,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or memory: retrying at once would spin.
+                    tracing::warn!(socket = %socket.display(), error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if slots.available_permits() > 0 {
+                full.store(false, Ordering::Relaxed);
+            }
+            let admit = admit.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(limits.preface_timeout, read_preface(&stream)).await {
+                    Ok(Ok(())) => {
+                        let _ = admit
+                            .send(Admitted {
+                                stream,
+                                replayed: 0,
+                                _slot: slot,
+                            })
+                            .await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "connection closed before its HTTP/2 preface")
+                    }
+                    Err(_) => tracing::debug!(
+                        timeout_seconds = limits.preface_timeout.as_secs_f64(),
+                        "connection sent no HTTP/2 preface in time; closed"
+                    ),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(incoming).map(Ok)
+}
+
 fn spawn_server(
     router: tonic::transport::server::Router,
     listener: UnixListener,
+    socket: PathBuf,
 ) -> (oneshot::Sender<()>, JoinHandle<()>) {
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
-        let incoming = UnixListenerStream::new(listener);
+        let incoming = admitted(listener, socket, limits());
         if let Err(e) = router
             .serve_with_incoming_shutdown(incoming, async {
                 let _ = stopped.await;
@@ -71,17 +309,20 @@ impl Endpoint {
         add_services: impl FnOnce(tonic::transport::server::Router) -> tonic::transport::server::Router,
     ) -> anyhow::Result<Self> {
         let csi_listener = bind(&driver.csi_socket)?;
-        let router = Server::builder().add_service(IdentityServer::new(IdentityService {
+        let router = server().add_service(IdentityServer::new(IdentityService {
             driver: driver.clone(),
         }));
-        let mut servers = vec![spawn_server(add_services(router), csi_listener)];
+        let mut servers = vec![spawn_server(
+            add_services(router),
+            csi_listener,
+            driver.csi_socket.clone(),
+        )];
         if let Some(path) = &driver.registration_socket {
             let listener = bind(path)?;
-            let router =
-                Server::builder().add_service(RegistrationServer::new(RegistrationService {
-                    driver: driver.clone(),
-                }));
-            servers.push(spawn_server(router, listener));
+            let router = server().add_service(RegistrationServer::new(RegistrationService {
+                driver: driver.clone(),
+            }));
+            servers.push(spawn_server(router, listener, path.clone()));
         }
         tracing::info!(driver = %driver.name, csi_name = %driver.csi_name, socket = %driver.csi_socket.display(), "serving driver");
         Ok(Self { driver, servers })
