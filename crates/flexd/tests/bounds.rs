@@ -1,0 +1,531 @@
+//! Hostile edges, through the real binary: absurd thread counts, the (gid_t)-1 "owner",
+//! connections that never speak HTTP/2, call-out cgroups left after a stop, and installs that
+//! discovery would refuse. Real processes, real sockets, real cgroups.
+
+use std::io::Read as _;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
+}
+
+fn flexd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Polls `condition` until it holds, failing after a generous deadline.
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A small tree whose modes and groups are recorded, to prove a refused pass changed nothing.
+fn tree() -> (tempfile::TempDir, Vec<(PathBuf, u32, u32)>) {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["a", "a/b", "c"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    for f in ["f", "a/g", "a/b/h", "c/i"] {
+        let path = dir.path().join(f);
+        std::fs::write(&path, b"x").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let state = snapshot(dir.path());
+    (dir, state)
+}
+
+fn snapshot(root: &Path) -> Vec<(PathBuf, u32, u32)> {
+    let mut all = vec![root.to_owned()];
+    let mut i = 0;
+    while i < all.len() {
+        if all[i].is_dir() {
+            let mut children: Vec<PathBuf> = std::fs::read_dir(&all[i])
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            children.sort();
+            all.extend(children);
+        }
+        i += 1;
+    }
+    all.into_iter()
+        .map(|p| {
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            (p, meta.mode(), meta.gid())
+        })
+        .collect()
+}
+
+#[test]
+fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
+    let (dir, before) = tree();
+    let root = dir.path().to_str().unwrap();
+    let out = flexd(&[
+        "ownership",
+        "apply",
+        root,
+        "--fs-group",
+        "4321",
+        "--threads",
+        "100000",
+    ]);
+    assert!(!out.status.success(), "--threads 100000 was accepted");
+    assert!(
+        stderr(&out).contains("at most 64 walker threads"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "a refused pass changed entries"
+    );
+
+    // The most the CLI accepts still runs with no more walkers than this machine can use.
+    let gid = if is_root() {
+        "4321".to_owned()
+    } else {
+        rustix::process::getegid().as_raw().to_string()
+    };
+    let out = flexd(&[
+        "--output",
+        "json",
+        "ownership",
+        "apply",
+        root,
+        "--fs-group",
+        &gid,
+        "--threads",
+        "64",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let walkers = report["walkers"].as_u64().unwrap();
+    assert!(
+        (1..=(cores * 4).min(64)).contains(&walkers),
+        "{walkers} walkers on {cores} cores"
+    );
+    assert_eq!(report["entries"], 8);
+}
+
+#[test]
+fn the_unset_gid_is_refused_and_nothing_changes() {
+    let (dir, before) = tree();
+    let out = flexd(&[
+        "ownership",
+        "apply",
+        dir.path().to_str().unwrap(),
+        "--fs-group",
+        "4294967295",
+    ]);
+    assert!(!out.status.success(), "--fs-group 4294967295 was accepted");
+    assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("group changes"));
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "a refused pass changed entries"
+    );
+}
+
+#[test]
+fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
+    let root = tempfile::tempdir().unwrap();
+    let plugin_dir = root.path().join("exec");
+    let dir = plugin_dir.join("acme~tmpfs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(examples().join("tmpfs/tmpfs"), dir.join("tmpfs")).unwrap();
+    let target = root.path().join("target");
+    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .args(["volume", "--node", "node-1", "--state-dir"])
+        .arg(root.path().join("state"))
+        .args(["mount", "--driver", "acme/tmpfs", "--target"])
+        .arg(&target)
+        .args(["--fs-group", "4294967295"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the mount went ahead");
+    assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(target.to_str().unwrap()),
+        "the target was mounted"
+    );
+}
+
+/// A running `flexd serve` (node mode) with its own directories, killed on drop.
+struct Serve {
+    child: Child,
+    root: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(env: &[(&str, &str)]) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("exec/acme~tmpfs");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(examples().join("tmpfs/tmpfs"), dir.join("tmpfs")).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let metrics = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let log = std::fs::File::create(root.path().join("flexd.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(root.path().join("exec"))
+            .args(["--probe-interval", "300ms", "serve", "--mode", "node"])
+            .arg("--csi-dir")
+            .arg(root.path().join("plugins"))
+            .arg("--registration-dir")
+            .arg(root.path().join("plugins_registry"))
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .args(["--node-name", "node-1", "--metrics-address", &metrics])
+            .args(["--log-level", "debug"])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let serve = Self { child, root };
+        let socket = serve.socket();
+        eventually("the CSI socket appears", || socket.exists());
+        serve
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.root
+            .path()
+            .join("plugins/flexvolume-acme--tmpfs/csi.sock")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.root.path().join("flexd.log")).unwrap_or_default()
+    }
+
+    /// The sockets flexd holds open (listeners and connections), from /proc.
+    fn sockets(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|fds| {
+                fds.flatten()
+                    .filter(|fd| {
+                        std::fs::read_link(fd.path())
+                            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "flexd serve did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn connect(socket: &Path) -> Channel {
+    let path = socket.to_owned();
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+/// A real gRPC call on a fresh connection: GetPluginInfo answers with the driver's CSI name.
+async fn plugin_name(socket: &Path) -> String {
+    let mut identity = csi::identity_client::IdentityClient::new(connect(socket).await);
+    identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .name
+}
+
+/// Connects `n` clients that never send a byte.
+fn silent_clients(socket: &Path, n: usize) -> Vec<UnixStream> {
+    (0..n)
+        .map(|_| {
+            let stream = UnixStream::connect(socket).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(120)))
+                .unwrap();
+            stream
+        })
+        .collect()
+}
+
+/// Waits until the server closed `stream` (EOF, or a reset): never by the client's timeout.
+fn closed_by_server(mut stream: UnixStream) {
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            // The server may have sent something before closing; keep reading.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("the server never closed a silent connection: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_after_the_preface_timeout_while_clients_are_served() {
+    let serve = Serve::start(&[("FLEXD_PREFACE_TIMEOUT", "1")]);
+    let socket = serve.socket();
+    let silent = silent_clients(&socket, 250);
+    // Meanwhile a real client is answered, more than once, on new connections.
+    for _ in 0..3 {
+        assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    }
+    let closing = tokio::task::spawn_blocking(move || {
+        for stream in silent {
+            closed_by_server(stream);
+        }
+    });
+    closing.await.unwrap();
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    assert!(serve.log().contains("no HTTP/2 preface in time"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_holds_at_most_its_connection_cap() {
+    const CAP: usize = 20;
+    let serve = Serve::start(&[
+        ("FLEXD_PREFACE_TIMEOUT", "2"),
+        ("FLEXD_MAX_CONNECTIONS", "20"),
+    ]);
+    let socket = serve.socket();
+    // The sockets flexd holds with no client: one answered call, and its connection gone.
+    let baseline = serve.sockets();
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    eventually("the answered client's connection is closed", || {
+        serve.sockets() == baseline
+    });
+    let silent = silent_clients(&socket, 5 * CAP);
+    // The silent clients are accepted CAP at a time: the count reaches the cap, never more,
+    // until every one of them has been closed.
+    let mut most = 0;
+    let mut open: Vec<UnixStream> = silent;
+    while !open.is_empty() {
+        let held = serve.sockets().saturating_sub(baseline);
+        assert!(held <= CAP, "flexd holds {held} connections, cap {CAP}");
+        most = most.max(held);
+        let mut still = Vec::new();
+        for stream in open {
+            stream.set_nonblocking(true).unwrap();
+            let mut byte = [0u8; 1];
+            match (&stream).read(&mut byte) {
+                Ok(0) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                _ => still.push(stream),
+            }
+        }
+        open = still;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most, CAP, "the cap was never reached");
+    assert!(serve.log().contains("connection cap reached"));
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csi_refuses_the_unset_gid_as_volume_mount_group() {
+    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+    let serve = Serve::start(&[]);
+    let target = serve.root.path().join("target");
+    let mut node = csi::node_client::NodeClient::new(connect(&serve.socket()).await);
+    let status = node
+        .node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume {
+                    fs_type: "tmpfs".into(),
+                    mount_flags: vec![],
+                    volume_mount_group: "4294967295".into(),
+                })),
+                access_mode: Some(AccessMode {
+                    mode: Mode::SingleNodeWriter as i32,
+                }),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("(gid_t)-1"), "{status:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(target.to_str().unwrap()));
+}
+
+/// This process's call-out cgroups directory, or why there is none (then the test skips).
+fn callouts_dir() -> Result<PathBuf, String> {
+    flexvolume::runner::process_cap()
+        .map(Path::to_owned)
+        .map_err(str::to_owned)
+}
+
+fn call_cgroups_of(base: &Path, pid: u32) -> Vec<String> {
+    let prefix = format!("call-{pid}-");
+    std::fs::read_dir(base)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_stopped_serve_leaves_none_of_its_call_out_cgroups() {
+    let base = match callouts_dir() {
+        Ok(base) => base,
+        Err(why) => {
+            eprintln!("skipped: no usable pids cgroup hierarchy here: {why}");
+            return;
+        }
+    };
+    let mut serve = Serve::start(&[]);
+    let pid = serve.pid();
+    // The driver's init ran in a call-out cgroup, now pooled.
+    eventually("a call-out cgroup of flexd serve exists", || {
+        !call_cgroups_of(&base, pid).is_empty()
+    });
+    assert!(serve.terminate().success());
+    assert_eq!(
+        call_cgroups_of(&base, pid),
+        Vec::<String>::new(),
+        "left behind in {}",
+        base.display()
+    );
+}
+
+#[test]
+fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_does() {
+    let root = tempfile::tempdir().unwrap();
+    let plugin_dir = root.path().join("exec");
+    let plugin = plugin_dir.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut all = vec!["--plugin-dir", plugin];
+        all.extend_from_slice(args);
+        flexd(&all)
+    };
+    // A good version first.
+    let good = root.path().join("good");
+    std::fs::create_dir(&good).unwrap();
+    std::fs::copy(examples().join("tmpfs/tmpfs"), good.join("tmpfs")).unwrap();
+    let out = run(&["install", "--driver", "acme/tmpfs", good.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // A new version whose executable points outside the plugin dir.
+    let outside = root.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::copy(examples().join("tmpfs/tmpfs"), outside.join("evil")).unwrap();
+    let bad = root.path().join("bad");
+    std::fs::create_dir(&bad).unwrap();
+    std::os::unix::fs::symlink(outside.join("evil"), bad.join("tmpfs")).unwrap();
+    let out = run(&["install", "--driver", "acme/tmpfs", bad.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "installed a symlink escaping the plugin dir"
+    );
+    let refused = stderr(&out);
+    let live = plugin_dir.join("acme~tmpfs/tmpfs");
+    let reason = format!(
+        "{} resolves to {}, outside the plugin dir {}; refused",
+        live.display(),
+        outside.join("evil").canonicalize().unwrap().display(),
+        plugin_dir.canonicalize().unwrap().display()
+    );
+    assert!(refused.contains(&reason), "{refused}\nwanted: {reason}");
+    // The previous version is still there and answers init.
+    assert!(!std::fs::symlink_metadata(&live)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let out = run(&["call", "acme/tmpfs", "init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Success"));
+    let leftovers: Vec<_> = std::fs::read_dir(&plugin_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("acme~tmpfs")]);
+
+    // With --allow-symlinks the operator may; discovery (without it) then gives the very
+    // reason the install gave.
+    let out = run(&[
+        "--allow-symlinks",
+        "install",
+        "--driver",
+        "acme/tmpfs",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["--output", "json", "drivers"]);
+    let drivers: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let error = drivers[0]["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        refused.contains(&error) && error.contains(&reason),
+        "discovery: {error}\ninstall: {refused}"
+    );
+}
