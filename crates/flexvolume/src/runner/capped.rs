@@ -94,19 +94,29 @@ fn sweep_leftovers() {
     }
 }
 
-/// Empties the pool, ending the spawner threads (a cgroup holding one cannot be removed), and
-/// hands back the pooled directories; see [`super::cgroup::remove_own_cgroups`].
-pub(crate) fn drain_idle() -> Vec<PathBuf> {
-    let drained = std::mem::take(&mut *lock(&IDLE));
-    drained
-        .into_iter()
-        .map(|pooled| {
-            if let Some(spawner) = pooled.spawner {
-                spawner.stop();
-            }
-            pooled.dir
-        })
-        .collect()
+/// On a clean stop: removes this process's empty call-out cgroups (the pool, and leftovers
+/// whose helpers have ended), so a stopped flexd leaves no `call-<pid>-*` directories behind.
+/// Cgroups still holding driver processes (a call-out in flight, a FUSE helper) stay, for the
+/// next flexd's sweep. Returns how many were removed. Nothing to do where call-outs were never
+/// capped, or no call-out ran (the hierarchy is not detected just for this).
+pub fn remove_own_cgroups() -> usize {
+    let Some(hierarchy) = super::cgroup::detected() else {
+        return 0;
+    };
+    // Spawner threads live in their cgroups (v1): they must end before a cgroup can go.
+    let pooled = std::mem::take(&mut *lock(&IDLE));
+    let mut removed = 0;
+    for Pooled { dir, spawner, .. } in pooled {
+        if let Some(spawner) = spawner {
+            spawner.stop();
+        }
+        removed += usize::from(std::fs::remove_dir(&dir).is_ok());
+    }
+    for dir in super::cgroup::own_call_cgroups(&hierarchy.base) {
+        removed += usize::from(std::fs::remove_dir(&dir).is_ok());
+    }
+    tracing::debug!(removed, dir = %hierarchy.base.display(), "removed this process's call-out cgroups");
+    removed
 }
 
 /// Puts an empty cgroup in the pool, or removes it when the pool is full.

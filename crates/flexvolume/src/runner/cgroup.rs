@@ -255,29 +255,22 @@ fn sweep_stale(base: &Path) {
     }
 }
 
-/// On a clean stop: removes this process's empty call-out cgroups (the pool, and leftovers
-/// whose helpers have ended), so a stopped flexd leaves no `call-<pid>-*` directories behind.
-/// Cgroups still holding driver processes (a call-out in flight, a FUSE helper) stay, for the
-/// next flexd's sweep. Returns how many were removed. Nothing to do where call-outs were never
-/// capped (or no call-out ran: the hierarchy is not detected just for this).
-pub fn remove_own_cgroups() -> usize {
-    let Some(Ok(hierarchy)) = HIERARCHY.get() else {
-        return 0;
-    };
-    let mut removed = 0;
-    for dir in super::capped::drain_idle() {
-        removed += usize::from(std::fs::remove_dir(&dir).is_ok());
-    }
+/// The hierarchy if it was already detected: a stop must not start detecting it.
+pub(crate) fn detected() -> Option<&'static Hierarchy> {
+    HIERARCHY.get().and_then(|found| found.as_ref().ok())
+}
+
+/// The call-out cgroups of this process (`call-<own pid>-<n>`) under `base`.
+pub(crate) fn own_call_cgroups(base: &Path) -> Vec<PathBuf> {
     let me = i32::try_from(std::process::id()).ok();
-    if let Ok(entries) = std::fs::read_dir(&hierarchy.base) {
-        for entry in entries.flatten() {
-            if owner_of(&entry.file_name().to_string_lossy()) == me {
-                removed += usize::from(std::fs::remove_dir(entry.path()).is_ok());
-            }
-        }
-    }
-    tracing::debug!(removed, dir = %hierarchy.base.display(), "removed this process's call-out cgroups");
-    removed
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| owner_of(&entry.file_name().to_string_lossy()) == me)
+        .map(|entry| entry.path())
+        .collect()
 }
 
 /// The pid of the process that made the call-out cgroup `name` (`call-<pid>-<n>`).

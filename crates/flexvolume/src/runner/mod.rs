@@ -18,9 +18,9 @@ mod capped;
 mod cgroup;
 mod leftovers;
 
-pub use capped::lingering;
 use capped::CallCgroup;
-pub use cgroup::{process_cap, remove_own_cgroups, CALLOUTS_DIR};
+pub use capped::{lingering, remove_own_cgroups};
+pub use cgroup::{process_cap, CALLOUTS_DIR};
 
 use std::collections::BTreeMap;
 use std::fs::File;
