@@ -171,12 +171,26 @@ impl StateDir {
             .write(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
-            StateError::Io {
-                path: path.clone(),
-                source: e.into(),
+        let flock_err = |e: rustix::io::Errno| StateError::Io {
+            path: path.clone(),
+            source: e.into(),
+        };
+        // Tried without blocking first, so a wait behind another operation (a mount stuck in
+        // a slow driver, another flexd) is said once instead of looking like a hang.
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                tracing::info!(
+                    lock = %path.display(),
+                    what = %what.display(),
+                    "waiting for {}: another operation holds it",
+                    path.display()
+                );
+                rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                    .map_err(flock_err)?;
             }
-        })?;
+            Err(e) => return Err(flock_err(e)),
+        }
         Ok(Lock {
             file: std::sync::Arc::new(file),
         })
