@@ -1,11 +1,13 @@
 //! `flexd`: the FlexVolume host runtime's command line.
 //!
-//! Every subcommand lives in its own module under `cli/`; this file only parses arguments, sets
-//! up logging and maps errors to exit statuses.
+//! Every subcommand lives in its own module under `cli/` (`serve` under `serve/`), their shared
+//! settings in `settings/`; this file only parses arguments, sets up logging and maps errors to
+//! exit statuses.
 
 mod builtin;
 mod cli;
 mod serve;
+mod settings;
 
 use std::process::ExitCode;
 
@@ -17,7 +19,7 @@ fn main() -> ExitCode {
         return code;
     }
     let args = cli::Cli::parse();
-    if let Err(e) = cli::logging::init(&args.global) {
+    if let Err(e) = settings::logging::init(&args.global) {
         eprintln!("flexd: cannot set up logging: {e:#}");
         return ExitCode::from(1);
     }

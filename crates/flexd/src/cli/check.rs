@@ -1,4 +1,4 @@
-//! `flexd check DRIVER`: a conformance report for driver authors.
+//! `flexd check --driver DRIVER`: a conformance report for driver authors.
 //!
 //! Each check runs the driver for real and records what it answered and how long it took.
 //! Required checks decide the exit status (0 only when all pass); advisory ones point at
@@ -15,7 +15,7 @@ use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::{layout, CallOut, Driver, DriverName, Options, Plugin, VolumeSpec};
 use serde::Serialize;
 
-use super::{Global, OutputFormat};
+use crate::settings::{Global, OutputFormat};
 
 const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
 const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
@@ -39,9 +39,18 @@ pub const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// The driver to check: vendor/driver.
-    pub driver: String,
+    #[arg(
+        long = "driver",
+        value_name = "VENDOR/DRIVER",
+        required_unless_present = "driver_word",
+        conflicts_with = "driver_word"
+    )]
+    pub driver: Option<String>,
+    // The first spelling, `flexd check vendor/driver`, still works.
+    #[arg(hide = true, value_name = "VENDOR/DRIVER")]
+    pub driver_word: Option<String>,
     /// Timeout of each call-out.
-    #[arg(long, value_parser = super::parse_duration, default_value = "2m")]
+    #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
     pub timeout: Duration,
     /// Options of the scratch volume used by the checks (JSON object of strings).
     #[arg(long, default_value = "{}")]
@@ -129,7 +138,8 @@ fn parse_options(text: &str) -> anyhow::Result<std::collections::BTreeMap<String
 }
 
 pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let name = DriverName::parse(&args.driver)?;
+    let wanted = args.driver.or(args.driver_word).unwrap_or_default();
+    let name = DriverName::parse(&wanted)?;
     let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
         .with_context(|| format!("driver {name} is not usable"))?;
     let config = global.runner_config().with_timeout_for_all(args.timeout);

@@ -8,12 +8,12 @@ use flexvolume::prober::{self, Probed};
 use flexvolume::Capabilities;
 use serde::Serialize;
 
-use super::{Global, OutputFormat};
+use crate::settings::{Global, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct DriversArgs {
     /// Timeout of each driver's init.
-    #[arg(long, value_parser = super::parse_duration, default_value = "2m")]
+    #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
     pub timeout: std::time::Duration,
 }
 

@@ -7,15 +7,19 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _};
 use clap::Args;
 use flexvolume::install;
-use flexvolume::state::StateDir;
 use flexvolume::DriverName;
 
-use super::{Global, OutputFormat};
+use crate::settings::{Global, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct InstallArgs {
     /// The driver's name, as in volume specs: vendor/driver.
-    #[arg(long, required_unless_present = "builtin", conflicts_with = "builtin")]
+    #[arg(
+        long,
+        value_name = "VENDOR/DRIVER",
+        required_unless_present = "builtin",
+        conflicts_with = "builtin"
+    )]
     pub driver: Option<String>,
     /// The driver executable, or a directory holding it (named after the driver) and its helpers.
     #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
@@ -32,11 +36,8 @@ pub struct InstallArgs {
 #[derive(Debug, Args)]
 pub struct UninstallArgs {
     /// The driver's name: vendor/driver.
-    #[arg(long)]
+    #[arg(long, value_name = "VENDOR/DRIVER")]
     pub driver: String,
-    /// flexd's state, which records the volumes mounted through each driver.
-    #[arg(long, default_value = "/var/lib/flexd")]
-    pub state_dir: PathBuf,
     /// Remove the driver even while volumes mounted through it are recorded (they can still
     /// be unmounted, with the copy of the driver pinned when they were mounted).
     #[arg(long)]
@@ -57,7 +58,7 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
         _ => bail!("give --driver and SOURCE, or --builtin"),
     };
     let termination = match args.then_sleep {
-        true => Some(super::signals::Termination::catch()?),
+        true => Some(crate::settings::signals::Termination::catch()?),
         false => None,
     };
     let installed = install::install(&global.plugin_dir, &name, &source, global.layout_policy())
@@ -85,7 +86,7 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
 
 pub fn run_uninstall(global: &Global, args: UninstallArgs) -> anyhow::Result<ExitCode> {
     let name = DriverName::parse(&args.driver)?;
-    let state = StateDir::new(&args.state_dir);
+    let state = global.state();
     let in_use = state
         .volumes_using(&name)
         .with_context(|| format!("cannot tell which volumes use driver {name}"))?;
@@ -93,7 +94,7 @@ pub fn run_uninstall(global: &Global, args: UninstallArgs) -> anyhow::Result<Exi
         bail!(
             "driver {name} is used by {in_use} mounted volume(s) (flexd volume list --state-dir {}); \
              unmount them first, or pass --force (they stay unmountable)",
-            args.state_dir.display()
+            global.state_dir.display()
         );
     }
     if in_use > 0 {

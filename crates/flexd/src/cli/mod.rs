@@ -1,27 +1,27 @@
-//! Subcommands. Output is for humans by default and JSON with `--output json`.
+//! Subcommands. Output is for humans by default and JSON with `--output json` (`-o json`).
+//! Their shared flags, logging and signals live in [`crate::settings`].
 
 pub mod call;
 pub mod check;
+pub mod completions;
 pub mod drivers;
 pub mod install;
-pub mod logging;
 pub mod ownership;
-pub mod signals;
 pub mod volume;
 pub mod watch;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use flexvolume::layout::{LayoutPolicy, DEFAULT_PLUGIN_DIR};
+use clap::{Parser, Subcommand};
+
+use crate::settings::{exit, Global};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "flexd",
     version,
-    about = "Discover, run and serve FlexVolume drivers"
+    about = "Discover, run and serve FlexVolume drivers",
+    after_help = exit::ALL
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -30,81 +30,43 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Flags every subcommand understands.
-#[derive(Debug, Args)]
-pub struct Global {
-    /// The FlexVolume plugin dir (kubelet's --volume-plugin-dir).
-    #[arg(long, global = true, env = "FLEXD_PLUGIN_DIR", default_value = DEFAULT_PLUGIN_DIR)]
-    pub plugin_dir: PathBuf,
-    /// Accept driver executables that are symlinks resolving outside the plugin dir.
-    #[arg(long, global = true)]
-    pub allow_symlinks: bool,
-    /// Output for humans (text) or for scripts (json).
-    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
-    /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Minimum time between two processings of one driver directory.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "1s")]
-    pub probe_interval: Duration,
-    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `flexvolume=debug`); RUST_LOG wins.
-    #[arg(long, global = true, default_value = "info")]
-    pub log_level: String,
-    /// Processes (threads included) one driver call-out may have at once, held by a cgroup of
-    /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
-    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get())]
-    pub driver_max_processes: u32,
-}
-
-impl Global {
-    /// How drivers are run, with the limits set on the command line.
-    pub fn runner_config(&self) -> flexvolume::RunnerConfig {
-        flexvolume::RunnerConfig {
-            max_processes: std::num::NonZeroU32::new(self.driver_max_processes),
-            ..flexvolume::RunnerConfig::default()
-        }
-    }
-
-    pub fn layout_policy(&self) -> LayoutPolicy {
-        LayoutPolicy {
-            allow_symlinks: self.allow_symlinks,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Probe the plugin dir once (every driver's init, in parallel) and list the drivers.
+    #[command(after_help = exit::DRIVERS)]
     Drivers(drivers::DriversArgs),
     /// Run one call-out of a driver and print its parsed reply.
+    #[command(
+        after_help = exit::CALL,
+        override_usage = "flexd call [OPTIONS] --driver <VENDOR/DRIVER> <CALLOUT> [ARGS]..."
+    )]
     Call(call::CallArgs),
     /// Mount, unmount and list volumes: kubelet's node flow for one volume.
+    #[command(after_help = exit::VOLUME)]
     Volume(volume::VolumeArgs),
     /// Print every driver install, update and removal as it happens.
+    #[command(after_help = exit::UNTIL_SIGNAL)]
     Watch(watch::WatchArgs),
     /// Install a driver (file or directory) atomically into the plugin dir.
+    #[command(after_help = exit::INSTALL)]
     Install(install::InstallArgs),
     /// Remove an installed driver.
+    #[command(after_help = exit::PLAIN)]
     Uninstall(install::UninstallArgs),
     /// Check a driver's conformance to the protocol (a report for driver authors).
+    #[command(
+        after_help = exit::CHECK,
+        override_usage = "flexd check [OPTIONS] --driver <VENDOR/DRIVER>"
+    )]
     Check(check::CheckArgs),
     /// Give a directory tree a group the way SetUp(fsGroup) does (parallel, skips what is right).
     Ownership(ownership::OwnershipArgs),
     /// Serve every discovered driver to Kubernetes through CSI.
+    #[command(after_help = exit::UNTIL_SIGNAL)]
     Serve(crate::serve::ServeArgs),
+    /// Print a shell completion script for flexd on stdout.
+    #[command(after_help = exit::PLAIN)]
+    Completions(completions::CompletionsArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -118,17 +80,139 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(&cli.global, args),
         Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
+        Command::Completions(args) => completions::run(args),
     }
-}
-
-/// Durations as written everywhere in the CLI: `500ms`, `2s`, `10m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{e} (write durations like 500ms, 2s, 10m)"))
 }
 
 /// Prints a value as one line of JSON on stdout.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string(value)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Walks the whole tree, subcommands of subcommands too, after clap has propagated the
+    /// global flags and added its own.
+    #[test]
+    fn every_argument_of_every_command_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let helped = arg.get_help().or(arg.get_long_help()).is_some();
+                if !arg.is_hide_set() && !helped {
+                    missing.push(format!("`{path}`: {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("`{path} {}` (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut missing = Vec::new();
+        walk(&command, "flexd", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "no help text for: {}",
+            missing.join(", ")
+        );
+    }
+
+    #[test]
+    fn every_command_says_its_exit_statuses() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+                let path = format!("{path} {}", sub.get_name());
+                let says = sub
+                    .get_after_help()
+                    .is_some_and(|h| h.to_string().contains("Exit status"));
+                // A command with subcommands may leave it to them.
+                if !says && !sub.has_subcommands() {
+                    missing.push(path.clone());
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "flexd", &mut missing);
+        assert!(missing.is_empty(), "no exit statuses in: {missing:?}");
+    }
+
+    #[test]
+    fn state_dir_and_node_name_are_global_and_the_old_spellings_still_parse() {
+        let cli = parse(&[
+            "flexd",
+            "volume",
+            "--node",
+            "n1",
+            "--state-dir",
+            "/s",
+            "list",
+        ]);
+        assert_eq!(cli.global.node_name.as_deref(), Some("n1"));
+        assert_eq!(cli.global.state_dir, Path::new("/s"));
+        let cli = parse(&["flexd", "--node-name", "n2", "volume", "list"]);
+        assert_eq!(cli.global.node_name(), "n2");
+        let cli = parse(&["flexd", "uninstall", "--driver", "a/b", "--state-dir", "/u"]);
+        assert_eq!(cli.global.state_dir, Path::new("/u"));
+        let cli = parse(&["flexd", "serve", "--state-dir", "/v", "--node-name", "n3"]);
+        assert_eq!(
+            (cli.global.state_dir.as_path(), cli.global.node_name()),
+            (Path::new("/v"), "n3".to_owned())
+        );
+        let cli = parse(&["flexd", "-o", "json", "drivers"]);
+        assert_eq!(cli.global.output, crate::settings::OutputFormat::Json);
+    }
+
+    #[test]
+    fn the_driver_is_a_flag_everywhere_and_the_positional_spelling_still_works() {
+        for args in [
+            &["flexd", "check", "--driver", "a/b"][..],
+            &["flexd", "check", "a/b"],
+        ] {
+            let Command::Check(check) = parse(args).command else {
+                panic!("{args:?}")
+            };
+            assert_eq!(check.driver.or(check.driver_word).as_deref(), Some("a/b"));
+        }
+        assert!(Cli::try_parse_from(["flexd", "check"]).is_err());
+        assert!(Cli::try_parse_from(["flexd", "check", "--driver", "a/b", "c/d"]).is_err());
+        // The JSON argument starts with `{`, a later one may start with `-`.
+        assert!(Cli::try_parse_from(["flexd", "call", "--driver", "a/b"]).is_err());
+        for args in [
+            &[
+                "flexd", "call", "--driver", "a/b", "mount", "/t", "{}", "-x",
+            ][..],
+            &["flexd", "call", "a/b", "mount", "/t", "{}", "-x"],
+        ] {
+            let Command::Call(call) = parse(args).command else {
+                panic!("{args:?}")
+            };
+            let (driver, callout, rest) = call.split().unwrap();
+            assert_eq!(
+                (driver.as_str(), callout.as_str()),
+                ("a/b", "mount"),
+                "{args:?}"
+            );
+            assert_eq!(rest, ["/t", "{}", "-x"], "{args:?}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! `flexd ownership apply`: the SetUp(fsGroup) pass on its own, for operators fixing a volume
 //! by hand and for the benchmark.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand, ValueEnum};
 use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{Global, OutputFormat};
+use crate::settings::{exit, logging, Global, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct OwnershipArgs {
@@ -22,6 +23,7 @@ pub struct OwnershipArgs {
 #[derive(Debug, Subcommand)]
 pub enum OwnershipCommand {
     /// Give every entry under DIR the group, g+rw (g+r read-only), and dirs g+x and setgid.
+    #[command(after_help = exit::OWNERSHIP)]
     Apply(ApplyArgs),
 }
 
@@ -32,6 +34,8 @@ pub struct ApplyArgs {
     /// The group that must own the volume.
     #[arg(long)]
     pub fs_group: u32,
+    /// When to walk the tree (fsGroupChangePolicy): always, or only when the root's group or
+    /// mode is not right yet.
     #[arg(long, value_enum, default_value_t = PolicyArg::Always)]
     pub policy: PolicyArg,
     /// A read-only volume: g+r instead of g+rw.
@@ -45,7 +49,9 @@ pub struct ApplyArgs {
 /// `fsGroupChangePolicy`, as flags spell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {
+    /// Walk every entry, every time.
     Always,
+    /// Walk only when the root does not have the group and mode yet.
     OnRootMismatch,
 }
 
@@ -144,34 +150,39 @@ pub fn print_summary(report: &OwnershipReport) {
     }
 }
 
-/// A progress bar on stderr; the total is the filesystem's used inodes when DIR is a whole
-/// filesystem (a guess otherwise, so the bar never claims 100% before the end).
+/// A progress bar on stderr (log lines go above it); the total is the filesystem's used
+/// inodes when DIR is a whole filesystem (a guess otherwise, so the bar never claims 100%
+/// before the end).
 fn progress_bar(counters: &Counters, total: Option<u64>, finished: &AtomicBool) {
-    const WIDTH: u64 = 30;
     let started = Instant::now();
-    let mut stderr = std::io::stderr();
-    while !finished.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(200));
-        let done = counters.entries();
-        let line = match total {
-            Some(total) => {
-                let fraction = (done.min(total) * 99 / total.max(1)).min(99);
-                let filled = fraction * WIDTH / 100;
-                format!(
-                    "\r[{}{}] {fraction:>2}% {done} entries, {} changed, {}s ",
-                    "#".repeat(filled as usize),
-                    " ".repeat((WIDTH - filled) as usize),
-                    counters.changed(),
-                    started.elapsed().as_secs()
+    let bar = match total {
+        Some(total) => {
+            ProgressBar::with_draw_target(Some(total.max(1)), ProgressDrawTarget::stderr())
+                .with_style(
+                    ProgressStyle::with_template("[{bar:30}] {percent:>2}% {msg}")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("## "),
                 )
-            }
-            None => format!(
-                "\r{done} entries, {} changed, {}s ",
-                counters.changed(),
-                started.elapsed().as_secs()
-            ),
-        };
-        let _ = stderr.write_all(line.as_bytes());
+        }
+        None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(
+            ProgressStyle::with_template("{spinner} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ),
+    };
+    let shown = logging::show_progress(bar);
+    while !finished.load(Ordering::Relaxed) {
+        let done = counters.entries();
+        if let Some(total) = total {
+            // 99% at most until the walk says it is done.
+            shown.bar().set_position(done.min(total.max(1) * 99 / 100));
+        } else {
+            shown.bar().tick();
+        }
+        shown.bar().set_message(format!(
+            "{done} entries, {} changed, {}s",
+            counters.changed(),
+            started.elapsed().as_secs()
+        ));
+        std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = stderr.write_all(b"\r\x1b[2K");
 }

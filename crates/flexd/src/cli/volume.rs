@@ -10,21 +10,17 @@ use clap::{Args, Subcommand};
 use flexvolume::layout::{self, Driver};
 use flexvolume::lifecycle::{DriverResolver, Lifecycle, MountRequest};
 use flexvolume::manager::PluginManager;
-use flexvolume::state::{StateDir, VolumeRecord};
+use flexvolume::state::VolumeRecord;
 use flexvolume::{DriverName, Plugin, PodInfo, RunnerConfig, VolumeSpec};
 
 use flexd::manifest::SecretValues;
 
-use super::{Global, OutputFormat};
+use crate::settings::{exit, Global, OutputFormat};
 
+/// The state dir and the node name are global flags (`--state-dir`, `--node-name`; `--node`
+/// is still understood).
 #[derive(Debug, Args)]
 pub struct VolumeArgs {
-    /// Where flexd keeps what it needs to undo operations.
-    #[arg(long, global = true, default_value = "/var/lib/flexd")]
-    pub state_dir: PathBuf,
-    /// This node's name (attach/detach); default: the host name.
-    #[arg(long, global = true)]
-    pub node: Option<String>,
     #[command(subcommand)]
     pub command: VolumeCommand,
 }
@@ -32,18 +28,25 @@ pub struct VolumeArgs {
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
     /// Attach (if the driver attaches), mount the device, and mount the volume on TARGET.
+    #[command(after_help = exit::PLAIN)]
     Mount(Box<MountArgs>),
     /// Tear down exactly what mount did for TARGET.
+    #[command(after_help = exit::PLAIN)]
     Unmount(UnmountArgs),
     /// Grow a mounted volume: expandvolume, then expandfs (default: grow the filesystem).
+    #[command(after_help = exit::PLAIN)]
     Expand(ExpandArgs),
-    /// Attach a volume to --node, as the controller manager does; prints the device.
+    /// Attach a volume to --node-name, as the controller manager does; prints the device.
+    #[command(after_help = exit::PLAIN)]
     Attach(Box<SpecArgs>),
-    /// Whether a volume is attached to --node.
+    /// Whether a volume is attached to --node-name.
+    #[command(after_help = exit::ISATTACHED)]
     Isattached(Box<SpecArgs>),
-    /// Detach a volume from --node, under the name getvolumename gives it.
+    /// Detach a volume from --node-name, under the name getvolumename gives it.
+    #[command(after_help = exit::PLAIN)]
     Detach(Box<SpecArgs>),
     /// The volumes flexd manages.
+    #[command(after_help = exit::PLAIN)]
     List,
 }
 
@@ -54,7 +57,7 @@ pub struct SpecArgs {
     #[arg(short = 'f', long = "file", conflicts_with = "driver")]
     pub file: Option<PathBuf>,
     /// The driver: vendor/driver.
-    #[arg(long, required_unless_present = "file")]
+    #[arg(long, value_name = "VENDOR/DRIVER", required_unless_present = "file")]
     pub driver: Option<String>,
     /// The PV or pod volume name (kubernetes.io/pvOrVolumeName); for mount, default: the
     /// target's name.
@@ -63,8 +66,10 @@ pub struct SpecArgs {
     /// The flexVolume options, a JSON object of strings.
     #[arg(long)]
     pub options: Option<String>,
+    /// The filesystem type the driver should use (kubernetes.io/fsType), e.g. ext4 or xfs.
     #[arg(long)]
     pub fs_type: Option<String>,
+    /// Mount read-only (kubernetes.io/readwrite: ro).
     #[arg(long)]
     pub read_only: bool,
     /// A secret value, KEY=VALUE (repeatable); passed to mount only, base64, never printed.
@@ -80,6 +85,7 @@ pub struct SpecArgs {
 pub struct MountArgs {
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Where the volume is mounted: the pod's volume directory.
     #[arg(long)]
     pub target: PathBuf,
     /// The group that must own the volume (SetUp(fsGroup)).
@@ -88,18 +94,23 @@ pub struct MountArgs {
     /// When the ownership pass walks the volume (fsGroupChangePolicy).
     #[arg(long, value_enum, default_value_t = super::ownership::PolicyArg::Always)]
     pub fs_group_policy: super::ownership::PolicyArg,
+    /// The pod's name (kubernetes.io/pod.name), passed to the driver's mount.
     #[arg(long, default_value = "")]
     pub pod_name: String,
+    /// The pod's namespace (kubernetes.io/pod.namespace).
     #[arg(long, default_value = "")]
     pub pod_namespace: String,
+    /// The pod's UID (kubernetes.io/pod.uid).
     #[arg(long, default_value = "")]
     pub pod_uid: String,
+    /// The pod's service account (kubernetes.io/serviceAccount.name).
     #[arg(long, default_value = "")]
     pub service_account: String,
 }
 
 #[derive(Debug, Args)]
 pub struct ExpandArgs {
+    /// Where the volume is mounted (as given to mount).
     #[arg(long)]
     pub target: PathBuf,
     /// The new size: bytes, or with a Kubernetes suffix (Ki, Mi, Gi, Ti; k, M, G, T).
@@ -115,17 +126,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 #[derive(Debug, Args)]
 pub struct UnmountArgs {
+    /// Where the volume is mounted (as given to mount).
     #[arg(long)]
     pub target: PathBuf,
-}
-
-fn node_name(args: &VolumeArgs) -> String {
-    args.node.clone().unwrap_or_else(|| {
-        rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .into_owned()
-    })
 }
 
 /// The flexVolume source of a PersistentVolume or pod Volume, as our spec.
@@ -275,10 +278,10 @@ fn plugin_for(
 }
 
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
-    let node = node_name(&args);
+    let node = global.node_name();
     let lifecycle = Lifecycle {
         runner: global.runner_config(),
-        state: StateDir::new(&args.state_dir),
+        state: global.state(),
         node: node.clone(),
     };
     match &args.command {
@@ -379,7 +382,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                 ),
             }
             if !attached {
-                return Ok(ExitCode::from(1));
+                return Ok(ExitCode::from(exit::NO));
             }
         }
         VolumeCommand::Detach(spec_args) => {

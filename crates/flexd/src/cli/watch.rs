@@ -11,7 +11,7 @@ use flexvolume::prober::{ProbeEvent, Prober, ProberConfig};
 use flexvolume::{Capabilities, RunnerConfig};
 use serde::Serialize;
 
-use super::{Global, OutputFormat};
+use crate::settings::{Global, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {}
@@ -49,7 +49,7 @@ pub fn prober_config(global: &Global, runner: RunnerConfig) -> ProberConfig {
 }
 
 pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let termination = super::signals::Termination::catch()?;
+    let termination = crate::settings::signals::Termination::catch()?;
     let (prober, events) = Prober::start(prober_config(global, global.runner_config()))
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // On SIGTERM/SIGINT the prober stops, which ends the event stream below.

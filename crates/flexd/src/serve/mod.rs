@@ -27,10 +27,9 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use flexvolume::lifecycle::Lifecycle;
 use flexvolume::prober::{EventKind, ProbeEvent, Prober};
-use flexvolume::state::StateDir;
 use flexvolume::{DriverName, Plugin, RunnerConfig};
 
-use crate::cli::Global;
+use crate::settings::Global;
 use driver::ServedDriver;
 use endpoint::Endpoint;
 
@@ -40,26 +39,23 @@ pub enum Mode {
     Node,
     /// Controller service only (attach/detach), e.g. beside a CSI external-attacher.
     Controller,
+    /// Node and controller services in one process.
     Both,
 }
 
+/// `serve`'s own flags; the plugin dir, state dir and node name are global (see
+/// [`crate::settings::Global`]).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Which CSI services to run.
     #[arg(long, value_enum, default_value_t = Mode::Node)]
     pub mode: Mode,
-    /// This node's name, as Kubernetes knows it (NodeGetInfo, attach/detach); default: the
-    /// host name.
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
     /// Where each driver's CSI socket lives: <csi-dir>/<csi-name>/csi.sock.
     #[arg(long, default_value = "/var/lib/kubelet/plugins")]
     pub csi_dir: PathBuf,
     /// kubelet's plugin registration directory.
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     pub registration_dir: PathBuf,
-    /// flexd's state (what must survive a crash to undo operations).
-    #[arg(long, default_value = "/var/lib/flexd")]
-    pub state_dir: PathBuf,
     /// Where /metrics (Prometheus text) and /healthz are served.
     #[arg(long, default_value = "127.0.0.1:9808")]
     pub metrics_address: std::net::SocketAddr,
@@ -224,7 +220,7 @@ impl Served {
 }
 
 pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let termination = crate::cli::signals::Termination::catch()?;
+    let termination = crate::settings::signals::Termination::catch()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -241,16 +237,10 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!(cgroup = %dir.display(), max_processes = runner.max_processes.map_or(0, |m| m.get()), "driver call-outs are process-capped");
         }
     }
-    let node_name = args.node_name.clone().unwrap_or_else(|| {
-        rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .into_owned()
-    });
     let lifecycle = Arc::new(Lifecycle {
         runner: runner.clone(),
-        state: StateDir::new(&args.state_dir),
-        node: node_name,
+        state: global.state(),
+        node: global.node_name(),
     });
     let (prober, events) = Prober::start(crate::cli::watch::prober_config(global, runner))
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;

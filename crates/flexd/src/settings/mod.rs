@@ -1,0 +1,107 @@
+//! What every part of the binary shares, whichever subcommand runs: the global flags (each
+//! also read from the environment where a DaemonSet would set it), how drivers are run, logging
+//! and termination signals. `serve` and the `cli/` subcommands take their settings from here,
+//! so a flag means the same thing, is spelled the same way and has the same default everywhere.
+
+pub mod exit;
+pub mod logging;
+pub mod signals;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use flexvolume::layout::{LayoutPolicy, DEFAULT_PLUGIN_DIR};
+
+/// Where flexd keeps what must survive a crash to undo operations, unless told otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/flexd";
+
+/// Flags every subcommand understands, before or after the subcommand's name.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Global {
+    /// The FlexVolume plugin dir (kubelet's --volume-plugin-dir).
+    #[arg(long, global = true, env = "FLEXD_PLUGIN_DIR", default_value = DEFAULT_PLUGIN_DIR)]
+    pub plugin_dir: PathBuf,
+    /// flexd's state: what must survive a crash to undo operations (volume records, locks,
+    /// pinned driver copies). Every command that mounts, unmounts or removes drivers uses it.
+    #[arg(long, global = true, env = "FLEXD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// This node's name, as Kubernetes knows it (attach, detach, NodeGetInfo); default: the
+    /// host name.
+    // `--node` is how `flexd volume` spelled it first.
+    #[arg(long, global = true, env = "NODE_NAME", alias = "node")]
+    pub node_name: Option<String>,
+    /// Accept driver executables that are symlinks resolving outside the plugin dir.
+    #[arg(long, global = true)]
+    pub allow_symlinks: bool,
+    /// Output for humans (text) or for scripts (json).
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax, e.g. `debug` or `info,flexvolume=debug`). Given,
+    /// it wins over RUST_LOG; not given: RUST_LOG, else `info`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// Minimum time between two processings of one driver directory (watch, serve).
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "1s")]
+    pub probe_interval: Duration,
+    /// Processes (threads included) one driver call-out may have at once, held by a cgroup of
+    /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
+    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get())]
+    pub driver_max_processes: u32,
+}
+
+impl Global {
+    /// How drivers are run, with the limits set on the command line.
+    pub fn runner_config(&self) -> flexvolume::RunnerConfig {
+        flexvolume::RunnerConfig {
+            max_processes: std::num::NonZeroU32::new(self.driver_max_processes),
+            ..flexvolume::RunnerConfig::default()
+        }
+    }
+
+    pub fn layout_policy(&self) -> LayoutPolicy {
+        LayoutPolicy {
+            allow_symlinks: self.allow_symlinks,
+        }
+    }
+
+    /// `--node-name` (or NODE_NAME), else the host name, as kubelet defaults its node name.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
+
+    pub fn state(&self) -> flexvolume::state::StateDir {
+        flexvolume::state::StateDir::new(&self.state_dir)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Tables and sentences.
+    Text,
+    /// One JSON document per result on stdout.
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per event, fields flattened (for log collectors).
+    Json,
+}
+
+/// Durations as written everywhere in the CLI: `500ms`, `2s`, `10m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like 500ms, 2s, 10m)"))
+}
