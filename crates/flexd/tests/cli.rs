@@ -468,3 +468,290 @@ unmount) echo '{"status":"Success"}';;"#,
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!table.contains("flexd-check-"), "{table}");
 }
+
+/// flexd with no flexd setting inherited from the environment the tests run in.
+fn flexd_clean_env() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flexd"));
+    for var in [
+        "FLEXD_PLUGIN_DIR",
+        "FLEXD_STATE_DIR",
+        "NODE_NAME",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
+/// An attachable sh driver whose isattached is `isattached` (a `case` branch body).
+fn install_attachable(plugin_dir: &Path, dir_name: &str, isattached: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = plugin_dir.join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(dir_name.rsplit('~').next().unwrap());
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nisattached) {isattached};;\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n"
+    );
+    std::fs::write(&exe, script).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn state_dir_and_node_name_come_from_the_environment_unless_given() {
+    let root = tempfile::tempdir().unwrap();
+    let plugin = root.path().join("plugins");
+    install(&plugin, "attachable/attachable", "acme~att");
+    let env_state = root.path().join("env-state");
+    let flag_state = root.path().join("flag-state");
+    let target = root.path().join("not-mounted");
+
+    // FLEXD_STATE_DIR: where unmount takes its lock.
+    let out = flexd_clean_env()
+        .arg("--plugin-dir")
+        .arg(&plugin)
+        .env("FLEXD_STATE_DIR", &env_state)
+        .args(["volume", "unmount", "--target"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(env_state.join("locks").is_dir(), "FLEXD_STATE_DIR not used");
+    // The flag beats the environment.
+    let out = flexd_clean_env()
+        .arg("--plugin-dir")
+        .arg(&plugin)
+        .env("FLEXD_STATE_DIR", root.path().join("unused"))
+        .args(["volume", "unmount", "--state-dir"])
+        .arg(&flag_state)
+        .arg("--target")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(flag_state.join("locks").is_dir());
+    assert!(!root.path().join("unused").exists());
+
+    // NODE_NAME: the node attach and isattached act for.
+    let isattached = |extra: &[&str]| {
+        let out = flexd_clean_env()
+            .arg("--plugin-dir")
+            .arg(&plugin)
+            .arg("--state-dir")
+            .arg(&flag_state)
+            .env("NODE_NAME", "node-from-env")
+            .args(["-o", "json", "volume", "isattached"])
+            .args(["--driver", "acme/att", "--volume-name", "v1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        stdout_json(&out)["node"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(isattached(&[]), "node-from-env");
+    assert_eq!(isattached(&["--node-name", "node-flag"]), "node-flag");
+    // The first spelling, `volume --node`, still works.
+    assert_eq!(isattached(&["--node", "node-old"]), "node-old");
+}
+
+#[test]
+fn short_o_is_output() {
+    let plugin = tempfile::tempdir().unwrap();
+    install(plugin.path(), "tmpfs/tmpfs", "acme~tmpfs");
+    for args in [&["-o", "json", "drivers"][..], &["drivers", "-o", "json"]] {
+        let out = flexd(plugin.path(), args);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(stdout_json(&out)[0]["name"], "acme/tmpfs", "{args:?}");
+    }
+}
+
+#[test]
+fn an_explicit_log_level_beats_rust_log() {
+    let root = tempfile::tempdir().unwrap();
+    let source = examples().join("tmpfs/tmpfs");
+    // `install` logs "driver installed" at info.
+    let install = |dir: &str, rust_log: Option<&str>, level: Option<&str>| {
+        let mut command = flexd_clean_env();
+        command.arg("--plugin-dir").arg(root.path().join(dir));
+        if let Some(rust_log) = rust_log {
+            command.env("RUST_LOG", rust_log);
+        }
+        if let Some(level) = level {
+            command.args(["--log-level", level]);
+        }
+        let out = command
+            .args(["install", "--driver", "acme/tmpfs"])
+            .arg(&source)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).contains("driver installed")
+    };
+    assert!(install("a", None, None), "info by default");
+    assert!(
+        !install("b", Some("error"), None),
+        "RUST_LOG without a flag"
+    );
+    assert!(install("c", Some("error"), Some("debug")), "the flag wins");
+    assert!(!install("d", Some("debug"), Some("error")), "the flag wins");
+}
+
+#[test]
+fn isattached_tells_not_attached_from_an_error() {
+    let root = tempfile::tempdir().unwrap();
+    let p = root.path().join("plugins");
+    install(&p, "attachable/attachable", "acme~yes");
+    install_attachable(
+        &p,
+        "acme~no",
+        r#"echo '{"status":"Success","attached":false}'"#,
+    );
+    install_attachable(
+        &p,
+        "acme~broken",
+        r#"echo '{"status":"Failure","message":"backend down"}'; exit 1"#,
+    );
+    let isattached = |driver: &str| {
+        flexd_clean_env()
+            .arg("--plugin-dir")
+            .arg(&p)
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .args(["--node-name", "node-1", "volume", "isattached"])
+            .args(["--driver", driver, "--volume-name", "v1"])
+            .output()
+            .unwrap()
+    };
+    let yes = isattached("acme/yes");
+    assert_eq!(yes.status.code(), Some(0), "{yes:?}");
+    assert!(String::from_utf8_lossy(&yes.stdout).contains("v1 is attached to node-1"));
+    let no = isattached("acme/no");
+    assert_eq!(no.status.code(), Some(3), "{no:?}");
+    assert!(String::from_utf8_lossy(&no.stdout).contains("v1 is not attached to node-1"));
+    let broken = isattached("acme/broken");
+    assert_eq!(broken.status.code(), Some(1), "{broken:?}");
+    assert!(
+        String::from_utf8_lossy(&broken.stderr).contains("backend down"),
+        "{broken:?}"
+    );
+}
+
+#[test]
+fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
+    use std::io::BufRead as _;
+    use std::time::{Duration, Instant};
+
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let target = root.path().join("target");
+    let unmount = || {
+        let mut command = flexd_clean_env();
+        command
+            .arg("--plugin-dir")
+            .arg(root.path().join("plugins"))
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["volume", "unmount", "--target"])
+            .arg(&target);
+        command
+    };
+    // A first unmount (of what is not mounted: nothing to do) creates the target's lock file.
+    let out = unmount().output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let locks: Vec<(PathBuf, std::fs::File)> = std::fs::read_dir(state.join("locks"))
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let file = std::fs::File::open(&path).unwrap();
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
+            (path, file)
+        })
+        .collect();
+    assert!(!locks.is_empty());
+
+    let mut child = unmount()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let waiting = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("another operation holds it") => break line,
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no lock-wait message on stderr; saw {seen:?}");
+            }
+        }
+    };
+    assert!(
+        locks
+            .iter()
+            .any(|(path, _)| waiting.contains(&format!("waiting for {}", path.display()))),
+        "the message names the lock file: {waiting}"
+    );
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "it waits while the lock is held"
+    );
+    drop(locks);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("unmount did not finish once the lock was released");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn completions_are_generated_for_every_shell() {
+    let plugin = tempfile::tempdir().unwrap();
+    let out = flexd(plugin.path(), &["completions", "bash"]);
+    assert!(out.status.success(), "{out:?}");
+    let script = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "drivers",
+        "call",
+        "volume",
+        "isattached",
+        "install",
+        "uninstall",
+        "check",
+        "serve",
+        "--state-dir",
+        "--node-name",
+    ] {
+        assert!(script.contains(word), "bash completion lacks {word}");
+    }
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = flexd(plugin.path(), &["completions", shell]);
+        assert!(out.status.success(), "{shell}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("isattached"),
+            "{shell}"
+        );
+    }
+    let out = flexd(plugin.path(), &["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2), "an unknown shell is bad usage");
+}

@@ -703,7 +703,11 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
     assert_eq!(json["device"], "/dev/fake7");
     assert_eq!(json["node"], "node-1");
     let (out, json) = run("isattached");
-    assert_eq!(out.status.code(), Some(3), "not attached exits 3 (1 is an error)");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "not attached exits 3 (1 is an error)"
+    );
     assert_eq!(json["attached"], false);
     let (out, json) = run("detach");
     ok(&out);
