@@ -52,7 +52,7 @@ echo "contents: $(cat "$target/hello.txt")"
 grep -q "written through flexd" "$target/hello.txt"
 
 step "check the driver against the protocol"
-flexd check flexd/loop --options "$options"
+flexd check --driver flexd/loop --options "$options"
 
 step "unmount and clean up"
 volume unmount --target "$target"
