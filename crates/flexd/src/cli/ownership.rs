@@ -41,7 +41,8 @@ pub struct ApplyArgs {
     /// A read-only volume: g+r instead of g+rw.
     #[arg(long)]
     pub read_only: bool,
-    /// Walker threads (0: one per core).
+    /// Walker threads (0: one per core); at most 64 are accepted, and a pass runs at most
+    /// 4 per core whatever it asks for.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
