@@ -563,9 +563,12 @@ fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
     let exe = work.path().join("forkbomb");
     write_exe(
         &exe,
-        // Each process forks twice and becomes a sleeper, so the count stays at the cap (a
-        // shell whose fork fails exits, freeing a slot for another fork).
-        "#!/bin/sh\necho $$ > \"$2\"\nb() { b & b & exec sleep 1000; }\nb 2>/dev/null\n",
+        // Each bomb process forks twice and becomes a sleeper, so the count stays at the cap
+        // (a shell whose fork fails exits, freeing a slot for another fork). The driver itself
+        // forks only once, into an empty cgroup, and then waits: under load its children can
+        // fill the cgroup before a second fork of its own, and dash exits 2 when fork fails,
+        // which would end the call-out before its timeout.
+        "#!/bin/sh\necho $$ > \"$2\"\nb() { b & b & exec sleep 1000; }\nb 2>/dev/null &\nexec sleep 1000\n",
     );
     let pidfile = work.path().join("bomb.pid");
     let call = CallOut::from_raw(
