@@ -23,9 +23,10 @@ pub struct LayoutPolicy {
     pub allow_symlinks: bool,
 }
 
-/// A driver found on disk: a valid name and an executable file.
+/// A driver executable located in the plugin dir: a valid name and an executable file. Not
+/// yet run: once its `init` succeeded it is a [`crate::Plugin`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Driver {
+pub struct InstalledDriver {
     pub name: DriverName,
     /// `<plugin-dir>/<vendor~driver>`
     pub dir: PathBuf,
@@ -77,17 +78,7 @@ pub struct Entry {
     /// The entry's file name, e.g. `vendor~driver` (lossy if not UTF-8).
     pub dir_name: String,
     pub dir: PathBuf,
-    pub outcome: Result<Driver, LayoutError>,
-}
-
-impl Entry {
-    /// The name to report: the driver's name, or the best reading of the entry's name.
-    pub fn display_name(&self) -> String {
-        match &self.outcome {
-            Ok(driver) => driver.name.to_string(),
-            Err(_) => self.dir_name.replace('~', "/"),
-        }
-    }
+    pub outcome: Result<InstalledDriver, LayoutError>,
 }
 
 /// Whether the prober must ignore this file name.
@@ -131,7 +122,7 @@ pub fn locate(
     plugin_dir: &Path,
     name: &DriverName,
     policy: LayoutPolicy,
-) -> Result<Driver, LayoutError> {
+) -> Result<InstalledDriver, LayoutError> {
     let dir_name = name.dir_name();
     let canonical_root = plugin_dir
         .canonicalize()
@@ -157,7 +148,7 @@ pub fn check_staged(
     staged: &Path,
     name: &DriverName,
     policy: LayoutPolicy,
-) -> Result<Driver, LayoutError> {
+) -> Result<InstalledDriver, LayoutError> {
     let canonical_root = plugin_dir
         .canonicalize()
         .map_err(|e| LayoutError::io(plugin_dir, &e))?;
@@ -174,7 +165,7 @@ pub fn check_staged(
         policy,
     );
     outcome
-        .map(|driver| Driver {
+        .map(|driver| InstalledDriver {
             path: rename(driver.path),
             dir: dir.clone(),
             ..driver
@@ -233,7 +224,7 @@ fn check_entry(
     file_name: &std::ffi::OsStr,
     canonical_root: &Path,
     policy: LayoutPolicy,
-) -> Result<Driver, LayoutError> {
+) -> Result<InstalledDriver, LayoutError> {
     let meta = std::fs::metadata(dir).map_err(|e| LayoutError::io(dir, &e))?;
     if !meta.is_dir() {
         return Err(LayoutError::NotADirectory {
@@ -277,7 +268,7 @@ fn check_entry(
             });
         }
     }
-    Ok(Driver {
+    Ok(InstalledDriver {
         name,
         dir: dir.to_owned(),
         path,

@@ -10,31 +10,45 @@
 //!   `flexvolume-protocol` crate, which the driver SDK shares, and are re-exported here under
 //!   their old paths;
 //! - [`runner`]: running a driver safely (no shell, timeouts, process groups, capped output);
-//! - [`layout`]: reading the plugin dir; [`plugin`]: an initialised driver;
-//! - [`prober`]: finding drivers; [`manager`]: which plugin serves a volume;
+//! - [`layout`]: reading the plugin dir (an [`InstalledDriver`]); [`plugin`]: an initialised
+//!   driver;
+//! - [`prober`]: finding drivers; [`registry`]: what is known about each driver, fed by the
+//!   prober; [`resolver`]: which plugin a recorded volume is torn down with (the pinned copy of a
+//!   removed driver included);
+//! - [`check`]: the conformance report for driver authors;
 //! - [`lifecycle`]: attach, mount and back, with Kubernetes' defaults; [`state`]: what survives a crash;
 //! - [`mount`]: the mount table and mount helpers; [`install`]: putting drivers in place atomically.
 //!
-//! Data flows one way: plugin dir → prober → plugins → call-outs → driver processes. The
-//! contract is in the repository's `docs/` (protocol, discovery, lifecycle).
+//! Data flows one way: plugin dir → prober → registry → plugins → call-outs → driver processes.
+//! The contract is in the repository's `docs/` (protocol, discovery, lifecycle).
+//!
+//! "Driver" is used for several things; `docs/glossary.md` says which word means what
+//! (installed driver, plugin, served driver, the SDK's `Driver` trait).
 
 pub use flexvolume_protocol::{name, options, protocol, spec};
 
+pub mod check;
 pub mod install;
 pub mod layout;
 pub mod lifecycle;
-pub mod manager;
 pub mod mount;
 pub mod ownership;
 pub mod plugin;
 pub mod prober;
+pub mod registry;
+pub mod resolver;
 pub mod runner;
 pub mod state;
 
-pub use layout::{Driver, LayoutPolicy};
+pub use layout::{InstalledDriver, LayoutPolicy};
+/// The old name of [`InstalledDriver`], kept only while `tests/runner.rs` still uses it.
+#[doc(hidden)]
+pub type Driver = InstalledDriver;
 pub use name::DriverName;
 pub use options::Options;
 pub use plugin::Plugin;
 pub use protocol::{CallOut, CallOutKind, Capabilities, Reply, Status};
+pub use registry::Registry;
+pub use resolver::Resolver;
 pub use runner::{CallError, RunnerConfig};
 pub use spec::{PodInfo, VolumeSpec};

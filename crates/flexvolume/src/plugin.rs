@@ -1,6 +1,6 @@
 //! A plugin: a driver that answered `init`, with its capabilities and what it does not support.
 
-use crate::layout::Driver;
+use crate::layout::InstalledDriver;
 use crate::protocol::{CallOut, CallOutSet, Capabilities, Reply};
 use crate::runner::{self, CallError, CallOutcome, RunnerConfig};
 
@@ -8,7 +8,7 @@ use crate::runner::{self, CallError, CallOutcome, RunnerConfig};
 /// forgets the call-outs the old version did not support (the driver may have learnt them).
 #[derive(Debug)]
 pub struct Plugin {
-    pub driver: Driver,
+    pub driver: InstalledDriver,
     pub capabilities: Capabilities,
     unsupported: CallOutSet,
 }
@@ -16,13 +16,13 @@ pub struct Plugin {
 impl Plugin {
     /// Runs `init`. Any answer but `Success` (including `Not supported`) means the driver is not
     /// usable, as in kubelet; a reply without capabilities gets the defaults.
-    pub fn init(driver: Driver, config: &RunnerConfig) -> Result<Self, CallError> {
+    pub fn init(driver: InstalledDriver, config: &RunnerConfig) -> Result<Self, CallError> {
         let reply = observed_call(config, &driver, &CallOut::init())?;
         Ok(Self::from_init_reply(driver, &reply))
     }
 
     /// A plugin from an `init` reply obtained elsewhere.
-    pub fn from_init_reply(driver: Driver, reply: &Reply) -> Self {
+    pub fn from_init_reply(driver: InstalledDriver, reply: &Reply) -> Self {
         Self {
             driver,
             capabilities: reply.capabilities.unwrap_or_default(),
@@ -56,7 +56,7 @@ impl Plugin {
 /// Runs a call-out and tells the configured observer how it went and how long it took.
 fn observed_call(
     config: &RunnerConfig,
-    driver: &Driver,
+    driver: &InstalledDriver,
     call: &CallOut,
 ) -> Result<Reply, CallError> {
     let start = std::time::Instant::now();

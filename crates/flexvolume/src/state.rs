@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::name::DriverName;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("state {path}: {source}")]
@@ -67,7 +69,10 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     pub target: PathBuf,
-    pub driver: String,
+    /// Written as the plain `vendor/driver` string; a record whose name is not a valid driver
+    /// name does not load (it is reported as corrupt rather than used to build paths).
+    #[serde(deserialize_with = "driver_name")]
+    pub driver: DriverName,
     pub volume_name: String,
     pub fs_type: String,
     pub read_only: bool,
@@ -92,17 +97,19 @@ pub struct VolumeRecord {
 impl VolumeRecord {
     /// The volume's spec as it was mounted, without secrets (they are never stored).
     pub fn spec(&self) -> Result<crate::spec::VolumeSpec, StateError> {
-        let driver =
-            crate::name::DriverName::parse(&self.driver).map_err(|e| StateError::Corrupt {
-                path: self.target.clone(),
-                message: format!("driver name {:?}: {e}", self.driver),
-            })?;
-        let mut spec = crate::spec::VolumeSpec::new(self.volume_name.clone(), driver);
+        let mut spec = crate::spec::VolumeSpec::new(self.volume_name.clone(), self.driver.clone());
         spec.fs_type = self.fs_type.clone();
         spec.read_only = self.read_only;
         spec.options = self.options.clone();
         Ok(spec)
     }
+}
+
+/// Reads a record's driver name, validating it as any other name from outside is.
+fn driver_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DriverName, D::Error> {
+    let text = String::deserialize(d)?;
+    DriverName::parse(&text)
+        .map_err(|e| serde::de::Error::custom(format!("driver name {text:?}: {e}")))
 }
 
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
@@ -332,12 +339,11 @@ impl StateDir {
 
     /// How many recorded volumes depend on a driver (docs/discovery.md#in-use). Unreadable
     /// records cannot be attributed and are not counted; `list` reports them.
-    pub fn volumes_using(&self, driver: &crate::name::DriverName) -> Result<usize, StateError> {
-        let name = driver.to_string();
+    pub fn volumes_using(&self, driver: &DriverName) -> Result<usize, StateError> {
         Ok(self
             .list()?
             .iter()
-            .filter(|r| r.as_ref().is_ok_and(|r| r.driver == name))
+            .filter(|r| r.as_ref().is_ok_and(|r| r.driver == *driver))
             .count())
     }
 
@@ -383,7 +389,7 @@ mod tests {
     fn record(target: &str) -> VolumeRecord {
         VolumeRecord {
             target: target.into(),
-            driver: "acme/drv".into(),
+            driver: DriverName::parse("acme/drv").unwrap(),
             volume_name: "pv-1".into(),
             fs_type: "ext4".into(),
             read_only: false,
@@ -438,6 +444,28 @@ mod tests {
             Err(StateError::Corrupt { .. })
         ));
         assert!(state.list().unwrap()[0].is_err());
+    }
+
+    #[test]
+    fn the_driver_name_is_stored_as_its_string_and_an_invalid_one_is_corrupt() {
+        let json = serde_json::to_value(record("/t/a")).unwrap();
+        assert_eq!(json["driver"], "acme/drv");
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        let mut bad = json.clone();
+        bad["driver"] = "../../etc".into();
+        fs::create_dir_all(state.volumes()).unwrap();
+        fs::write(
+            state.record_path(Path::new("/t/a")),
+            serde_json::to_vec(&bad).unwrap(),
+        )
+        .unwrap();
+        match state.load(Path::new("/t/a")) {
+            Err(e @ StateError::Corrupt { .. }) => {
+                assert!(e.to_string().contains("driver name \"../../etc\""), "{e}")
+            }
+            other => panic!("expected a corrupt record, got {other:?}"),
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl DriverReport {
             Err(e) => ("failed", Some(e.to_string()), None),
         };
         Self {
-            name: p.name.clone(),
+            name: p.subject.label(),
             dir: p.dir.display().to_string(),
             path: p.path.as_ref().map(|p| p.display().to_string()),
             status,

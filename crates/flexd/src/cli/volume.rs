@@ -7,11 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
-use flexvolume::layout::{self, Driver};
-use flexvolume::lifecycle::{DriverResolver, Lifecycle, MountRequest};
-use flexvolume::manager::PluginManager;
-use flexvolume::state::VolumeRecord;
-use flexvolume::{DriverName, Plugin, PodInfo, RunnerConfig, VolumeSpec};
+use flexvolume::lifecycle::{Lifecycle, MountRequest};
+use flexvolume::{DriverName, Plugin, PodInfo, Resolver, VolumeSpec};
 
 use flexd::manifest::SecretValues;
 
@@ -208,73 +205,15 @@ fn build_spec(args: &SpecArgs, default_name: Option<&Path>) -> anyhow::Result<Vo
     Ok(spec)
 }
 
-/// The copy of a removed driver pinned when one of its volumes was mounted.
-fn pinned_plugin_for(lifecycle: &Lifecycle, spec: &VolumeSpec) -> Option<Plugin> {
-    let name = spec.driver.to_string();
-    let record = lifecycle
-        .state
-        .list()
-        .ok()?
-        .into_iter()
-        .flatten()
-        .find(|r| r.driver == name && r.pinned.is_some())?;
-    pinned_plugin(&record)
-}
-
-/// A plugin running the executable pinned in a volume record. Its init is not run again: it
-/// succeeded when the volume was mounted, and the copy cannot have changed since.
-pub(crate) fn pinned_plugin(record: &VolumeRecord) -> Option<Plugin> {
-    let name = DriverName::parse(&record.driver).ok()?;
-    let pinned = record.pinned.clone()?;
-    let driver = Driver {
-        name,
-        dir: pinned.parent()?.to_owned(),
-        path: pinned,
-    };
-    let ok = flexvolume::protocol::find_reply(br#"{"status":"Success"}"#)?;
-    Some(Plugin::from_init_reply(driver, &ok))
-}
-
-/// The installed driver when it is there and initialises, else the pinned copy.
-struct Resolver<'a> {
-    global: &'a Global,
-    runner: &'a RunnerConfig,
-}
-
-impl DriverResolver for Resolver<'_> {
-    fn resolve(&self, record: &VolumeRecord) -> Option<Arc<Plugin>> {
-        let name = DriverName::parse(&record.driver).ok()?;
-        if let Ok(driver) =
-            layout::locate(&self.global.plugin_dir, &name, self.global.layout_policy())
-        {
-            match Plugin::init(driver, self.runner) {
-                Ok(plugin) => return Some(Arc::new(plugin)),
-                Err(e) => {
-                    tracing::warn!(driver = %name, error = %e, "installed driver failed init; using the pinned copy")
-                }
-            }
-        }
-        tracing::info!(driver = %name, pinned = ?record.pinned, "driver not installed; tearing down with its pinned copy");
-        pinned_plugin(record).map(Arc::new)
-    }
-}
-
-/// The usable plugin for a spec, through the plugin manager: a driver that is absent, broken or
-/// removed while volumes use it is refused here with the manager's error.
+/// The usable plugin for a spec: a driver that is absent, broken or removed while volumes use
+/// it is refused here with the registry's error.
 fn plugin_for(
-    global: &Global,
+    resolver: &Resolver,
     lifecycle: &Lifecycle,
     spec: &VolumeSpec,
 ) -> anyhow::Result<Arc<Plugin>> {
-    let manager = PluginManager::new();
-    manager.probe_one(
-        &global.plugin_dir,
-        &spec.driver,
-        global.layout_policy(),
-        &lifecycle.runner,
-    );
     let in_use = || lifecycle.state.volumes_using(&spec.driver).unwrap_or(0);
-    Ok(manager.find_by_spec(spec, in_use)?)
+    Ok(resolver.find(&spec.driver, in_use)?)
 }
 
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
@@ -284,11 +223,17 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         state: global.state(),
         node: node.clone(),
     };
+    // The installed driver when it is there and initialises, else the pinned copy.
+    let resolver = Resolver::probing(
+        lifecycle.runner.clone(),
+        global.plugin_dir.clone(),
+        global.layout_policy(),
+    );
     match &args.command {
         VolumeCommand::Mount(mount) => {
             let target = std::path::absolute(&mount.target).context("bad --target")?;
             let spec = build_spec(&mount.spec, Some(&target))?;
-            let plugin = plugin_for(global, &lifecycle, &spec)?;
+            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
             let pod = PodInfo {
                 name: mount.pod_name.clone(),
                 namespace: mount.pod_namespace.clone(),
@@ -327,10 +272,6 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         }
         VolumeCommand::Expand(expand) => {
             let target = std::path::absolute(&expand.target).context("bad --target")?;
-            let resolver = Resolver {
-                global,
-                runner: &lifecycle.runner,
-            };
             let outcome = lifecycle
                 .expand(&target, expand.size, &resolver)
                 .with_context(|| format!("cannot expand {}", target.display()))?;
@@ -346,7 +287,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         }
         VolumeCommand::Attach(spec_args) => {
             let spec = build_spec(spec_args, None)?;
-            let plugin = plugin_for(global, &lifecycle, &spec)?;
+            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
             let device = lifecycle
                 .attach(&plugin, &spec, &node)
                 .with_context(|| format!("cannot attach {} to {node}", spec.volume_name))?;
@@ -367,7 +308,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         }
         VolumeCommand::Isattached(spec_args) => {
             let spec = build_spec(spec_args, None)?;
-            let plugin = plugin_for(global, &lifecycle, &spec)?;
+            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
             let attached = lifecycle
                 .is_attached(&plugin, &spec, &node)
                 .with_context(|| format!("cannot tell whether {} is attached", spec.volume_name))?;
@@ -388,13 +329,12 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         VolumeCommand::Detach(spec_args) => {
             let spec = build_spec(spec_args, None)?;
             // Detach keeps working for a removed driver whose volumes are still recorded.
-            let plugin = match plugin_for(global, &lifecycle, &spec) {
+            let plugin = match plugin_for(&resolver, &lifecycle, &spec) {
                 Ok(plugin) => plugin,
-                Err(e) => Arc::new(
-                    pinned_plugin_for(&lifecycle, &spec)
-                        .ok_or(e)
-                        .with_context(|| format!("cannot detach {}", spec.volume_name))?,
-                ),
+                Err(e) => resolver
+                    .pinned_for(&lifecycle.state, &spec.driver)
+                    .ok_or(e)
+                    .with_context(|| format!("cannot detach {}", spec.volume_name))?,
             };
             let (name, ran) = lifecycle
                 .detach(&plugin, &spec, &node)
@@ -409,10 +349,6 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         }
         VolumeCommand::Unmount(unmount) => {
             let target = std::path::absolute(&unmount.target).context("bad --target")?;
-            let resolver = Resolver {
-                global,
-                runner: &lifecycle.runner,
-            };
             let outcome = lifecycle
                 .unmount(&target, &resolver)
                 .with_context(|| format!("cannot unmount {}", target.display()))?;

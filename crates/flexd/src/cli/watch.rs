@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use anyhow::Context as _;
 use clap::Args;
 use flexvolume::prober::{ProbeEvent, Prober, ProberConfig};
-use flexvolume::{Capabilities, RunnerConfig};
+use flexvolume::Capabilities;
 use serde::Serialize;
 
 use crate::settings::{Global, OutputFormat};
@@ -40,17 +40,15 @@ impl<'a> Line<'a> {
     }
 }
 
-pub fn prober_config(global: &Global, runner: RunnerConfig) -> ProberConfig {
-    let mut config = ProberConfig::new(global.plugin_dir.clone());
-    config.probe_interval = global.probe_interval;
-    config.layout_policy = global.layout_policy();
-    config.runner = runner;
-    config
-}
-
 pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
     let termination = crate::settings::signals::Termination::catch()?;
-    let (prober, events) = Prober::start(prober_config(global, global.runner_config()))
+    let config = ProberConfig::for_host(
+        global.plugin_dir.clone(),
+        global.layout_policy(),
+        global.probe_interval,
+        global.runner_config(),
+    );
+    let (prober, events) = Prober::start(config)
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // On SIGTERM/SIGINT the prober stops, which ends the event stream below.
     let prober = Arc::new(Mutex::new(Some(prober)));

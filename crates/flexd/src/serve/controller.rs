@@ -83,13 +83,12 @@ impl Controller for ControllerService {
         let detached = run_locked(&self.locks, &volume_id, move || {
             // CSI: no node id means every node the volume is published to.
             let nodes = if node.is_empty() {
-                let name = driver.to_string();
                 lifecycle
                     .state
                     .list()?
                     .into_iter()
                     .flatten()
-                    .filter(|r| r.role == Role::Attach && r.driver == name && r.volume_name == id)
+                    .filter(|r| r.role == Role::Attach && r.driver == driver && r.volume_name == id)
                     .map(|r| r.node)
                     .collect()
             } else {

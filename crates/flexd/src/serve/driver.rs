@@ -1,18 +1,22 @@
-//! One FlexVolume driver as served through CSI: its names, sockets and current plugin.
+//! One FlexVolume driver as served through CSI: its CSI name and sockets. Whether it is ready,
+//! and with which plugin, is the library's [`Registry`](flexvolume::Registry)'s to say.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use flexvolume::{DriverName, Plugin};
+use flexvolume::lifecycle::DriverResolver;
+use flexvolume::state::VolumeRecord;
+use flexvolume::{DriverName, Plugin, Resolver};
 
-/// A driver flexd serves. The plugin is swapped when the driver is updated; `None` while its
-/// last init failed (Probe then answers not ready and every operation fails clearly).
+/// A driver flexd serves. It keeps only what is CSI's; its plugin is looked up in the registry
+/// the prober feeds, so an update is seen at once and `None` while its last init failed (Probe
+/// then answers not ready and every operation fails clearly).
 pub struct ServedDriver {
     pub name: DriverName,
     pub csi_name: String,
     pub csi_socket: PathBuf,
     pub registration_socket: Option<PathBuf>,
-    plugin: RwLock<Option<Arc<Plugin>>>,
+    resolver: Arc<Resolver>,
 }
 
 impl ServedDriver {
@@ -21,39 +25,32 @@ impl ServedDriver {
         csi_name: String,
         csi_socket: PathBuf,
         registration_socket: Option<PathBuf>,
-        plugin: Option<Arc<Plugin>>,
+        resolver: Arc<Resolver>,
     ) -> Self {
         Self {
             name,
             csi_name,
             csi_socket,
             registration_socket,
-            plugin: RwLock::new(plugin),
+            resolver,
         }
     }
 
     pub fn plugin(&self) -> Option<Arc<Plugin>> {
-        self.plugin.read().ok().and_then(|p| p.clone())
-    }
-
-    pub fn set_plugin(&self, plugin: Option<Arc<Plugin>>) {
-        if let Ok(mut slot) = self.plugin.write() {
-            *slot = plugin;
-        }
+        self.resolver.registry().plugin(&self.name)
     }
 }
 
-/// The plugin a served driver's volumes are torn down with: the one served now, or (while its
-/// init fails) the copy pinned when the volume was set up.
+/// The plugin a served driver's volumes are torn down with (the library's rule: the one
+/// served now, else the copy pinned when the volume was set up). A record of another driver is
+/// not this endpoint's to touch.
 pub struct ServedResolver(pub Arc<ServedDriver>);
 
-impl flexvolume::lifecycle::DriverResolver for ServedResolver {
-    fn resolve(&self, record: &flexvolume::state::VolumeRecord) -> Option<Arc<Plugin>> {
-        if record.driver != self.0.name.as_str() {
+impl DriverResolver for ServedResolver {
+    fn resolve(&self, record: &VolumeRecord) -> Option<Arc<Plugin>> {
+        if record.driver != self.0.name {
             return None;
         }
-        self.0
-            .plugin()
-            .or_else(|| crate::cli::volume::pinned_plugin(record).map(Arc::new))
+        self.0.resolver.resolve(record)
     }
 }

@@ -3,7 +3,8 @@
 //! Each ready driver gets a CSI endpoint (`<csi-dir>/<csi-name>/csi.sock`) and, in node mode, a
 //! kubelet registration socket (`<registration-dir>/<csi-name>-reg.sock`). The CSI name comes
 //! from [`naming`]. Drivers found later get their sockets when the prober reports them; removed
-//! drivers lose them.
+//! drivers lose them. What each driver is (ready with its plugin, failed, removed) is the
+//! library's [`Registry`]'s, fed by the same events: this module keeps only what is CSI's.
 
 pub mod controller;
 pub mod driver;
@@ -26,8 +27,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use flexvolume::lifecycle::Lifecycle;
-use flexvolume::prober::{EventKind, ProbeEvent, Prober};
-use flexvolume::{DriverName, Plugin, RunnerConfig};
+use flexvolume::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
+use flexvolume::{DriverName, Registry, Resolver, RunnerConfig};
 
 use crate::settings::Global;
 use driver::ServedDriver;
@@ -67,6 +68,7 @@ pub struct Served {
     endpoints: HashMap<DriverName, Endpoint>,
     metrics: Arc<metrics::Metrics>,
     lifecycle: Arc<Lifecycle>,
+    resolver: Arc<Resolver>,
 }
 
 impl Served {
@@ -83,10 +85,10 @@ impl Served {
         (csi, registration)
     }
 
-    /// A driver became ready or was updated: serve it (or swap its plugin in place).
-    pub fn ready(&mut self, name: &DriverName, plugin: Option<Arc<Plugin>>) {
-        if let Some(existing) = self.endpoints.get(name) {
-            existing.driver.set_plugin(plugin);
+    /// A driver was reported (ready, updated or failed): serve it if it is not yet. Its
+    /// endpoint asks the registry for the plugin, so an update needs nothing here.
+    pub fn ready(&mut self, name: &DriverName) {
+        if self.endpoints.contains_key(name) {
             return;
         }
         let csi_name = match naming::csi_name(name) {
@@ -102,7 +104,7 @@ impl Served {
             csi_name,
             csi_socket,
             registration_socket,
-            plugin,
+            self.resolver.clone(),
         ));
         let (node, controller) = match self.args.mode {
             Mode::Node => (true, false),
@@ -203,17 +205,16 @@ impl Served {
             EventKind::Failed => "failed",
         };
         self.metrics.probe_event(kind);
-        let Ok(name) = DriverName::parse(&event.driver) else {
+        let Some(name) = self.resolver.registry().apply(event) else {
             tracing::warn!(entry = %event.driver, "not a driver name; not served");
             return;
         };
         match event.kind {
-            EventKind::Add | EventKind::Update => self.ready(&name, event.plugin.clone()),
             // A driver that failed init keeps (or gets) its socket with Probe answering not
             // ready, so kubelet and operators see it instead of it silently vanishing; the
             // older version is not kept (docs/discovery.md#failed-not-cached).
-            EventKind::Failed => self.ready(&name, None),
-            EventKind::Remove => self.remove(&name).await,
+            EventKind::Add | EventKind::Update | EventKind::Failed => self.ready(name),
+            EventKind::Remove => self.remove(name).await,
         }
         self.count_drivers();
     }
@@ -237,12 +238,19 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!(cgroup = %dir.display(), max_processes = runner.max_processes.map_or(0, |m| m.get()), "driver call-outs are process-capped");
         }
     }
+    let resolver = Arc::new(Resolver::new(Arc::new(Registry::new()), runner.clone()));
     let lifecycle = Arc::new(Lifecycle {
         runner: runner.clone(),
         state: global.state(),
         node: global.node_name(),
     });
-    let (prober, events) = Prober::start(crate::cli::watch::prober_config(global, runner))
+    let config = ProberConfig::for_host(
+        global.plugin_dir.clone(),
+        global.layout_policy(),
+        global.probe_interval,
+        runner,
+    );
+    let (prober, events) = Prober::start(config)
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
@@ -267,6 +275,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             endpoints: HashMap::new(),
             metrics: metrics.clone(),
             lifecycle,
+            resolver,
         };
         for event in &initial {
             served.apply(event).await;

@@ -44,7 +44,7 @@ pub fn controller_publish(
     let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
     let mut record = VolumeRecord {
         target: key.clone(),
-        driver: spec.driver.to_string(),
+        driver: spec.driver.clone(),
         volume_name: spec.volume_name.clone(),
         fs_type: spec.fs_type.clone(),
         read_only: spec.read_only,

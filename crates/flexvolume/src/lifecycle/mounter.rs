@@ -43,7 +43,7 @@ pub fn mount(lc: &Lifecycle, req: &MountRequest<'_>) -> Result<MountOutcome, Lif
     let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
     let mut record = VolumeRecord {
         target: target.to_owned(),
-        driver: spec.driver.to_string(),
+        driver: spec.driver.clone(),
         volume_name: spec.volume_name.clone(),
         fs_type: spec.fs_type.clone(),
         read_only: spec.read_only,
@@ -183,7 +183,7 @@ pub fn publish(
     let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
     let mut record = VolumeRecord {
         target: target.to_owned(),
-        driver: spec.driver.to_string(),
+        driver: spec.driver.clone(),
         volume_name: spec.volume_name.clone(),
         fs_type: spec.fs_type.clone(),
         read_only: spec.read_only,

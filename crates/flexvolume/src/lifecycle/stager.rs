@@ -54,7 +54,7 @@ pub fn stage(lc: &Lifecycle, req: &StageRequest<'_>) -> Result<StageOutcome, Lif
     let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
     let mut record = VolumeRecord {
         target: staging.to_owned(),
-        driver: spec.driver.to_string(),
+        driver: spec.driver.clone(),
         volume_name: spec.volume_name.clone(),
         fs_type: spec.fs_type.clone(),
         read_only: spec.read_only,

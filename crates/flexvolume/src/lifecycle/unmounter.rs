@@ -26,7 +26,7 @@ pub(crate) fn plugin_of(
     resolve
         .resolve(record)
         .ok_or_else(|| LifecycleError::NoDriver {
-            driver: record.driver.clone(),
+            driver: record.driver.to_string(),
             target: record.target.clone(),
         })
 }

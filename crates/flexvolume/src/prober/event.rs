@@ -6,8 +6,50 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::name::{DriverName, NameError};
 use crate::plugin::Plugin;
 use crate::prober::Probed;
+
+/// What a plugin-dir entry stands for, decided once from its file name: a driver, or an entry
+/// whose name is not a driver name (reported so the operator sees it, never registered or
+/// served). Code that acts on drivers matches on this instead of parsing a name again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    Driver(DriverName),
+    InvalidEntry {
+        /// The entry's file name as read (lossy if not UTF-8).
+        dir_name: String,
+        reason: NameError,
+    },
+}
+
+impl Subject {
+    /// The subject of the plugin-dir entry `dir_name` (`vendor~driver`).
+    pub fn of_dir_name(dir_name: &str) -> Self {
+        match DriverName::from_dir_name(dir_name) {
+            Ok(name) => Self::Driver(name),
+            Err(reason) => Self::InvalidEntry {
+                dir_name: dir_name.to_owned(),
+                reason,
+            },
+        }
+    }
+
+    pub fn driver(&self) -> Option<&DriverName> {
+        match self {
+            Self::Driver(name) => Some(name),
+            Self::InvalidEntry { .. } => None,
+        }
+    }
+
+    /// How reports name it: `vendor/driver`, or the best reading of an invalid entry's name.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Driver(name) => name.to_string(),
+            Self::InvalidEntry { dir_name, .. } => dir_name.replace('~', "/"),
+        }
+    }
+}
 
 /// The kind of a [`ProbeEvent`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -27,7 +69,10 @@ pub enum EventKind {
 #[derive(Debug, Clone)]
 pub struct ProbeEvent {
     pub kind: EventKind,
-    /// `vendor/driver` (or the best reading of an invalid entry's name).
+    /// The driver the change is about, or the invalid entry it is about.
+    pub subject: Subject,
+    /// [`Subject::label`], for printing: `vendor/driver` (or the best reading of an invalid
+    /// entry's name). Nothing parses it; code that acts on the driver uses `subject`.
     pub driver: String,
     /// The plugin-dir entry (`vendor~driver`) the change was in.
     pub dir_name: String,
@@ -45,11 +90,11 @@ pub enum Known {
     #[default]
     Absent,
     Ready {
-        driver: String,
+        subject: Subject,
         path: Option<PathBuf>,
     },
     Failed {
-        driver: String,
+        subject: Subject,
         path: Option<PathBuf>,
     },
 }
@@ -61,9 +106,10 @@ pub fn transition(
     before: &Known,
     found: Option<&Probed>,
 ) -> (Option<ProbeEvent>, Known) {
-    let event = |kind, driver: String, path: Option<PathBuf>, plugin, error| ProbeEvent {
+    let event = |kind, subject: Subject, path: Option<PathBuf>, plugin, error| ProbeEvent {
         kind,
-        driver,
+        driver: subject.label(),
+        subject,
         dir_name: dir_name.to_owned(),
         path,
         plugin,
@@ -71,10 +117,10 @@ pub fn transition(
     };
     match (before, found) {
         (Known::Absent, None) => (None, Known::Absent),
-        (Known::Ready { driver, path } | Known::Failed { driver, path }, None) => (
+        (Known::Ready { subject, path } | Known::Failed { subject, path }, None) => (
             Some(event(
                 EventKind::Remove,
-                driver.clone(),
+                subject.clone(),
                 path.clone(),
                 None,
                 None,
@@ -82,7 +128,7 @@ pub fn transition(
             Known::Absent,
         ),
         (before, Some(probed)) => {
-            let driver = probed.name.clone();
+            let subject = probed.subject.clone();
             let path = probed.path.clone();
             match &probed.result {
                 Ok(plugin) => {
@@ -93,23 +139,23 @@ pub fn transition(
                     (
                         Some(event(
                             kind,
-                            driver.clone(),
+                            subject.clone(),
                             path.clone(),
                             Some(plugin.clone()),
                             None,
                         )),
-                        Known::Ready { driver, path },
+                        Known::Ready { subject, path },
                     )
                 }
                 Err(e) => (
                     Some(event(
                         EventKind::Failed,
-                        driver.clone(),
+                        subject.clone(),
                         path.clone(),
                         None,
                         Some(e.to_string()),
                     )),
-                    Known::Failed { driver, path },
+                    Known::Failed { subject, path },
                 ),
             }
         }
@@ -119,18 +165,19 @@ pub fn transition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Driver, LayoutError};
+    use crate::layout::{InstalledDriver, LayoutError};
     use crate::name::DriverName;
     use crate::prober::ProbeError;
 
     fn ready() -> Probed {
-        let driver = Driver {
+        let driver = InstalledDriver {
             name: DriverName::parse("v/d").unwrap(),
             dir: "/p/v~d".into(),
             path: "/p/v~d/d".into(),
         };
         let reply = crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
         Probed {
+            subject: Subject::of_dir_name("v~d"),
             name: "v/d".into(),
             dir: "/p/v~d".into(),
             path: Some("/p/v~d/d".into()),
@@ -140,6 +187,7 @@ mod tests {
 
     fn failed() -> Probed {
         Probed {
+            subject: Subject::of_dir_name("v~d"),
             name: "v/d".into(),
             dir: "/p/v~d".into(),
             path: None,
@@ -164,11 +212,11 @@ mod tests {
     #[test]
     fn every_transition() {
         let r = Known::Ready {
-            driver: "v/d".into(),
+            subject: Subject::of_dir_name("v~d"),
             path: None,
         };
         let f = Known::Failed {
-            driver: "v/d".into(),
+            subject: Subject::of_dir_name("v~d"),
             path: None,
         };
         let a = Known::Absent;
@@ -190,6 +238,16 @@ mod tests {
             kind(&f, Some(&failed())),
             (Some(EventKind::Failed), "failed")
         );
+    }
+
+    #[test]
+    fn an_invalid_entry_name_is_its_own_subject() {
+        let subject = Subject::of_dir_name("acme~-x");
+        assert!(subject.driver().is_none());
+        assert!(matches!(subject, Subject::InvalidEntry { .. }));
+        assert_eq!(subject.label(), "acme/-x");
+        let driver = Subject::of_dir_name("acme~x");
+        assert_eq!(driver.driver().map(|n| n.as_str()), Some("acme/x"));
     }
 
     #[test]

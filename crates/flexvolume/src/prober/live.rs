@@ -59,6 +59,22 @@ impl ProberConfig {
             watch_limit: None,
         }
     }
+
+    /// The configuration every front end runs the prober with: the operator's plugin dir,
+    /// layout policy and probe interval, and how drivers' `init`s are run.
+    pub fn for_host(
+        plugin_dir: PathBuf,
+        layout_policy: LayoutPolicy,
+        probe_interval: Duration,
+        runner: RunnerConfig,
+    ) -> Self {
+        Self {
+            probe_interval,
+            layout_policy,
+            runner,
+            ..Self::new(plugin_dir)
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

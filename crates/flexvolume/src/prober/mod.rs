@@ -10,7 +10,7 @@ pub mod event;
 pub mod live;
 pub mod watch;
 
-pub use event::{EventKind, ProbeEvent};
+pub use event::{EventKind, ProbeEvent, Subject};
 pub use live::{Prober, ProberConfig, ProberError, DEFAULT_PROBE_INTERVAL};
 
 use std::path::{Path, PathBuf};
@@ -33,7 +33,9 @@ pub enum ProbeError {
 /// The outcome of probing one plugin-dir entry.
 #[derive(Debug, Clone)]
 pub struct Probed {
-    /// `vendor/driver` (or the best reading of an invalid entry's name).
+    /// The driver, or the entry whose name is not one.
+    pub subject: Subject,
+    /// [`Subject::label`], for printing; code that acts on the driver uses `subject`.
     pub name: String,
     pub dir: PathBuf,
     /// The executable's path, when the entry has a valid name.
@@ -43,7 +45,7 @@ pub struct Probed {
 
 /// Turns one layout entry into a probed driver by running `init`.
 pub fn probe_entry(entry: Entry, config: &RunnerConfig) -> Probed {
-    let name = entry.display_name();
+    let subject = Subject::of_dir_name(&entry.dir_name);
     let path = entry.outcome.as_ref().ok().map(|d| d.path.clone());
     let result = match entry.outcome {
         Ok(driver) => Plugin::init(driver, config)
@@ -52,7 +54,8 @@ pub fn probe_entry(entry: Entry, config: &RunnerConfig) -> Probed {
         Err(e) => Err(Arc::new(ProbeError::Layout(e))),
     };
     Probed {
-        name,
+        name: subject.label(),
+        subject,
         dir: entry.dir,
         path,
         result,

@@ -1,0 +1,262 @@
+//! The lifecycle checks: a scratch volume mounted and unmounted through flexd's lifecycle
+//! (kubelet's flow, defaults included), and the driver's own mount and unmount run twice, which
+//! kubelet does after a restart or a retry.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{
+    run_checked, Report, Verdict, ISATTACHED_CHECK, MOUNT_AGAIN_CHECK, MOUNT_CHECK,
+    UNMOUNT_AGAIN_CHECK, UNMOUNT_CHECK,
+};
+use crate::lifecycle::{DriverResolver, Lifecycle, MountRequest};
+use crate::mount;
+use crate::options::Options;
+use crate::plugin::Plugin;
+use crate::protocol::{CallOut, Status};
+use crate::runner::RunnerConfig;
+use crate::spec::{PodInfo, VolumeSpec};
+use crate::state::{StateDir, VolumeRecord};
+
+/// A scratch directory for the lifecycle checks; whatever is still mounted below it is
+/// unmounted (lazily) and the directory removed when dropped, even if a check failed midway.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Ok(table) = mount::mount_table() {
+            let mut below: Vec<_> = table
+                .into_iter()
+                .map(|m| m.mount_point)
+                .filter(|m| m.starts_with(&self.0))
+                .collect();
+            below.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+            for m in below {
+                let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The scratch volume is torn down with the plugin that set it up.
+struct Same(Arc<Plugin>);
+
+impl DriverResolver for Same {
+    fn resolve(&self, _: &VolumeRecord) -> Option<Arc<Plugin>> {
+        Some(self.0.clone())
+    }
+}
+
+/// What the checks share: the driver, its scratch volume and where it is mounted.
+struct Bench<'a> {
+    plugin: Arc<Plugin>,
+    spec: &'a VolumeSpec,
+    config: &'a RunnerConfig,
+    lifecycle: Lifecycle,
+    pod: PodInfo,
+    target: PathBuf,
+    scratch: Scratch,
+}
+
+impl Bench<'_> {
+    /// How many times the target is mounted now.
+    fn mounted_here(&self) -> usize {
+        mount_count(&self.target)
+    }
+}
+
+fn mount_count(target: &Path) -> usize {
+    mount::mount_table()
+        .map(|t| t.iter().filter(|m| m.mount_point == target).count())
+        .unwrap_or(0)
+}
+
+pub(super) fn lifecycle_checks(
+    report: &mut Report,
+    plugin: Plugin,
+    spec: &VolumeSpec,
+    config: &RunnerConfig,
+) {
+    let scratch = Scratch(std::env::temp_dir().join(format!(
+        "flexd-check-{}-{}",
+        std::process::id(),
+        spec.driver.dir_name()
+    )));
+    let bench = Bench {
+        plugin: Arc::new(plugin),
+        spec,
+        config,
+        lifecycle: Lifecycle {
+            runner: config.clone(),
+            state: StateDir::new(scratch.0.join("state")),
+            node: rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned(),
+        },
+        pod: PodInfo::default(),
+        target: scratch.0.join("target"),
+        scratch,
+    };
+    if !check_mount(report, &bench) {
+        report.skip(
+            &[
+                ISATTACHED_CHECK,
+                MOUNT_AGAIN_CHECK,
+                UNMOUNT_CHECK,
+                UNMOUNT_AGAIN_CHECK,
+            ],
+            true,
+            "not run: mount failed",
+        );
+        return;
+    }
+    check_isattached(report, &bench);
+    check_mount_again(report, &bench);
+    check_unmount(report, &bench);
+    check_unmount_again(report, &bench);
+}
+
+/// The whole flow on the scratch target; whether something got mounted there.
+fn check_mount(report: &mut Report, bench: &Bench<'_>) -> bool {
+    let request = MountRequest {
+        plugin: &bench.plugin,
+        spec: bench.spec,
+        pod: &bench.pod,
+        fs_group: None,
+        fs_group_policy: Default::default(),
+        target: &bench.target,
+    };
+    let start = Instant::now();
+    let mounted = bench.lifecycle.mount(&request);
+    let elapsed = start.elapsed();
+    let (verdict, detail) = match &mounted {
+        Ok(outcome) if bench.mounted_here() > 0 => (
+            Verdict::Pass,
+            match &outcome.device {
+                Some(device) => format!("mounted; device {device}"),
+                None => "mounted".to_owned(),
+            },
+        ),
+        Ok(_) => (
+            Verdict::Fail,
+            "the driver answered Success but nothing is mounted on the target".to_owned(),
+        ),
+        // Call-out errors are redacted by the runner; the scratch volume has no secrets.
+        Err(e) => (Verdict::Fail, e.to_string()),
+    };
+    let passed = verdict != Verdict::Fail;
+    report.push(MOUNT_CHECK, true, verdict, elapsed, detail);
+    passed
+}
+
+/// isattached, while the volume is attached: kubelet and the controller manager rely on it.
+fn check_isattached(report: &mut Report, bench: &Bench<'_>) {
+    if !bench.plugin.capabilities.attach {
+        report.skip(&[ISATTACHED_CHECK], false, "the driver does not attach");
+        return;
+    }
+    let options = Options::for_volume(bench.spec);
+    let call = CallOut::is_attached(&options, &bench.lifecycle.node);
+    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
+    let (verdict, detail) = match reply {
+        Ok(r) if r.status == Status::Success && r.attached == Some(true) => {
+            (Verdict::Pass, "attached: true".to_owned())
+        }
+        Ok(r) if r.status == Status::Success => (
+            Verdict::Fail,
+            "answered attached: false (or nothing) right after attach".to_owned(),
+        ),
+        Ok(r) if r.status == Status::NotSupported => (
+            Verdict::Pass,
+            "Not supported (treated as attached)".to_owned(),
+        ),
+        Ok(r) => (
+            Verdict::Fail,
+            format!("answered {:?}: {}", r.status, r.message),
+        ),
+        Err(e) => (Verdict::Fail, e),
+    };
+    report.push(ISATTACHED_CHECK, true, verdict, elapsed, detail);
+}
+
+/// The driver's own mount, again, on the mounted target.
+fn check_mount_again(report: &mut Report, bench: &Bench<'_>) {
+    let options = Options::for_mount(bench.spec, &bench.pod, None);
+    let call = CallOut::mount(&bench.target, &options);
+    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
+    let (verdict, detail) = match reply {
+        // Each retry by kubelet would leak one more mount.
+        Ok(r) if r.status == Status::Success && bench.mounted_here() > 1 => (
+            Verdict::Fail,
+            format!(
+                "Success, but the target is now mounted {} times: each repeat stacks a mount",
+                bench.mounted_here()
+            ),
+        ),
+        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
+        Ok(r) if r.status == Status::NotSupported => (
+            Verdict::Pass,
+            "Not supported (flexd bind-mounts the device)".to_owned(),
+        ),
+        Ok(r) => (
+            Verdict::Fail,
+            format!("answered {:?}: {}", r.status, r.message),
+        ),
+        Err(e) => (Verdict::Fail, e),
+    };
+    report.push(MOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
+}
+
+/// flexd's teardown leaves nothing mounted under the scratch directory.
+fn check_unmount(report: &mut Report, bench: &Bench<'_>) {
+    // Whatever the repeated mount stacked is flexd's lifecycle's to tear down first.
+    while bench.mounted_here() > 1 {
+        if mount::unmount(&bench.target).is_err() {
+            break;
+        }
+    }
+    let start = Instant::now();
+    let unmounted = bench
+        .lifecycle
+        .unmount(&bench.target, &Same(bench.plugin.clone()));
+    let elapsed = start.elapsed();
+    let leftovers = mount::mount_table()
+        .map(|t| {
+            t.iter()
+                .filter(|m| m.mount_point.starts_with(&bench.scratch.0))
+                .count()
+        })
+        .unwrap_or(0);
+    let (verdict, detail) = match unmounted {
+        Ok(_) if leftovers == 0 => (Verdict::Pass, "nothing left mounted".to_owned()),
+        Ok(_) => (
+            Verdict::Fail,
+            format!("{leftovers} mount(s) left behind under the scratch directory"),
+        ),
+        Err(e) => (Verdict::Fail, e.to_string()),
+    };
+    report.push(UNMOUNT_CHECK, true, verdict, elapsed, detail);
+}
+
+/// The driver's own unmount, again, on a target that is no longer mounted.
+fn check_unmount_again(report: &mut Report, bench: &Bench<'_>) {
+    let _ = std::fs::create_dir_all(&bench.target);
+    let call = CallOut::unmount(&bench.target);
+    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
+    let (verdict, detail) = match reply {
+        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
+        Ok(r) if r.status == Status::NotSupported => (
+            Verdict::Pass,
+            "Not supported (flexd unmounts itself)".to_owned(),
+        ),
+        Ok(r) => (
+            Verdict::Fail,
+            format!("answered {:?}: {}", r.status, r.message),
+        ),
+        Err(e) => (Verdict::Fail, e),
+    };
+    report.push(UNMOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
+}

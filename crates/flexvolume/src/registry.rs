@@ -1,0 +1,359 @@
+//! The registry: what is known about every driver, by name, for every front end.
+//!
+//! A running program (`flexd serve`) feeds it the prober's events; a one-shot program
+//! (`flexd volume`) probes the one driver it needs ([`Registry::probe_one`]), which records the
+//! same outcome an event would. Either way there is one answer per driver name: ready (with its
+//! plugin), failed (with the reason), or removed — and a removed driver that volumes still use is
+//! told apart from one that was never there, so a refused mount can say *why*.
+//!
+//! A driver whose `init` failed is remembered as failed and is never replaced by an older
+//! version: the user must see that the new driver is broken. Volumes mounted through a removed
+//! driver are torn down with the copy pinned at mount time (see [`crate::resolver`]), not
+//! through the registry.
+//!
+//! Lookups are one hash lookup under a read lock, whatever the number of drivers
+//! (k8s#124839: kubelet's lookups raced with probing).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::layout::{self, LayoutPolicy};
+use crate::name::DriverName;
+use crate::plugin::Plugin;
+use crate::prober::{EventKind, ProbeEvent};
+use crate::runner::RunnerConfig;
+
+/// Why no plugin can be used for a driver name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    #[error("no plugin matched driver {driver}: it is not installed in the plugin dir")]
+    NoneMatched { driver: DriverName },
+    #[error("driver {driver} failed init, so it is not used (an older version is not kept either): {reason}")]
+    Failed { driver: DriverName, reason: String },
+    #[error("driver {driver} was removed: new mounts through it are refused{}",
+        if *.volumes_in_use > 0 { format!("; its {} mounted volume(s) can still be unmounted", .volumes_in_use) } else { String::new() })]
+    Removed {
+        driver: DriverName,
+        volumes_in_use: usize,
+    },
+}
+
+/// What is known about one driver.
+#[derive(Debug, Clone)]
+pub enum DriverState {
+    /// Its last `init` succeeded: this plugin serves it.
+    Ready(Arc<Plugin>),
+    /// Its layout or last `init` failed, for this reason.
+    Failed(String),
+    /// It was there and went away.
+    Removed,
+}
+
+impl DriverState {
+    /// What a processed change says about its driver; `None` for an entry that is not a driver.
+    pub fn after(event: &ProbeEvent) -> Option<(&DriverName, DriverState)> {
+        let name = event.subject.driver()?;
+        let state = match (event.kind, &event.plugin) {
+            (EventKind::Add | EventKind::Update, Some(plugin)) => Self::Ready(plugin.clone()),
+            (EventKind::Add | EventKind::Update, None) => {
+                Self::Failed("the prober reported it ready without a plugin".into())
+            }
+            (EventKind::Failed, _) => Self::Failed(
+                event
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "unknown error".into()),
+            ),
+            (EventKind::Remove, _) => Self::Removed,
+        };
+        Some((name, state))
+    }
+
+    pub fn plugin(&self) -> Option<&Arc<Plugin>> {
+        match self {
+            Self::Ready(plugin) => Some(plugin),
+            Self::Failed(_) | Self::Removed => None,
+        }
+    }
+}
+
+/// Every known driver; cheap to share (`Arc<Registry>`) and safe under concurrency.
+#[derive(Debug, Default)]
+pub struct Registry {
+    drivers: RwLock<HashMap<DriverName, DriverState>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    // A poisoned lock only means another thread panicked mid-update of a map of `Arc`s; the map
+    // itself is still consistent, so keep serving rather than fail every later lookup.
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<DriverName, DriverState>> {
+        self.drivers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<DriverName, DriverState>> {
+        self.drivers.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies one processed change from the prober. Returns the driver it changed; an entry
+    /// that is not a driver (a broken plugin-dir entry) has nothing to register.
+    pub fn apply<'e>(&self, event: &'e ProbeEvent) -> Option<&'e DriverName> {
+        let (name, state) = DriverState::after(event)?;
+        self.write().insert(name.clone(), state);
+        Some(name)
+    }
+
+    /// Probes one driver now (its layout and `init`) and records the outcome, as a prober event
+    /// would. For one-shot programs that need one driver, not the whole plugin dir.
+    pub fn probe_one(
+        &self,
+        plugin_dir: &Path,
+        name: &DriverName,
+        policy: LayoutPolicy,
+        runner: &RunnerConfig,
+    ) {
+        let installed = std::fs::symlink_metadata(plugin_dir.join(name.dir_name())).is_ok();
+        let state = match layout::locate(plugin_dir, name, policy) {
+            Err(_) if !installed => {
+                self.write().remove(name);
+                return;
+            }
+            Err(e) => DriverState::Failed(e.to_string()),
+            Ok(driver) => match Plugin::init(driver, runner) {
+                Ok(plugin) => DriverState::Ready(Arc::new(plugin)),
+                Err(e) => DriverState::Failed(format!("init failed: {e}")),
+            },
+        };
+        self.write().insert(name.clone(), state);
+    }
+
+    /// What is known about a driver; `None` if it was never seen.
+    pub fn state(&self, name: &DriverName) -> Option<DriverState> {
+        self.read().get(name).cloned()
+    }
+
+    /// The driver's plugin, if it is ready.
+    pub fn plugin(&self, name: &DriverName) -> Option<Arc<Plugin>> {
+        self.read().get(name).and_then(|s| s.plugin().cloned())
+    }
+
+    /// The plugin for new work through a driver, or why there is none. `volumes_in_use` tells,
+    /// for a driver that is not installed, how many volumes still depend on it: it turns "none
+    /// matched" into "removed while in use" and is only called then.
+    pub fn find(
+        &self,
+        name: &DriverName,
+        volumes_in_use: impl FnOnce() -> usize,
+    ) -> Result<Arc<Plugin>, LookupError> {
+        let state = self.state(name);
+        let driver = name.clone();
+        match state {
+            Some(DriverState::Ready(plugin)) => Ok(plugin),
+            Some(DriverState::Failed(reason)) => Err(LookupError::Failed { driver, reason }),
+            Some(DriverState::Removed) => Err(LookupError::Removed {
+                driver,
+                volumes_in_use: volumes_in_use(),
+            }),
+            // Not there at all: if volumes still use it, it was removed under them.
+            None => match volumes_in_use() {
+                0 => Err(LookupError::NoneMatched { driver }),
+                n => Err(LookupError::Removed {
+                    driver,
+                    volumes_in_use: n,
+                }),
+            },
+        }
+    }
+
+    /// How many known drivers are ready and how many failed (removed ones are not counted).
+    pub fn counts(&self) -> (usize, usize) {
+        let drivers = self.read();
+        let ready = drivers.values().filter(|s| s.plugin().is_some()).count();
+        let failed = drivers
+            .values()
+            .filter(|s| matches!(s, DriverState::Failed(_)))
+            .count();
+        (ready, failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::layout::InstalledDriver;
+    use crate::prober::Subject;
+
+    // A reply as a driver's `init` prints it: the test stands in for the driver.
+    fn plugin(name: &str, path: &str) -> Arc<Plugin> {
+        let driver = InstalledDriver {
+            name: DriverName::parse(name).unwrap(),
+            dir: Path::new(path).parent().unwrap().to_owned(),
+            path: path.into(),
+        };
+        let reply = crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
+        Arc::new(Plugin::from_init_reply(driver, &reply))
+    }
+
+    fn event(kind: EventKind, name: &str, plugin: Option<Arc<Plugin>>) -> ProbeEvent {
+        let dir_name = name.replace('/', "~");
+        let subject = Subject::of_dir_name(&dir_name);
+        ProbeEvent {
+            kind,
+            driver: subject.label(),
+            subject,
+            dir_name,
+            path: None,
+            plugin,
+            error: (kind == EventKind::Failed).then(|| "init failed: exit status 1".into()),
+        }
+    }
+
+    fn name(n: &str) -> DriverName {
+        DriverName::parse(n).unwrap()
+    }
+
+    fn path_of(registry: &Registry, n: &str) -> PathBuf {
+        registry.find(&name(n), || 0).unwrap().driver.path.clone()
+    }
+
+    #[test]
+    fn none_failed_removed_and_ready_are_distinct() {
+        let registry = Registry::new();
+        assert_eq!(
+            registry.find(&name("a/x"), || 0).unwrap_err(),
+            LookupError::NoneMatched {
+                driver: name("a/x")
+            }
+        );
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x")),
+        ));
+        assert_eq!(path_of(&registry, "a/x"), PathBuf::from("/p/a~x/x"));
+        registry.apply(&event(EventKind::Remove, "a/x", None));
+        let removed = registry.find(&name("a/x"), || 2).unwrap_err();
+        assert_eq!(
+            removed,
+            LookupError::Removed {
+                driver: name("a/x"),
+                volumes_in_use: 2
+            }
+        );
+        assert!(removed.to_string().contains("2 mounted volume(s)"));
+        assert!(registry.plugin(&name("a/x")).is_none());
+    }
+
+    #[test]
+    fn a_driver_never_seen_but_still_used_was_removed_under_its_volumes() {
+        let registry = Registry::new();
+        let err = registry.find(&name("a/x"), || 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LookupError::Removed {
+                    volumes_in_use: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_failed_update_is_not_replaced_by_the_older_version() {
+        let registry = Registry::new();
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x")),
+        ));
+        registry.apply(&event(EventKind::Failed, "a/x", None));
+        let err = registry.find(&name("a/x"), || 0).unwrap_err();
+        assert!(matches!(err, LookupError::Failed { .. }), "{err}");
+        assert!(err.to_string().contains("exit status 1"));
+        assert_eq!(registry.counts(), (0, 1));
+        // Fixed: usable again, and the new version is the one used.
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x2")),
+        ));
+        assert_eq!(path_of(&registry, "a/x"), PathBuf::from("/p/a~x/x2"));
+        assert_eq!(registry.counts(), (1, 0));
+    }
+
+    #[test]
+    fn an_invalid_entry_registers_nothing() {
+        let registry = Registry::new();
+        assert_eq!(
+            registry.apply(&event(EventKind::Failed, "a/-x", None)),
+            None
+        );
+        assert_eq!(registry.counts(), (0, 0));
+    }
+
+    #[test]
+    fn ready_without_a_plugin_is_a_failure_not_a_panic() {
+        let registry = Registry::new();
+        registry.apply(&event(EventKind::Add, "a/x", None));
+        let err = registry.find(&name("a/x"), || 0).unwrap_err();
+        assert!(err.to_string().contains("without a plugin"), "{err}");
+    }
+
+    #[test]
+    fn a_one_shot_probe_records_what_an_event_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new();
+        let runner = RunnerConfig::default();
+        // Not installed: nothing known.
+        registry.probe_one(dir.path(), &name("a/x"), LayoutPolicy::default(), &runner);
+        assert!(registry.state(&name("a/x")).is_none());
+        // Installed but not executable: failed, with the layout's reason.
+        std::fs::create_dir(dir.path().join("a~x")).unwrap();
+        std::fs::write(dir.path().join("a~x/x"), "#!/bin/sh\n").unwrap();
+        registry.probe_one(dir.path(), &name("a/x"), LayoutPolicy::default(), &runner);
+        let err = registry.find(&name("a/x"), || 0).unwrap_err();
+        assert!(err.to_string().contains("not executable"), "{err}");
+    }
+
+    #[test]
+    fn concurrent_lookups_and_updates_never_see_a_torn_state() {
+        let registry = Arc::new(Registry::new());
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x")),
+        ));
+        std::thread::scope(|scope| {
+            let writer = registry.clone();
+            scope.spawn(move || {
+                for i in 0..2000 {
+                    let path = format!("/p/a~x/v{i}");
+                    writer.apply(&event(EventKind::Update, "a/x", Some(plugin("a/x", &path))));
+                    writer.apply(&event(
+                        EventKind::Add,
+                        &format!("b/n{i}"),
+                        Some(plugin("b/y", "/q")),
+                    ));
+                }
+            });
+            for _ in 0..2 {
+                let reader = registry.clone();
+                scope.spawn(move || {
+                    for _ in 0..5000 {
+                        let found = reader.find(&name("a/x"), || 0).unwrap();
+                        assert!(found.driver.path.starts_with("/p/a~x"));
+                    }
+                });
+            }
+        });
+        assert_eq!(registry.counts(), (2001, 0));
+    }
+}
