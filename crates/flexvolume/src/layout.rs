@@ -78,6 +78,9 @@ pub struct Entry {
     /// The entry's file name, e.g. `vendor~driver` (lossy if not UTF-8).
     pub dir_name: String,
     pub dir: PathBuf,
+    /// The driver name the entry's file name stands for, read once here: whatever else is
+    /// wrong with the entry, this is who it is reported as.
+    pub name: Result<DriverName, NameError>,
     pub outcome: Result<InstalledDriver, LayoutError>,
 }
 
@@ -161,6 +164,7 @@ pub fn check_staged(
     let outcome = check_entry(
         staged,
         std::ffi::OsStr::new(&dir_name),
+        &Ok(name.clone()),
         &canonical_root,
         policy,
     );
@@ -211,10 +215,12 @@ fn read_entry(
 ) -> Entry {
     let dir = plugin_dir.join(file_name);
     let dir_name = file_name.to_string_lossy().into_owned();
-    let outcome = check_entry(&dir, file_name, canonical_root, policy);
+    let name = DriverName::from_dir_name(&dir_name);
+    let outcome = check_entry(&dir, file_name, &name, canonical_root, policy);
     Entry {
         dir_name,
         dir,
+        name,
         outcome,
     }
 }
@@ -222,6 +228,7 @@ fn read_entry(
 fn check_entry(
     dir: &Path,
     file_name: &std::ffi::OsStr,
+    name: &Result<DriverName, NameError>,
     canonical_root: &Path,
     policy: LayoutPolicy,
 ) -> Result<InstalledDriver, LayoutError> {
@@ -231,10 +238,12 @@ fn check_entry(
             path: dir.to_owned(),
         });
     }
-    let dir_name = file_name.to_str().ok_or_else(|| LayoutError::NotUtf8 {
-        dir: dir.to_owned(),
-    })?;
-    let name = DriverName::from_dir_name(dir_name).map_err(|source| LayoutError::BadName {
+    if file_name.to_str().is_none() {
+        return Err(LayoutError::NotUtf8 {
+            dir: dir.to_owned(),
+        });
+    }
+    let name = name.clone().map_err(|source| LayoutError::BadName {
         dir: dir.to_owned(),
         source,
     })?;

@@ -26,7 +26,16 @@ pub enum Subject {
 impl Subject {
     /// The subject of the plugin-dir entry `dir_name` (`vendor~driver`).
     pub fn of_dir_name(dir_name: &str) -> Self {
-        match DriverName::from_dir_name(dir_name) {
+        Self::of_name(dir_name, DriverName::from_dir_name(dir_name))
+    }
+
+    /// The subject of a plugin-dir entry, from the name the layout read.
+    pub fn of_entry(entry: &crate::layout::Entry) -> Self {
+        Self::of_name(&entry.dir_name, entry.name.clone())
+    }
+
+    fn of_name(dir_name: &str, name: Result<DriverName, NameError>) -> Self {
+        match name {
             Ok(name) => Self::Driver(name),
             Err(reason) => Self::InvalidEntry {
                 dir_name: dir_name.to_owned(),

@@ -45,7 +45,7 @@ pub struct Probed {
 
 /// Turns one layout entry into a probed driver by running `init`.
 pub fn probe_entry(entry: Entry, config: &RunnerConfig) -> Probed {
-    let subject = Subject::of_dir_name(&entry.dir_name);
+    let subject = Subject::of_entry(&entry);
     let path = entry.outcome.as_ref().ok().map(|d| d.path.clone());
     let result = match entry.outcome {
         Ok(driver) => Plugin::init(driver, config)
