@@ -21,7 +21,9 @@ impl Plugin {
         Ok(Self::from_init_reply(driver, &reply))
     }
 
-    /// A plugin from an `init` reply obtained elsewhere.
+    /// A plugin from an `init` reply the caller obtained by running the driver itself (`flexd
+    /// check` runs `init` raw to also judge its output). Never from an assumed reply: the
+    /// capabilities decide what the lifecycle does (attach, fsGroup, …).
     pub fn from_init_reply(driver: InstalledDriver, reply: &Reply) -> Self {
         Self {
             driver,
