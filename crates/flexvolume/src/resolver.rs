@@ -125,3 +125,90 @@ impl DriverResolver for Resolver {
         self.pinned(record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::*;
+    use crate::state::{Role, Stage};
+
+    /// A driver whose `init` answers with `attach` as given, or fails.
+    fn driver_script(path: &Path, init: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let body = format!(
+            "#!/bin/sh\ncase \"$1\" in init) echo '{init}';; *) echo '{{\"status\":\"Not supported\"}}';; esac\n"
+        );
+        std::fs::write(path, body).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn record(pinned: Option<PathBuf>) -> VolumeRecord {
+        VolumeRecord {
+            target: "/t/a".into(),
+            driver: DriverName::parse("acme/drv").unwrap(),
+            volume_name: "pv".into(),
+            fs_type: String::new(),
+            read_only: false,
+            options: BTreeMap::new(),
+            attachable: false,
+            node: "n".into(),
+            device: None,
+            device_mount_dir: None,
+            detach_name: "pv".into(),
+            pinned,
+            created_target: false,
+            stage: Stage::Mounted,
+            role: Role::Mount,
+        }
+    }
+
+    const NO_ATTACH: &str = r#"{"status":"Success","capabilities":{"attach":false}}"#;
+
+    #[test]
+    fn a_pinned_copy_takes_its_capabilities_from_its_own_init() {
+        let dir = tempfile::tempdir().unwrap();
+        let pinned = dir.path().join("pins/acme~drv/1/drv");
+        driver_script(&pinned, NO_ATTACH);
+        let resolver = Resolver::probing(
+            RunnerConfig::default(),
+            dir.path().join("exec"),
+            LayoutPolicy::default(),
+        );
+        // Not installed: the pinned copy, with the capabilities it answered (not the defaults).
+        let plugin = resolver.resolve(&record(Some(pinned.clone()))).unwrap();
+        assert_eq!(plugin.driver.path, pinned);
+        assert!(!plugin.capabilities.attach);
+        // No pinned copy: nothing to tear down with.
+        assert!(resolver.resolve(&record(None)).is_none());
+    }
+
+    #[test]
+    fn a_pinned_copy_whose_init_fails_is_not_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let pinned = dir.path().join("pins/acme~drv/1/drv");
+        driver_script(&pinned, r#"{"status":"Failure","message":"no backend"}"#);
+        let resolver = Resolver::new(Arc::new(Registry::new()), RunnerConfig::default());
+        assert!(resolver.resolve(&record(Some(pinned))).is_none());
+    }
+
+    #[test]
+    fn the_installed_driver_wins_over_the_pinned_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin_dir = dir.path().join("exec");
+        let installed = plugin_dir.join("acme~drv/drv");
+        driver_script(&installed, NO_ATTACH);
+        let pinned = dir.path().join("pins/acme~drv/1/drv");
+        driver_script(&pinned, NO_ATTACH);
+        let resolver =
+            Resolver::probing(RunnerConfig::default(), plugin_dir, LayoutPolicy::default());
+        let plugin = resolver.resolve(&record(Some(pinned))).unwrap();
+        assert_eq!(plugin.driver.path, installed);
+        // The one-shot probe is what the registry now knows.
+        let name = DriverName::parse("acme/drv").unwrap();
+        assert!(resolver.registry().plugin(&name).is_some());
+        assert!(resolver.find(&name, || 0).is_ok());
+    }
+}
