@@ -1,4 +1,5 @@
-//! The registry: what is known about every driver, by name, for every front end.
+//! The registry: what is known about every driver, by name, for every front end
+//! (docs/discovery.md#manager).
 //!
 //! A running program (`flexd serve`) feeds it the prober's events; a one-shot program
 //! (`flexd volume`) probes the one driver it needs ([`Registry::probe_one`]), which records the
@@ -6,16 +7,21 @@
 //! plugin), failed (with the reason), or removed — and a removed driver that volumes still use is
 //! told apart from one that was never there, so a refused mount can say *why*.
 //!
+//! As kubelet's `VolumePluginMgr`, it also holds *static* plugins, registered by a program that
+//! embeds the library, apart from the probed ones: a probed driver taking a static one's name is
+//! neither preferred nor dropped, its lookups fail naming both (docs/discovery.md#static-and-probed).
+//!
 //! A driver whose `init` failed is remembered as failed and is never replaced by an older
-//! version: the user must see that the new driver is broken. Volumes mounted through a removed
+//! version: the user must see that the new driver is broken
+//! (docs/discovery.md#failed-not-cached). Volumes mounted through a removed
 //! driver are torn down with the copy pinned at mount time (see [`crate::resolver`]), not
 //! through the registry.
 //!
-//! Lookups are one hash lookup under a read lock, whatever the number of drivers
+//! Lookups are two hash lookups under a read lock, whatever the number of drivers
 //! (k8s#124839: kubelet's lookups raced with probing).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::layout::{self, LayoutPolicy};
@@ -23,12 +29,19 @@ use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::prober::{EventKind, ProbeEvent};
 use crate::runner::RunnerConfig;
+use crate::spec::VolumeSpec;
 
 /// Why no plugin can be used for a driver name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LookupError {
     #[error("no plugin matched driver {driver}: it is not installed in the plugin dir")]
     NoneMatched { driver: DriverName },
+    #[error("multiple plugins matched driver {driver}: {}", .matched.join(", "))]
+    MultipleMatched {
+        driver: DriverName,
+        /// Each match, described with where it comes from.
+        matched: Vec<String>,
+    },
     #[error("driver {driver} failed init, so it is not used (an older version is not kept either): {reason}")]
     Failed { driver: DriverName, reason: String },
     #[error("driver {driver} was removed: new mounts through it are refused{}",
@@ -39,7 +52,16 @@ pub enum LookupError {
     },
 }
 
-/// What is known about one driver.
+/// Why a static plugin cannot be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("duplicate plugin name {driver}: {existing} and {new}")]
+pub struct DuplicateName {
+    pub driver: DriverName,
+    pub existing: PathBuf,
+    pub new: PathBuf,
+}
+
+/// What is known about one probed driver.
 #[derive(Debug, Clone)]
 pub enum DriverState {
     /// Its last `init` succeeded: this plugin serves it.
@@ -78,10 +100,16 @@ impl DriverState {
     }
 }
 
+#[derive(Debug, Default)]
+struct Drivers {
+    statics: HashMap<DriverName, Arc<Plugin>>,
+    probed: HashMap<DriverName, DriverState>,
+}
+
 /// Every known driver; cheap to share (`Arc<Registry>`) and safe under concurrency.
 #[derive(Debug, Default)]
 pub struct Registry {
-    drivers: RwLock<HashMap<DriverName, DriverState>>,
+    drivers: RwLock<Drivers>,
 }
 
 impl Registry {
@@ -91,19 +119,34 @@ impl Registry {
 
     // A poisoned lock only means another thread panicked mid-update of a map of `Arc`s; the map
     // itself is still consistent, so keep serving rather than fail every later lookup.
-    fn read(&self) -> RwLockReadGuard<'_, HashMap<DriverName, DriverState>> {
+    fn read(&self) -> RwLockReadGuard<'_, Drivers> {
         self.drivers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, HashMap<DriverName, DriverState>> {
+    fn write(&self) -> RwLockWriteGuard<'_, Drivers> {
         self.drivers.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a plugin that is not probed (built into the embedding program).
+    pub fn register_static(&self, plugin: Arc<Plugin>) -> Result<(), DuplicateName> {
+        let mut drivers = self.write();
+        let name = plugin.driver.name.clone();
+        if let Some(existing) = drivers.statics.get(&name) {
+            return Err(DuplicateName {
+                driver: name,
+                existing: existing.driver.path.clone(),
+                new: plugin.driver.path.clone(),
+            });
+        }
+        drivers.statics.insert(name, plugin);
+        Ok(())
     }
 
     /// Applies one processed change from the prober. Returns the driver it changed; an entry
     /// that is not a driver (a broken plugin-dir entry) has nothing to register.
     pub fn apply<'e>(&self, event: &'e ProbeEvent) -> Option<&'e DriverName> {
         let (name, state) = DriverState::after(event)?;
-        self.write().insert(name.clone(), state);
+        self.write().probed.insert(name.clone(), state);
         Some(name)
     }
 
@@ -119,7 +162,7 @@ impl Registry {
         let installed = std::fs::symlink_metadata(plugin_dir.join(name.dir_name())).is_ok();
         let state = match layout::locate(plugin_dir, name, policy) {
             Err(_) if !installed => {
-                self.write().remove(name);
+                self.write().probed.remove(name);
                 return;
             }
             Err(e) => DriverState::Failed(e.to_string()),
@@ -128,17 +171,17 @@ impl Registry {
                 Err(e) => DriverState::Failed(format!("init failed: {e}")),
             },
         };
-        self.write().insert(name.clone(), state);
+        self.write().probed.insert(name.clone(), state);
     }
 
-    /// What is known about a driver; `None` if it was never seen.
+    /// What the prober (or a one-shot probe) found about a driver; `None` if never probed.
     pub fn state(&self, name: &DriverName) -> Option<DriverState> {
-        self.read().get(name).cloned()
+        self.read().probed.get(name).cloned()
     }
 
-    /// The driver's plugin, if it is ready.
+    /// The driver's plugin, if exactly one is usable.
     pub fn plugin(&self, name: &DriverName) -> Option<Arc<Plugin>> {
-        self.read().get(name).and_then(|s| s.plugin().cloned())
+        self.find(name, || 0).ok()
     }
 
     /// The plugin for new work through a driver, or why there is none. `volumes_in_use` tells,
@@ -149,17 +192,28 @@ impl Registry {
         name: &DriverName,
         volumes_in_use: impl FnOnce() -> usize,
     ) -> Result<Arc<Plugin>, LookupError> {
-        let state = self.state(name);
+        let drivers = self.read();
         let driver = name.clone();
-        match state {
-            Some(DriverState::Ready(plugin)) => Ok(plugin),
-            Some(DriverState::Failed(reason)) => Err(LookupError::Failed { driver, reason }),
-            Some(DriverState::Removed) => Err(LookupError::Removed {
+        match (drivers.statics.get(name), drivers.probed.get(name)) {
+            (Some(s), Some(DriverState::Ready(p))) => Err(LookupError::MultipleMatched {
+                driver,
+                matched: vec![
+                    format!("static plugin {}", s.driver.path.display()),
+                    format!("probed plugin {}", p.driver.path.display()),
+                ],
+            }),
+            (Some(s), _) => Ok(s.clone()),
+            (None, Some(DriverState::Ready(plugin))) => Ok(plugin.clone()),
+            (None, Some(DriverState::Failed(reason))) => Err(LookupError::Failed {
+                driver,
+                reason: reason.clone(),
+            }),
+            (None, Some(DriverState::Removed)) => Err(LookupError::Removed {
                 driver,
                 volumes_in_use: volumes_in_use(),
             }),
             // Not there at all: if volumes still use it, it was removed under them.
-            None => match volumes_in_use() {
+            (None, None) => match volumes_in_use() {
                 0 => Err(LookupError::NoneMatched { driver }),
                 n => Err(LookupError::Removed {
                     driver,
@@ -168,12 +222,19 @@ impl Registry {
             },
         }
     }
+
+    /// The plugin for a volume: the one named by its `flexVolume.driver`.
+    pub fn find_by_spec(
+        &self,
+        spec: &VolumeSpec,
+        volumes_in_use: impl FnOnce() -> usize,
+    ) -> Result<Arc<Plugin>, LookupError> {
+        self.find(&spec.driver, volumes_in_use)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
     use crate::layout::InstalledDriver;
     use crate::prober::Subject;
@@ -284,7 +345,7 @@ mod tests {
             registry.apply(&event(EventKind::Failed, "a/-x", None)),
             None
         );
-        assert!(registry.read().is_empty());
+        assert!(registry.read().probed.is_empty());
     }
 
     #[test]
@@ -309,6 +370,64 @@ mod tests {
         registry.probe_one(dir.path(), &name("a/x"), LayoutPolicy::default(), &runner);
         let err = registry.find(&name("a/x"), || 0).unwrap_err();
         assert!(err.to_string().contains("not executable"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_static_names_are_refused_naming_both() {
+        let registry = Registry::new();
+        registry
+            .register_static(plugin("a/x", "/opt/one/x"))
+            .unwrap();
+        let err = registry
+            .register_static(plugin("a/x", "/opt/two/x"))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("/opt/one/x") && text.contains("/opt/two/x"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_probed_driver_taking_a_static_name_makes_lookups_name_both() {
+        let registry = Registry::new();
+        registry
+            .register_static(plugin("a/x", "/opt/builtin/x"))
+            .unwrap();
+        assert!(registry.find(&name("a/x"), || 0).is_ok());
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x")),
+        ));
+        let err = registry.find(&name("a/x"), || 0).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, LookupError::MultipleMatched { .. }));
+        assert!(
+            text.contains("/opt/builtin/x") && text.contains("/p/a~x/x"),
+            "{text}"
+        );
+        assert!(registry.plugin(&name("a/x")).is_none());
+        // The probed one goes away: the static one is the only match again.
+        registry.apply(&event(EventKind::Remove, "a/x", None));
+        assert_eq!(path_of(&registry, "a/x"), PathBuf::from("/opt/builtin/x"));
+    }
+
+    #[test]
+    fn lookups_by_spec_use_the_spec_driver() {
+        let registry = Registry::new();
+        registry.apply(&event(
+            EventKind::Add,
+            "a/x",
+            Some(plugin("a/x", "/p/a~x/x")),
+        ));
+        let spec = VolumeSpec::new("pv".into(), name("a/x"));
+        assert!(registry.find_by_spec(&spec, || 0).is_ok());
+        let other = VolumeSpec::new("pv".into(), name("a/y"));
+        assert!(matches!(
+            registry.find_by_spec(&other, || 0),
+            Err(LookupError::NoneMatched { .. })
+        ));
     }
 
     #[test]
@@ -342,7 +461,7 @@ mod tests {
                 });
             }
         });
-        assert_eq!(registry.read().len(), 2001);
+        assert_eq!(registry.read().probed.len(), 2001);
         assert!(registry.plugin(&name("b/n1999")).is_some());
     }
 }

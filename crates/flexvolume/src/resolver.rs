@@ -113,13 +113,13 @@ impl Resolver {
 impl DriverResolver for Resolver {
     fn resolve(&self, record: &VolumeRecord) -> Option<Arc<Plugin>> {
         let name = &record.driver;
-        match self.state(name) {
-            Some(DriverState::Ready(plugin)) => return Some(plugin),
-            Some(DriverState::Failed(reason)) => {
+        match self.find(name, || 0) {
+            Ok(plugin) => return Some(plugin),
+            Err(LookupError::Failed { reason, .. }) => {
                 tracing::warn!(driver = %name, error = %reason, "installed driver failed init; using the pinned copy")
             }
-            Some(DriverState::Removed) | None => {
-                tracing::info!(driver = %name, pinned = ?record.pinned, "driver not installed; tearing down with its pinned copy")
+            Err(e) => {
+                tracing::info!(driver = %name, pinned = ?record.pinned, reason = %e, "driver not usable; tearing down with its pinned copy")
             }
         }
         self.pinned(record)
