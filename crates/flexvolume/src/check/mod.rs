@@ -1,4 +1,4 @@
-//! The conformance report for driver authors (`flexd check DRIVER`).
+//! The conformance report for driver authors (`flexd check --driver DRIVER`).
 //!
 //! Each check runs the driver for real and records what it answered and how long it took.
 //! Required checks decide whether the driver passes; advisory ones point at behaviour that works
