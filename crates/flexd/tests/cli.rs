@@ -1,45 +1,17 @@
 //! `flexd drivers` and `flexd call` through the real binary, against real driver executables.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
 
 use serde_json::Value;
 
-fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(plugin_dir)
-        .args(args)
-        .output()
-        .expect("flexd runs")
-}
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
-}
-
-/// Installs `examples/drivers/<source>` as driver `<dir_name>` (e.g. `acme~tmpfs`).
-fn install(plugin_dir: &Path, source: &str, dir_name: &str) {
-    let dir = plugin_dir.join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir_name.rsplit('~').next().unwrap();
-    std::fs::copy(examples().join(source), dir.join(exe)).unwrap();
-}
-
-fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {:?} / stderr {:?}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
+use common::{examples, flexd, install_example as install, is_mounted, stdout_json, Sandbox};
 
 #[test]
 fn drivers_lists_ready_and_failed_drivers_as_json() {
-    let plugin = tempfile::tempdir().unwrap();
-    let p = plugin.path();
+    let s = Sandbox::new();
+    let p = &s.plugin();
     install(p, "tmpfs/tmpfs", "acme~tmpfs");
     install(p, "attachable/attachable", "attachable");
     install(p, "quirks/usage-text", "acme~broken-init");
@@ -49,9 +21,7 @@ fn drivers_lists_ready_and_failed_drivers_as_json() {
     // Invisible: dot-names are never probed.
     std::fs::create_dir(p.join(".staging")).unwrap();
     // usage-text answers init correctly; make a driver whose init really fails.
-    let bad = p.join("acme~bad");
-    std::fs::create_dir(&bad).unwrap();
-    std::fs::copy(examples().join("quirks/empty-output"), bad.join("bad")).unwrap();
+    install(p, "quirks/empty-output", "acme~bad");
 
     let out = flexd(p, &["drivers", "--output", "json"]);
     assert!(out.status.success(), "{out:?}");
@@ -105,9 +75,9 @@ fn drivers_lists_ready_and_failed_drivers_as_json() {
 
 #[test]
 fn drivers_prints_a_table_for_humans() {
-    let plugin = tempfile::tempdir().unwrap();
-    install(plugin.path(), "tmpfs/tmpfs", "acme~tmpfs");
-    let out = flexd(plugin.path(), &["drivers"]);
+    let s = Sandbox::new();
+    s.install_example("tmpfs/tmpfs", "acme~tmpfs");
+    let out = s.flexd(&["drivers"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let mut lines = text.lines();
@@ -129,8 +99,8 @@ fn drivers_fails_clearly_on_a_missing_plugin_dir() {
 
 #[test]
 fn call_exit_status_follows_the_reply() {
-    let plugin = tempfile::tempdir().unwrap();
-    let p = plugin.path();
+    let s = Sandbox::new();
+    let p = &s.plugin();
     install(p, "quirks/capitalised", "t~capitalised");
     install(p, "quirks/failure-exit0", "t~failure-exit0");
 
@@ -176,11 +146,9 @@ fn call_exit_status_follows_the_reply() {
 
 #[test]
 fn call_times_out_with_a_clear_error() {
-    let plugin = tempfile::tempdir().unwrap();
-    install(plugin.path(), "quirks/hang", "t~hang");
-    let out = flexd(
-        plugin.path(),
-        &[
+    let s = Sandbox::new();
+    s.install_example("quirks/hang", "t~hang");
+    let out = s.flexd(&[
             "call",
             "--timeout",
             "300ms",
@@ -196,8 +164,8 @@ fn call_times_out_with_a_clear_error() {
 
 #[test]
 fn call_refuses_hostile_names_and_bad_arguments_before_running_anything() {
-    let plugin = tempfile::tempdir().unwrap();
-    let p = plugin.path();
+    let s = Sandbox::new();
+    let p = &s.plugin();
     for (name, why) in [
         ("../x", "starting with '.'"),
         ("a//b", "empty segment"),
@@ -224,77 +192,55 @@ fn call_refuses_hostile_names_and_bad_arguments_before_running_anything() {
 
 #[test]
 fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
-    let plugin = tempfile::tempdir().unwrap();
+    let s = Sandbox::new();
     let outside = tempfile::tempdir().unwrap();
     let target = outside.path().join("evil");
     std::fs::copy(examples().join("quirks/capitalised"), &target).unwrap();
-    let dir = plugin.path().join("t~evil");
+    let dir = s.plugin().join("t~evil");
     std::fs::create_dir(&dir).unwrap();
     std::os::unix::fs::symlink(&target, dir.join("evil")).unwrap();
 
-    let out = flexd(plugin.path(), &["call", "t/evil", "init"]);
+    let out = s.flexd(&["call", "t/evil", "init"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("outside the plugin dir") && err.contains("--allow-symlinks"),
         "{err}"
     );
-    let out = flexd(
-        plugin.path(),
-        &["--allow-symlinks", "call", "t/evil", "init"],
+    let out = s.flexd(&["--allow-symlinks", "call", "t/evil", "init"],
     );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
-struct Unmount(PathBuf);
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-    }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = path.to_str().unwrap();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want))
-}
-
 #[test]
 fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount tmpfs");
-        return;
-    }
-    let plugin = tempfile::tempdir().unwrap();
-    install(plugin.path(), "tmpfs/tmpfs", "acme~tmpfs");
-    let work = tempfile::tempdir().unwrap();
-    let target = work.path().canonicalize().unwrap().join("vol");
-    let _cleanup = Unmount(target.clone());
+    common::require_root!();
+    let s = Sandbox::new();
+    s.install_example("tmpfs/tmpfs", "acme~tmpfs");
+    let target = s.target("vol");
     let t = target.to_str().unwrap();
 
-    let out = flexd(
-        plugin.path(),
-        &["call", "acme/tmpfs", "mount", t, r#"{"size":"8m"}"#],
+    let out = s.flexd(&["call", "acme/tmpfs", "mount", t, r#"{"size":"8m"}"#],
     );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(is_mounted(&target));
     std::fs::write(target.join("data"), "hello").unwrap();
     // Idempotent: a second mount succeeds and keeps the data.
-    let again = flexd(plugin.path(), &["call", "acme/tmpfs", "mount", t, "{}"]);
+    let again = s.flexd(&["call", "acme/tmpfs", "mount", t, "{}"]);
     assert_eq!(again.status.code(), Some(0));
     assert_eq!(
         std::fs::read_to_string(target.join("data")).unwrap(),
         "hello"
     );
-    let out = flexd(plugin.path(), &["call", "acme/tmpfs", "unmount", t]);
+    let out = s.flexd(&["call", "acme/tmpfs", "unmount", t]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(!is_mounted(&target));
 }
 
 #[test]
 fn check_passes_a_conforming_driver_and_explains_failures() {
-    let plugin = tempfile::tempdir().unwrap();
-    let p = plugin.path();
+    let s = Sandbox::new();
+    let p = &s.plugin();
     install(p, "tmpfs/tmpfs", "acme~tmpfs");
     install(p, "quirks/usage-text", "q~usage-text");
     install(p, "quirks/log-lines", "q~log-lines");
@@ -345,43 +291,24 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
     assert!(text.trim_end().ends_with("some required checks FAILED"));
 }
 
-/// Installs a sh driver whose `case "$1"` block is `body`; unknown call-outs: Not supported.
-fn install_script(plugin_dir: &Path, dir_name: &str, body: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = plugin_dir.join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(dir_name.rsplit('~').next().unwrap());
-    let script = format!(
-        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":false}}}}';;\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n"
-    );
-    std::fs::write(&exe, script).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
 #[test]
 fn check_runs_the_mount_flow_and_catches_drivers_that_are_not_idempotent() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: the mount checks need root");
-        return;
-    }
-    let plugin = tempfile::tempdir().unwrap();
-    let p = plugin.path();
+    common::require_root!();
+    let s = Sandbox::new();
+    let p = &s.plugin();
     install(p, "attachable/attachable", "chk~attachable");
-    install_script(
-        p,
+    s.plain_driver(
         "chk~strict",
         r#"mount) grep -q " $2 " /proc/self/mountinfo && { echo '{"status":"Failure","message":"already mounted"}'; exit 1; }
   mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
 unmount) umount "$2" || { echo '{"status":"Failure","message":"not mounted"}'; exit 1; }; echo '{"status":"Success"}';;"#,
     );
-    install_script(
-        p,
+    s.plain_driver(
         "chk~stacking",
         r#"mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
 unmount) umount "$2" 2>/dev/null; echo '{"status":"Success"}';;"#,
     );
-    install_script(
-        p,
+    s.plain_driver(
         "chk~liar",
         r#"mount) mkdir -p "$2"; echo '{"status":"Success"}';;
 unmount) echo '{"status":"Success"}';;"#,

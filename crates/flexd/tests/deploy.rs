@@ -2,7 +2,9 @@
 //! k8s-openapi object, and nothing in it is silently dropped by that parse (a misspelt field
 //! such as `mountPropogation` would be), and the pieces fit together.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -13,7 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    common::repo_path("deploy")
 }
 
 fn documents(file: &str) -> Vec<Value> {
@@ -177,7 +179,7 @@ fn the_flexd_daemonset_arguments_are_accepted_by_flexd() {
     let container = &pod.containers[0];
     let args = container.args.clone().unwrap();
     // `--help` after the real arguments: clap validates everything before it, then prints help.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flexd"))
+    let out = std::process::Command::new(common::FLEXD)
         .args(&args)
         .arg("--help")
         .output()

@@ -2,7 +2,7 @@
 //! in the normal suite, without cargo-fuzz or a nightly toolchain. A crash the fuzzer finds is
 //! committed there as a file of its own, and from then on it is a regression test.
 
-use std::path::Path;
+mod common;
 
 #[path = "../../../fuzz/checks/driver_name.rs"]
 mod driver_name;
@@ -13,9 +13,7 @@ mod volume_spec;
 
 /// Runs every seed of `target` through `check`; returns how many there were.
 fn run_seeds(target: &str, check: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/seeds")
-        .join(target);
+    let dir = common::repo_path("fuzz/seeds").join(target);
     let mut seeds: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())

@@ -1,32 +1,37 @@
 //! `flexd install` / `flexd uninstall` through the real binary: atomic file and directory
 //! installs, with readers running concurrently.
 
+mod common;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::CallOut;
 
-fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(plugin_dir)
-        .args(args)
-        .output()
-        .expect("flexd runs")
-}
+use common::{driver_script, fill_disk as fill, flexd, mount_tmpfs, Sandbox};
 
 /// A driver script whose init reports `version`.
 fn write_driver(path: &Path, version: &str) {
-    let script = format!(
-        "#!/bin/sh\ncase \"$1\" in init) echo '{{\"status\":\"Success\",\"message\":\"{version}\",\"capabilities\":{{\"attach\":false}}}}';; *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n"
+    let init = format!(
+        "init) echo '{{\"status\":\"Success\",\"message\":\"{version}\",\"capabilities\":{{\"attach\":false}}}}';;"
     );
-    std::fs::write(path, script).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_exe(path, &driver_script(&init));
+}
+
+/// Sources of versions v1 and v2 in `dir`, each written by `write` (a file or a directory).
+fn versions(dir: &Path, write: fn(&Path, &str)) -> Vec<PathBuf> {
+    ["v1", "v2"]
+        .iter()
+        .map(|v| {
+            let p = dir.join(v);
+            write(&p, v);
+            p
+        })
+        .collect()
 }
 
 fn dot_files(dir: &Path) -> Vec<String> {
@@ -100,14 +105,7 @@ fn install_creates_then_atomically_replaces_a_driver() {
 fn a_reader_calling_the_driver_during_200_reinstalls_never_fails() {
     let plugin = tempfile::tempdir().unwrap();
     let src = tempfile::tempdir().unwrap();
-    let sources: Vec<PathBuf> = ["v1", "v2"]
-        .iter()
-        .map(|v| {
-            let p = src.path().join(v);
-            write_driver(&p, v);
-            p
-        })
-        .collect();
+    let sources = versions(src.path(), write_driver);
     let p = plugin.path().to_owned();
     assert!(flexd(
         &p,
@@ -194,14 +192,7 @@ fn snapshot(driver_dir: &Path) -> Option<(String, String)> {
 fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
     let plugin = tempfile::tempdir().unwrap();
     let src = tempfile::tempdir().unwrap();
-    let sources: Vec<PathBuf> = ["v1", "v2"]
-        .iter()
-        .map(|v| {
-            let d = src.path().join(v);
-            write_driver_dir(&d, v);
-            d
-        })
-        .collect();
+    let sources = versions(src.path(), write_driver_dir);
     let p = plugin.path().to_owned();
     let out = flexd(
         &p,
@@ -375,69 +366,20 @@ fn then_sleep_stays_up_until_sigterm_and_exits_zero() {
     let src = tempfile::tempdir().unwrap();
     let good = src.path().join("good");
     write_driver(&good, "good");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(plugin.path())
+    let mut child = common::flexd_command(plugin.path())
         .args(["install", "--then-sleep", "--driver", "acme/drv"])
         .arg(&good)
-        .stdout(std::process::Stdio::null())
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let installed = plugin.path().join("acme~drv/drv");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !installed.exists() {
-        assert!(Instant::now() < deadline, "never installed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_for_path(&installed);
     assert!(
         child.try_wait().unwrap().is_none(),
         "exited instead of sleeping"
     );
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::terminate(&mut child);
     assert_eq!(status.code(), Some(0));
-}
-
-/// Unmounts a tmpfs when dropped, so a failing test leaves no mount behind.
-struct TmpfsMount(PathBuf);
-
-impl TmpfsMount {
-    fn new(at: &Path, size: &std::ffi::CStr) -> Self {
-        std::fs::create_dir_all(at).unwrap();
-        rustix::mount::mount(
-            "tmpfs",
-            at,
-            "tmpfs",
-            rustix::mount::MountFlags::empty(),
-            size,
-        )
-        .unwrap();
-        Self(at.to_owned())
-    }
-}
-
-impl Drop for TmpfsMount {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
-    }
-}
-
-/// Fills the filesystem holding `dir` until ENOSPC; returns the filler file.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let filler = dir.join(".filler");
-    let mut f = std::fs::File::create(&filler).unwrap();
-    let chunk = vec![0u8; 4096];
-    while f.write(&chunk).is_ok() {}
-    filler
 }
 
 /// A driver script padded to `kib` KiB, so that copying it needs room.
@@ -453,14 +395,11 @@ fn write_big_driver(path: &Path, version: &str, kib: usize) {
 /// disk further. With room again, the same install succeeds.
 #[test]
 fn installing_onto_a_full_disk_fails_clearly_and_keeps_the_old_version() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs as the plugin dir");
-        return;
-    }
-    let root = tempfile::tempdir().unwrap();
-    let plugin_dir = root.path().join("exec");
-    let _mount = TmpfsMount::new(&plugin_dir, c"size=512k");
-    let src = root.path().join("src");
+    common::require_root!("needs root to mount a small tmpfs as the plugin dir");
+    let s = Sandbox::new();
+    let plugin_dir = s.plugin();
+    mount_tmpfs(&plugin_dir, c"size=512k");
+    let src = s.path("src");
     std::fs::create_dir(&src).unwrap();
     let (v1, v2, v2_dir) = (src.join("v1"), src.join("v2"), src.join("v2-dir"));
     write_driver(&v1, "v1");

@@ -4,22 +4,15 @@
 //! skips with a message otherwise. The sandbox unmounts everything below it and releases every
 //! loop device backed by its images when dropped, even when a test fails.
 
+mod common;
+
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (loop devices, mkfs, mounts)");
-    false
-}
-
-struct Sandbox {
-    root: tempfile::TempDir,
-}
+use common::{is_mounted, ok, Sandbox};
 
 /// What `flexd install --builtin loop` finds beside flexd.
 #[derive(Clone, Copy, Debug)]
@@ -30,35 +23,45 @@ enum Build {
     FlexdAlone,
 }
 
-impl Sandbox {
-    /// A sandbox with the builtin loop driver installed in its plugin dir (the standalone one).
+/// A sandbox with the builtin loop driver installed in its plugin dir; the volumes' images
+/// live in its `images` dir, so the sandbox releases their loop devices.
+struct LoopSandbox(Sandbox);
+
+impl Deref for LoopSandbox {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.0
+    }
+}
+
+impl LoopSandbox {
+    /// The standalone loop driver installed.
     fn new() -> Self {
         Self::installing(Build::Standalone)
     }
 
     fn installing(build: Build) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        for d in ["exec", "state", "work", "images", "bin"] {
-            std::fs::create_dir(root.path().join(d)).unwrap();
+        let s = Self(Sandbox::new());
+        for d in ["images", "bin"] {
+            std::fs::create_dir(s.path(d)).unwrap();
         }
-        let s = Self { root };
         let (flexd, expected) = match build {
             Build::Standalone => (
-                PathBuf::from(env!("CARGO_BIN_EXE_flexd")),
+                PathBuf::from(common::FLEXD),
                 PathBuf::from(env!("CARGO_BIN_EXE_flexd-loop")),
             ),
             Build::FlexdAlone => {
-                let alone = s.root.path().join("bin/flexd");
-                std::fs::copy(env!("CARGO_BIN_EXE_flexd"), &alone).unwrap();
+                let alone = s.path("bin/flexd");
+                std::fs::copy(common::FLEXD, &alone).unwrap();
                 (alone.clone(), alone)
             }
         };
-        let out = Command::new(&flexd)
-            .arg("--plugin-dir")
-            .arg(s.plugin())
-            .args(["install", "--builtin", "loop"])
-            .output()
-            .unwrap();
+        let out = common::output_of_new_executable(
+            Command::new(&flexd)
+                .arg("--plugin-dir")
+                .arg(s.plugin())
+                .args(["install", "--builtin", "loop"]),
+        );
         ok(&out);
         assert_eq!(
             std::fs::read(s.driver_exe()).unwrap(),
@@ -68,17 +71,11 @@ impl Sandbox {
         );
         s
     }
-    fn plugin(&self) -> PathBuf {
-        self.root.path().join("exec")
-    }
     fn images(&self) -> PathBuf {
-        self.root.path().join("images")
+        self.path("images")
     }
     fn image(&self, volume: &str) -> PathBuf {
         self.images().join(format!("{volume}.img"))
-    }
-    fn target(&self, name: &str) -> PathBuf {
-        self.root.path().join("work").join(name)
     }
     fn driver_exe(&self) -> PathBuf {
         self.plugin().join("flexd~loop/loop")
@@ -87,23 +84,6 @@ impl Sandbox {
     /// The volume's options: its image lives in this sandbox.
     fn options(&self, size: &str) -> String {
         serde_json::json!({"imageDir": self.images(), "size": size}).to_string()
-    }
-
-    fn flexd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(self.plugin())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn volume(&self, args: &[&str]) -> Output {
-        let state = self.root.path().join("state");
-        let mut all = vec!["volume", "--node", "node-1", "--state-dir"];
-        all.push(state.to_str().unwrap());
-        all.extend_from_slice(args);
-        self.flexd(&all)
     }
 
     /// `flexd volume mount` of loop volume `volume` on `target`; returns the JSON outcome.
@@ -136,27 +116,6 @@ impl Sandbox {
         Command::new(self.driver_exe()).args(args).output().unwrap()
     }
 
-    /// Loop devices backed by images of this sandbox.
-    fn loop_devices(&self) -> Vec<(String, PathBuf)> {
-        let images = self.images();
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/sys/block")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let backing = entry.path().join("loop/backing_file");
-            if let Ok(text) = std::fs::read_to_string(&backing) {
-                let file = PathBuf::from(text.trim_end_matches('\n'));
-                if file.starts_with(&images) {
-                    let dev = format!("/dev/{}", entry.file_name().to_string_lossy());
-                    found.push((dev, file));
-                }
-            }
-        }
-        found
-    }
-
     fn loop_devices_of(&self, volume: &str) -> Vec<String> {
         let image = self.image(volume);
         self.loop_devices()
@@ -165,42 +124,6 @@ impl Sandbox {
             .map(|(dev, _)| dev)
             .collect()
     }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let root = self
-            .root
-            .path()
-            .canonicalize()
-            .unwrap_or_else(|_| self.root.path().to_owned());
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
-        for (dev, _) in self.loop_devices() {
-            let _ = Command::new("losetup").args(["-d", &dev]).output();
-        }
-    }
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
-fn is_mounted(path: &Path) -> bool {
-    flexvolume::mount::is_mount_point(path).unwrap()
 }
 
 /// The filesystem UUID on a device: it changes if the device is ever formatted again.
@@ -235,7 +158,7 @@ fn the_installed_builtin_answers_exact_json_and_nothing_else() {
 
 fn installed_builtin_answers_exact_json(build: Build) {
     // No root needed: init and unknown call-outs touch nothing.
-    let s = Sandbox::installing(build);
+    let s = LoopSandbox::installing(build);
     let init = s.call(&["init"]);
     assert_eq!(init.status.code(), Some(0));
     assert_eq!(
@@ -264,11 +187,9 @@ fn installed_builtin_answers_exact_json(build: Build) {
 
 #[test]
 fn data_survives_unmount_and_remount_and_is_never_reformatted() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     // flexd itself as the driver (multi-call): the whole flow works through that copy too.
-    let s = Sandbox::installing(Build::FlexdAlone);
+    let s = LoopSandbox::installing(Build::FlexdAlone);
     let target = s.target("data");
     let first = s.mount("vol-a", &target, "64Mi", "");
     let device = first["device"].as_str().unwrap().to_owned();
@@ -303,10 +224,8 @@ fn data_survives_unmount_and_remount_and_is_never_reformatted() {
 
 #[test]
 fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
-    if !is_root() {
-        return;
-    }
-    let s = Sandbox::new();
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::new();
     let (a, b) = (s.target("a"), s.target("b"));
     let da = s.mount("shared", &a, "32Mi", "");
     let db = s.mount("shared", &b, "32Mi", "");
@@ -333,7 +252,7 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
 }
 
 /// The name getvolumename gives the volume (what detach receives).
-fn detach_name(s: &Sandbox, volume: &str) -> String {
+fn detach_name(s: &LoopSandbox, volume: &str) -> String {
     let options = serde_json::json!({
         "imageDir": s.images(),
         "kubernetes.io/pvOrVolumeName": volume,
@@ -351,10 +270,8 @@ fn detach_name(s: &Sandbox, volume: &str) -> String {
 
 #[test]
 fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
-    if !is_root() {
-        return;
-    }
-    let s = Sandbox::new();
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::new();
     let options = serde_json::json!({
         "imageDir": s.images(),
         "kubernetes.io/pvOrVolumeName": "race",
@@ -418,10 +335,8 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
 
 #[test]
 fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
-    if !is_root() {
-        return;
-    }
-    let s = Sandbox::new();
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::new();
     let options = serde_json::json!({
         "imageDir": s.images(),
         "kubernetes.io/pvOrVolumeName": "mine",
@@ -459,10 +374,8 @@ fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
 
 #[test]
 fn an_image_holding_unrecognised_data_is_never_formatted() {
-    if !is_root() {
-        return;
-    }
-    let s = Sandbox::new();
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::new();
     // Bytes blkid cannot name (no filesystem signature), deep inside a sparse image.
     let image = s.image("dump");
     let f = std::fs::File::create(&image).unwrap();
@@ -504,7 +417,7 @@ fn an_image_holding_unrecognised_data_is_never_formatted() {
 /// Mounts a loop volume, writes data, grows it with `flexd volume expand` (the driver's
 /// expandvolume and expandfs), and returns the outcome and the sizes before and after.
 fn expand_loop_volume(fs: &str, mb: u64) -> Option<(Output, u64, u64)> {
-    let s = Sandbox::new();
+    let s = LoopSandbox::new();
     let target = s.target("grow");
     s.mount("grow", &target, &format!("{mb}Mi"), fs);
     std::fs::write(target.join("keep"), "data").unwrap();
@@ -528,12 +441,9 @@ fn expand_loop_volume(fs: &str, mb: u64) -> Option<(Output, u64, u64)> {
 
 #[test]
 fn expand_grows_the_image_the_loop_device_and_an_xfs_filesystem() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     if Command::new("mkfs.xfs").arg("-V").output().is_err() {
-        eprintln!("skipped: mkfs.xfs is not installed (.ci/run installs xfsprogs)");
-        return;
+        common::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
     }
     // XFS needs 300 MB at least; the image is sparse.
     let (out, before, after) = expand_loop_volume("xfs", 320).unwrap();
@@ -552,9 +462,7 @@ fn expand_grows_the_image_the_loop_device_and_an_xfs_filesystem() {
 
 #[test]
 fn expand_of_ext4_grows_it_or_names_the_missing_capability() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     let (out, before, after) = expand_loop_volume("ext4", 64).unwrap();
     if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
         ok(&out);
@@ -570,16 +478,14 @@ fn expand_of_ext4_grows_it_or_names_the_missing_capability() {
 
 #[test]
 fn flexd_check_passes_every_check_on_the_loop_driver() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     for build in [Build::Standalone, Build::FlexdAlone] {
         check_passes(build);
     }
 }
 
 fn check_passes(build: Build) {
-    let s = Sandbox::installing(build);
+    let s = LoopSandbox::installing(build);
     let options = s.options("32Mi");
     let out = s.flexd(&[
         "--output",
@@ -600,13 +506,11 @@ fn check_passes(build: Build) {
 
 #[test]
 fn the_readme_quick_start_runs_end_to_end() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .env("FLEXD", env!("CARGO_BIN_EXE_flexd"))
+        .env("FLEXD", common::FLEXD)
         .output()
         .unwrap();
     ok(&out);

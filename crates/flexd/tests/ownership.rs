@@ -1,28 +1,17 @@
 //! `flexd ownership apply` through the real binary. Needs root (arbitrary groups).
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to give entries an arbitrary group");
-    false
-}
-
 fn flexd(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .args(args)
-        .output()
-        .unwrap()
+    Command::new(common::FLEXD).args(args).output().unwrap()
 }
 
 #[test]
 fn apply_reports_changes_as_json_then_finds_nothing_to_do() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("v");
     std::fs::create_dir_all(root.join("a/b")).unwrap();

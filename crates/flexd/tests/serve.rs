@@ -1,277 +1,18 @@
 //! `flexd serve` through the real binary: real drivers, real Unix sockets, a real gRPC client
 //! doing what kubelet does.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use std::path::Path;
+use std::time::Duration;
 
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
-pub mod registration {
-    tonic::include_proto!("pluginregistration");
-}
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
-}
-
-fn install(plugin_dir: &Path, source: &str, dir_name: &str) {
-    let dir = plugin_dir.join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir_name.rsplit('~').next().unwrap();
-    std::fs::copy(examples().join(source), dir.join(exe)).unwrap();
-}
-
-/// A running `flexd serve` with its own directories; killed and cleaned up on drop (its mounts
-/// under the root too, and any blocking test driver is released).
-struct Server {
-    child: Child,
-    root: tempfile::TempDir,
-    mode: &'static str,
-    plugin_dir: PathBuf,
-    csi_dir: PathBuf,
-    registration_dir: PathBuf,
-    metrics_address: String,
-}
-
-/// A free loopback port for this server's metrics (tests run in parallel).
-fn free_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-impl Server {
-    fn start(setup: impl FnOnce(&Path)) -> Self {
-        Self::start_in_mode("node", setup)
-    }
-
-    fn start_in_mode(mode: &'static str, setup: impl FnOnce(&Path)) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let plugin_dir = root.path().join("exec");
-        std::fs::create_dir(&plugin_dir).unwrap();
-        setup(&plugin_dir);
-        let csi_dir = root.path().join("plugins");
-        let registration_dir = root.path().join("plugins_registry");
-        let metrics_address = free_address();
-        let child = Self::spawn(root.path(), mode, &metrics_address);
-        Self {
-            child,
-            root,
-            mode,
-            plugin_dir,
-            csi_dir,
-            registration_dir,
-            metrics_address,
-        }
-    }
-
-    fn spawn(root: &Path, mode: &str, metrics_address: &str) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(root.join("exec"))
-            .args(["--probe-interval", "300ms"])
-            .arg("serve")
-            .args(["--mode", mode])
-            .arg("--csi-dir")
-            .arg(root.join("plugins"))
-            .arg("--registration-dir")
-            .arg(root.join("plugins_registry"))
-            .arg("--state-dir")
-            .arg(root.join("state"))
-            .args([
-                "--node-name",
-                "node-1",
-                "--metrics-address",
-                metrics_address,
-            ])
-            .args(["--log-level", "debug"])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(root.join("flexd.log"))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
-    }
-
-    /// kill -9, then a new flexd on the same directories (a fresh metrics port).
-    fn crash_and_restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.metrics_address = free_address();
-        self.child = Self::spawn(self.root.path(), self.mode, &self.metrics_address);
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.root.path().join(name)
-    }
-
-    fn log(&self) -> PathBuf {
-        self.path("calls.log")
-    }
-
-    /// Installs a driver script that logs every call (argv, tab-separated) before running
-    /// `body` (a `case "$1"` block); `$RELEASE` names a file a blocking driver waits for.
-    fn driver(&self, dir_name: &str, body: &str) {
-        let dir = self.plugin_dir.join(dir_name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir_name.rsplit('~').next().unwrap();
-        let script = format!(
-            "#!/bin/sh\nRELEASE='{}'\nline=; for a in \"$@\"; do line=\"$line$a\t\"; done; printf '%s\\n' \"$line\" >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
-            self.path("release").display(),
-            self.log().display()
-        );
-        let staged = dir.join(format!(".{exe}"));
-        std::fs::write(&staged, script).unwrap();
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&staged, dir.join(exe)).unwrap();
-    }
-
-    /// The logged calls, each as its argv.
-    fn calls(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(self.log())
-            .unwrap_or_default()
-            .lines()
-            .map(|l| {
-                l.trim_end_matches('\t')
-                    .split('\t')
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .collect()
-    }
-
-    fn calls_of(&self, op: &str) -> Vec<Vec<String>> {
-        self.calls().into_iter().filter(|c| c[0] == op).collect()
-    }
-
-    /// The call-outs made, in order, without init (the prober's business).
-    fn ops(&self) -> Vec<String> {
-        self.calls()
-            .into_iter()
-            .map(|c| c[0].clone())
-            .filter(|op| op != "init")
-            .collect()
-    }
-
-    /// The volume records in the state dir.
-    fn records(&self) -> Vec<serde_json::Value> {
-        let dir = self.path("state/volumes");
-        let mut records = Vec::new();
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".json") && !name.starts_with('.') {
-                let text = std::fs::read_to_string(entry.path()).unwrap();
-                records.push(serde_json::from_str(&text).unwrap());
-            }
-        }
-        records
-    }
-
-    /// GET a path from the metrics endpoint, retrying until it answers.
-    fn http_get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut stream) = std::net::TcpStream::connect(&self.metrics_address) {
-                write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-                let mut response = String::new();
-                stream.read_to_string(&mut response).unwrap();
-                return response;
-            }
-            assert!(Instant::now() < deadline, "metrics endpoint never answered");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "flexd serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::write(self.path("release"), "");
-        let root = self
-            .root
-            .path()
-            .canonicalize()
-            .unwrap_or_else(|_| self.root.path().to_owned());
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Connects to a socket, retrying while nothing listens yet (a socket file a killed flexd
-/// left behind refuses connections until the new one replaces it).
-async fn connect(socket: &Path) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let path = socket.to_owned();
-        let connected = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        match connected {
-            Ok(channel) => return channel,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "cannot connect to {}: {e}",
-                socket.display()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use common::{eventually, examples, install_example as install, is_mounted, wait_for_path as wait_for};
+use serve_support::{
+    connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities, node_client,
+    publish_request, registration, unpublish_request, Server,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
@@ -307,7 +48,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
     .await
     .unwrap();
 
-    let mut identity = csi::identity_client::IdentityClient::new(connect(&tmpfs_sock).await);
+    let mut identity = identity_client(&tmpfs_sock).await;
     let plugin_info = identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await
@@ -337,7 +78,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
         "a non-attaching driver has no controller service"
     );
 
-    let mut identity = csi::identity_client::IdentityClient::new(connect(&block_sock).await);
+    let mut identity = identity_client(&block_sock).await;
     let caps = identity
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
         .await
@@ -396,11 +137,9 @@ async fn stale_sockets_of_a_crashed_flexd_are_removed_and_others_left_alone() {
     let stale_reg = server
         .registration_dir
         .join("flexvolume-acme--gone-reg.sock");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.csi_dir.join("flexvolume-acme--gone").exists() || stale_reg.exists() {
-        assert!(Instant::now() < deadline, "stale endpoint not removed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the stale endpoint to be removed", || {
+        !server.csi_dir.join("flexvolume-acme--gone").exists() && !stale_reg.exists()
+    });
     assert!(
         server.csi_dir.join("ebs.csi.aws.com").exists(),
         "foreign driver untouched"
@@ -415,9 +154,7 @@ async fn stale_sockets_of_a_crashed_flexd_are_removed_and_others_left_alone() {
 fn metrics_count_call_outs_and_drivers_and_health_answers() {
     let server = Server::start(|p| {
         install(p, "tmpfs/tmpfs", "acme~tmpfs");
-        let dir = p.join("acme~broken");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::copy(examples().join("quirks/empty-output"), dir.join("broken")).unwrap();
+        install(p, "quirks/empty-output", "acme~broken");
     });
     wait_for(&server.csi_dir.join("flexvolume-acme--tmpfs/csi.sock"));
     let health = server.http_get("/healthz");
@@ -448,13 +185,11 @@ fn metrics_count_call_outs_and_drivers_and_health_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_whose_init_fails_is_served_as_not_ready() {
     let server = Server::start(|p| {
-        let dir = p.join("acme~broken");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::copy(examples().join("quirks/empty-output"), dir.join("broken")).unwrap();
+        install(p, "quirks/empty-output", "acme~broken");
     });
     let sock = server.csi_dir.join("flexvolume-acme--broken/csi.sock");
     wait_for(&sock);
-    let mut identity = csi::identity_client::IdentityClient::new(connect(&sock).await);
+    let mut identity = identity_client(&sock).await;
     let probe = identity
         .probe(csi::ProbeRequest {})
         .await
@@ -468,13 +203,8 @@ async fn a_driver_whose_init_fails_is_served_as_not_ready() {
 async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_removed() {
     let server = Server::start(|_| {});
     std::thread::sleep(Duration::from_millis(300));
-    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(&server.plugin_dir)
-        .args(["install", "--driver", "late/comer"])
-        .arg(examples().join("tmpfs/tmpfs"))
-        .output()
-        .unwrap();
+    let source = examples().join("tmpfs/tmpfs");
+    let out = server.flexd(&["install", "--driver", "late/comer", source.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
     let sock = server.csi_dir.join("flexvolume-late--comer/csi.sock");
     let reg = server
@@ -482,7 +212,7 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
         .join("flexvolume-late--comer-reg.sock");
     wait_for(&sock);
     wait_for(&reg);
-    let mut identity = csi::identity_client::IdentityClient::new(connect(&sock).await);
+    let mut identity = identity_client(&sock).await;
     let probe = identity
         .probe(csi::ProbeRequest {})
         .await
@@ -490,21 +220,11 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
         .into_inner();
     assert_eq!(probe.ready, Some(true));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(&server.plugin_dir)
-        .args(["uninstall", "--driver", "late/comer"])
-        .output()
-        .unwrap();
+    let out = server.flexd(&["uninstall", "--driver", "late/comer"]);
     assert!(out.status.success(), "{out:?}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sock.exists() || reg.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "sockets of a removed driver were not removed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the sockets of a removed driver to be removed", || {
+        !sock.exists() && !reg.exists()
+    });
     let metrics = server.http_get("/metrics");
     assert!(
         metrics.contains(r#"flexd_probe_events_total{event="remove"} 1"#),
@@ -514,82 +234,12 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
 
 // ---- Node and Controller: real drivers, real mounts (root) ----
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to mount (tmpfs, bind)");
-    false
-}
-
-fn is_mounted(path: &Path) -> bool {
-    path.exists() && flexvolume::mount::is_mount_point(path).unwrap()
-}
-
 fn fs_type_at(path: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     flexvolume::mount::parse_mountinfo(&info)
         .into_iter()
         .rfind(|m| m.mount_point == path)
         .map(|m| m.fs_type)
-}
-
-fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapability> {
-    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
-    Some(csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs_type.into(),
-            mount_flags: vec![],
-            volume_mount_group: group.into(),
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    })
-}
-
-fn map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn publish_request(
-    volume_id: &str,
-    target: &Path,
-    staging: Option<&Path>,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: volume_id.into(),
-        target_path: target.display().to_string(),
-        staging_target_path: staging.map(|s| s.display().to_string()).unwrap_or_default(),
-        volume_capability: mount_capability("ext4", ""),
-        ..Default::default()
-    }
-}
-
-async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
-    csi::node_client::NodeClient::new(connect(sock).await)
-}
-
-fn node_capabilities(caps: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
-    caps.capabilities
-        .iter()
-        .filter_map(|c| {
-            let csi::node_service_capability::Type::Rpc(rpc) = c.r#type.as_ref()?;
-            Some(rpc.r#type)
-        })
-        .collect()
-}
-
-/// Polls until `condition` holds (generous deadline: a loaded 2-core box).
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
@@ -606,14 +256,12 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let server = Server::start_in_mode("both", |_| {});
     server.driver("acme~block", ATTACHING);
     let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
     wait_for(&sock);
-    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let mut controller = controller_client(&sock).await;
     let mut node = node_client(&sock).await;
 
     let caps = controller
@@ -757,10 +405,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     );
     assert!(!metrics.contains("hunter2") && !metrics.contains("aHVudGVyMg=="));
 
-    let unpublish = csi::NodeUnpublishVolumeRequest {
-        volume_id: "pv-1".into(),
-        target_path: target.display().to_string(),
-    };
+    let unpublish = unpublish_request("pv-1", &target);
     node.node_unpublish_volume(unpublish.clone()).await.unwrap();
     assert!(!is_mounted(&target) && !target.exists());
     assert!(is_mounted(&staging), "unpublish leaves the staged device");
@@ -816,9 +461,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let server = Server::start(|_| {});
     server.driver("acme~tmpfs", TMPFS);
     let sock = server.csi_dir.join("flexvolume-acme--tmpfs/csi.sock");
@@ -856,10 +499,7 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
     assert_eq!(mount_options["kubernetes.io/secret/token"], "czNjcjN0");
     assert_eq!(mount_options["kubernetes.io/pvOrVolumeName"], "vol-a");
 
-    let unpublish = csi::NodeUnpublishVolumeRequest {
-        volume_id: "vol-a".into(),
-        target_path: target.display().to_string(),
-    };
+    let unpublish = unpublish_request("vol-a", &target);
     node.node_unpublish_volume(unpublish.clone()).await.unwrap();
     assert!(!is_mounted(&target) && !target.exists());
     node.node_unpublish_volume(unpublish).await.unwrap();
@@ -874,7 +514,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
     wait_for(&sock);
     let mut node = node_client(&sock).await;
-    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let mut controller = controller_client(&sock).await;
     let target = server.path("t");
     let staging = server.path("s");
     let code = tonic::Code::InvalidArgument;
@@ -981,10 +621,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     );
     assert!(!target.exists(), "a refused publish leaves nothing");
     // Tearing down what was never set up succeeds (CSI idempotency).
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "v".into(),
-        target_path: target.display().to_string(),
-    })
+    node.node_unpublish_volume(unpublish_request("v", &target))
     .await
     .unwrap();
     assert!(
@@ -996,9 +633,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_installed_while_serving_serves_a_publish() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let server = Server::start(|_| {});
     let sock = server.csi_dir.join("flexvolume-late--tmpfs/csi.sock");
     server.driver("late~tmpfs", TMPFS);
@@ -1009,10 +644,7 @@ async fn a_driver_installed_while_serving_serves_a_publish() {
         .await
         .unwrap();
     assert_eq!(fs_type_at(&target).as_deref(), Some("tmpfs"));
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "late-1".into(),
-        target_path: target.display().to_string(),
-    })
+    node.node_unpublish_volume(unpublish_request("late-1", &target))
     .await
     .unwrap();
     assert!(!target.exists());
@@ -1030,9 +662,7 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let mut server = Server::start(|_| {});
     server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
     let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
@@ -1057,7 +687,7 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
         "the call died with flexd"
     );
     // The orphaned driver finishes; the restarted flexd tears down what it left.
-    std::fs::write(server.path("release"), "").unwrap();
+    std::fs::write(server.release(), "").unwrap();
     let server = tokio::task::spawn_blocking(move || {
         eventually("the restarted endpoint", || sock.exists());
         (server, sock)
@@ -1066,10 +696,7 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
     .unwrap();
     let (server, sock) = server;
     let mut node = node_client(&sock).await;
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "slow-1".into(),
-        target_path: target.display().to_string(),
-    })
+    node.node_unpublish_volume(unpublish_request("slow-1", &target))
     .await
     .unwrap();
     assert!(!is_mounted(&target) && !target.exists());
@@ -1079,9 +706,7 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let mut server = Server::start(|_| {});
     server.driver("acme~slow", BLOCKS_THEN_FAILS);
     let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
@@ -1097,7 +722,7 @@ async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
         assert_eq!(server.records().len(), 1, "recorded ahead of the call-out");
         assert!(target.exists(), "the target directory was created");
         server.crash_and_restart();
-        std::fs::write(server.path("release"), "").unwrap();
+        std::fs::write(server.release(), "").unwrap();
         // Reconcile waits for the orphaned driver, sees nothing mounted, and rolls back.
         eventually("the rollback", || {
             server.records().is_empty() && !target.exists()
@@ -1117,9 +742,7 @@ expandfs) echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_and_expansion_of_a_published_volume() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let server = Server::start(|_| {});
     server.driver("acme~metered", METERED);
     let sock = server.csi_dir.join("flexvolume-acme--metered/csi.sock");
@@ -1197,19 +820,14 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "m-1".into(),
-        target_path: target.display().to_string(),
-    })
+    node.node_unpublish_volume(unpublish_request("m-1", &target))
     .await
     .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishes_of_one_volume_are_serialized() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let server = Server::start(|_| {});
     server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
     let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
@@ -1233,15 +851,12 @@ async fn concurrent_publishes_of_one_volume_are_serialized() {
             .is_err(),
         "a second publish of the volume finished while the first was still running"
     );
-    std::fs::write(server.path("release"), "").unwrap();
+    std::fs::write(server.release(), "").unwrap();
     first.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
     assert_eq!(server.calls_of("mount").len(), 1);
     let mut node = node_client(&sock).await;
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: "shared-1".into(),
-        target_path: target.display().to_string(),
-    })
+    node.node_unpublish_volume(unpublish_request("shared-1", &target))
     .await
     .unwrap();
     assert!(!target.exists());
@@ -1253,7 +868,7 @@ async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
     server.driver("acme~block", ATTACHING);
     let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
     wait_for(&sock);
-    let mut controller = csi::controller_client::ControllerClient::new(connect(&sock).await);
+    let mut controller = controller_client(&sock).await;
     let published = controller
         .controller_publish_volume(csi::ControllerPublishVolumeRequest {
             volume_id: "pv-9".into(),

@@ -7,21 +7,15 @@
 //! Bounded for the normal suite (20 s); `FLEXD_SOAK_SECS=600 cargo test -p flexd --test soak`
 //! runs longer. `FLEXD_SOAK_SEED` replays a run (the seed is printed).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Stdio;
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to mount tmpfs volumes");
-    false
-}
+use common::{mounts_below, write_exe, Sandbox, Watch};
 
 /// xorshift64*: the run is replayable from its seed.
 struct Rng(u64);
@@ -38,66 +32,45 @@ impl Rng {
 }
 
 fn script(body_init: &str) -> String {
-    format!(
-        "#!/bin/sh\ncase \"$1\" in\ninit) {body_init};;\nmount) mkdir -p \"$2\"; mount -t tmpfs tmpfs \"$2\" && echo '{{\"status\":\"Success\"}}' || exit 1;;\nunmount) umount \"$2\"; echo '{{\"status\":\"Success\"}}';;\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n"
-    )
-}
-
-fn write_exe(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::driver_script(&format!(
+        "init) {body_init};;\nmount) mkdir -p \"$2\"; mount -t tmpfs tmpfs \"$2\" && echo '{{\"status\":\"Success\"}}' || exit 1;;\nunmount) umount \"$2\"; echo '{{\"status\":\"Success\"}}';;"
+    ))
 }
 
 /// A watcher whose reported state (driver → ready) is kept up to date from its JSON lines.
 struct Watcher {
-    child: Child,
-    state: Arc<Mutex<BTreeMap<String, bool>>>,
+    watch: Watch,
+    state: RefCell<BTreeMap<String, bool>>,
 }
 
 impl Watcher {
     fn start(plugin_dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(plugin_dir)
-            .args(["--probe-interval", "200ms", "watch", "--output", "json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let state = Arc::new(Mutex::new(BTreeMap::new()));
-        let shared = state.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    panic!("watch printed a line that is not JSON: {line}");
-                };
-                let driver = v["driver"].as_str().unwrap_or_default().to_owned();
-                let mut state = shared.lock().unwrap();
-                match v["event"].as_str() {
-                    Some("remove") => {
-                        state.remove(&driver);
-                    }
-                    Some("failed") => {
-                        state.insert(driver, false);
-                    }
-                    _ => {
-                        state.insert(driver, true);
-                    }
-                }
-            }
-        });
-        Self { child, state }
+        Self {
+            watch: Watch::start(plugin_dir, "200ms"),
+            state: RefCell::default(),
+        }
     }
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.watch.pid()
     }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// What the lines printed so far say.
+    fn state(&self) -> BTreeMap<String, bool> {
+        let mut state = self.state.borrow_mut();
+        for (_, v) in self.watch.lines.try_iter() {
+            let driver = v["driver"].as_str().unwrap_or_default().to_owned();
+            match v["event"].as_str() {
+                Some("remove") => {
+                    state.remove(&driver);
+                }
+                Some("failed") => {
+                    state.insert(driver, false);
+                }
+                _ => {
+                    state.insert(driver, true);
+                }
+            }
+        }
+        state.clone()
     }
 }
 
@@ -169,29 +142,9 @@ fn expected(plugin_dir: &Path) -> BTreeMap<String, bool> {
     out
 }
 
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    flexvolume::mount::parse_mountinfo(&info)
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|m| m.starts_with(root))
-        .collect()
-}
-
-struct Unmounter(PathBuf);
-impl Drop for Unmounter {
-    fn drop(&mut self) {
-        for m in mounts_under(&self.0) {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-}
-
 #[test]
 fn soak_discovery_and_volumes_under_churn_leak_nothing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let secs: u64 = std::env::var("FLEXD_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -206,14 +159,12 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
                 | 1
         });
     eprintln!("soak: {secs} s, seed {seed} (FLEXD_SOAK_SEED={seed} replays it)");
-    let root = tempfile::tempdir().unwrap();
-    let root_path = root.path().canonicalize().unwrap();
-    let _unmounter = Unmounter(root_path.clone());
-    let plugin_dir = root_path.join("exec");
-    let volume_plugins = root_path.join("volume-exec");
-    let state_dir = root_path.join("state");
-    let sources = root_path.join("src");
-    for d in [&plugin_dir, &volume_plugins, &sources] {
+    let s = Sandbox::new();
+    let plugin_dir = s.plugin();
+    let volume_plugins = s.path("volume-exec");
+    let state_dir = s.state();
+    let sources = s.path("src");
+    for d in [&volume_plugins, &sources] {
         std::fs::create_dir_all(d).unwrap();
     }
     // The volumes' driver lives apart, so plugin-dir deletion does not take it away mid-mount.
@@ -226,14 +177,19 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
     let watcher = Watcher::start(&plugin_dir);
     let mut rng = Rng(seed);
     let flexd = |plugin: &Path, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(plugin)
+        common::flexd_command(plugin)
             .args(args)
             .stderr(Stdio::null())
             .stdout(Stdio::null())
             .status()
             .unwrap()
+    };
+    // `flexd volume <op> --target <target>` through the volumes' own plugin dir.
+    let volume = |op: &str, target: &Path, more: &[&str]| {
+        let state = state_dir.to_str().unwrap();
+        let t = target.to_str().unwrap();
+        let args = [&["volume", "--state-dir", state, op][..], more, &["--target", t]].concat();
+        flexd(&volume_plugins, &args)
     };
     let mut ops: BTreeMap<&str, u64> = BTreeMap::new();
     let mut mounted: Vec<PathBuf> = Vec::new();
@@ -280,21 +236,9 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
                 "plugin dir deleted and recreated"
             }
             58..=79 => {
-                let target = root_path.join(format!("work/vol{}", rng.below(6)));
+                let target = s.target(&format!("vol{}", rng.below(6)));
                 let t = target.to_str().unwrap();
-                let status = flexd(
-                    &volume_plugins,
-                    &[
-                        "volume",
-                        "--state-dir",
-                        state_dir.to_str().unwrap(),
-                        "mount",
-                        "--driver",
-                        "soak/tmpfs",
-                        "--target",
-                        t,
-                    ],
-                );
+                let status = volume("mount", &target, &["--driver", "soak/tmpfs"]);
                 assert!(status.success(), "mount of {t} failed (seed {seed})");
                 mounted.push(target);
                 "mount"
@@ -304,17 +248,7 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
                     continue;
                 };
                 let t = target.to_str().unwrap();
-                let status = flexd(
-                    &volume_plugins,
-                    &[
-                        "volume",
-                        "--state-dir",
-                        state_dir.to_str().unwrap(),
-                        "unmount",
-                        "--target",
-                        t,
-                    ],
-                );
+                let status = volume("unmount", &target, &[]);
                 assert!(status.success(), "unmount of {t} failed (seed {seed})");
                 "unmount"
             }
@@ -322,17 +256,7 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
         *ops.entry(op).or_default() += 1;
     }
     for target in mounted.drain(..) {
-        let status = flexd(
-            &volume_plugins,
-            &[
-                "volume",
-                "--state-dir",
-                state_dir.to_str().unwrap(),
-                "unmount",
-                "--target",
-                target.to_str().unwrap(),
-            ],
-        );
+        let status = volume("unmount", &target, &[]);
         assert!(status.success());
     }
 
@@ -340,7 +264,7 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
     let want = expected(&plugin_dir);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let got = watcher.state.lock().unwrap().clone();
+        let got = watcher.state();
         if got == want {
             break;
         }
@@ -350,7 +274,7 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let leaked = mounts_under(&root_path);
+    let leaked = mounts_below(s.root());
     assert!(leaked.is_empty(), "seed {seed}: leaked mounts {leaked:?}");
 
     let total: u64 = ops.values().sum();

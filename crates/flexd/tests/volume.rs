@@ -2,151 +2,14 @@
 //! real ext4). Needs root; each test skips with a message otherwise. Every test cleans up its
 //! mounts and loop devices in a guard, even when it fails.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to mount (tmpfs, bind, loop devices)");
-    false
-}
-
-/// A sandbox: plugin dir, state dir, a work dir for targets; unmounts everything below it and
-/// detaches its loop devices when dropped.
-struct Sandbox {
-    root: tempfile::TempDir,
-    loops: Vec<String>,
-}
-
-impl Sandbox {
-    fn new() -> Self {
-        let root = tempfile::tempdir().unwrap();
-        for d in ["exec", "state", "work"] {
-            std::fs::create_dir(root.path().join(d)).unwrap();
-        }
-        Self {
-            root,
-            loops: Vec::new(),
-        }
-    }
-    fn plugin(&self) -> PathBuf {
-        self.root.path().join("exec")
-    }
-    fn state(&self) -> PathBuf {
-        self.root.path().join("state")
-    }
-    fn target(&self, name: &str) -> PathBuf {
-        self.root.path().join("work").join(name)
-    }
-    fn log(&self) -> PathBuf {
-        self.root.path().join("calls.log")
-    }
-
-    fn flexd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(self.plugin())
-            .args(["volume", "--node", "node-1", "--state-dir"])
-            .arg(self.state())
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    /// Installs a driver script that logs every call (argv, tab-separated) before running
-    /// `body` (a `case "$1"` block).
-    fn driver(&self, dir_name: &str, body: &str) {
-        let dir = self.plugin().join(dir_name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir_name.rsplit('~').next().unwrap();
-        let script = format!(
-            // One write per line (O_APPEND keeps it whole): concurrent drivers share the log.
-            "#!/bin/sh\nline=; for a in \"$@\"; do line=\"$line$a\t\"; done; printf '%s\\n' \"$line\" >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
-            self.log().display()
-        );
-        let staged = dir.join(format!(".{exe}"));
-        std::fs::write(&staged, script).unwrap();
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&staged, dir.join(exe)).unwrap();
-    }
-
-    /// The logged calls, each as its argv.
-    fn calls(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(self.log())
-            .unwrap_or_default()
-            .lines()
-            .map(|l| {
-                l.trim_end_matches('\t')
-                    .split('\t')
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .collect()
-    }
-
-    fn calls_of(&self, op: &str) -> Vec<Vec<String>> {
-        self.calls().into_iter().filter(|c| c[0] == op).collect()
-    }
-
-    fn loop_device(&mut self, size_mb: u64) -> String {
-        let image = self
-            .root
-            .path()
-            .join(format!("disk{}.img", self.loops.len()));
-        let f = std::fs::File::create(&image).unwrap();
-        f.set_len(size_mb * 1024 * 1024).unwrap();
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&image)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "losetup: {out:?}");
-        let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        self.loops.push(dev.clone());
-        dev
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let root = self
-            .root
-            .path()
-            .canonicalize()
-            .unwrap_or_else(|_| self.root.path().to_owned());
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
-        for dev in &self.loops {
-            let _ = Command::new("losetup").args(["-d", dev]).status();
-        }
-    }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    flexvolume::mount::is_mount_point(path).unwrap()
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "flexd failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
+use common::{eventually, fill_disk as fill, is_mounted, mounts_below, ok, sigkill, Sandbox};
 
 const TMPFS_MOUNT: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
@@ -154,17 +17,15 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[test]
 fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("vol");
     let t = target.to_str().unwrap();
-    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", t]));
     assert!(is_mounted(&target));
     std::fs::write(target.join("file"), "data").unwrap();
-    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", t]));
     assert_eq!(
         s.calls_of("mount").len(),
         1,
@@ -175,17 +36,17 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
         "data"
     );
 
-    let out = s.flexd(&["--output", "json", "list"]);
+    let out = s.volume(&["--output", "json", "list"]);
     ok(&out);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["driver"], "acme/tmpfs");
     assert_eq!(list[0]["stage"], "mounted");
 
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
     assert!(!target.exists(), "the target flexd created is removed");
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
     assert_eq!(s.calls_of("unmount").len(), 1);
-    let out = s.flexd(&["--output", "json", "list"]);
+    let out = s.volume(&["--output", "json", "list"]);
     assert_eq!(
         serde_json::from_slice::<Value>(&out.stdout).unwrap(),
         serde_json::json!([])
@@ -202,14 +63,12 @@ detach) echo '{"status":"Success"}';;"#;
 
 #[test]
 fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~block", ATTACHING);
     let target = s.target("pod-vol");
     let t = target.to_str().unwrap();
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "--output",
         "json",
         "mount",
@@ -293,7 +152,7 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     assert!(!state_text.contains("hunter2") && !state_text.contains("aHVudGVyMg=="));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
 
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
     let ops: Vec<String> = s.calls().iter().map(|c| c[0].clone()).collect();
     assert_eq!(&ops[6..], ["init", "unmount", "unmountdevice", "detach"]);
     let detach = &s.calls_of("detach")[0];
@@ -323,14 +182,12 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn two_targets_share_the_device_until_the_last_unmount() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~block", ATTACHING);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.flexd(&[
+        ok(&s.volume(&[
             "mount",
             "--driver",
             "acme/block",
@@ -347,10 +204,10 @@ fn two_targets_share_the_device_until_the_last_unmount() {
         1,
         "the device is mounted once"
     );
-    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
     assert!(s.calls_of("unmountdevice").is_empty() && s.calls_of("detach").is_empty());
     assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
-    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
     assert_eq!(
         (
             s.calls_of("unmountdevice").len(),
@@ -362,10 +219,8 @@ fn two_targets_share_the_device_until_the_last_unmount() {
 
 #[test]
 fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
-    if !is_root() {
-        return;
-    }
-    let mut s = Sandbox::new();
+    common::require_root!();
+    let s = Sandbox::new();
     let device = s.loop_device(64);
     // Only init and attach: every other call-out falls back to Kubernetes' defaults.
     s.driver(
@@ -376,7 +231,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
     );
     let target = s.target("data");
     let t = target.to_str().unwrap();
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "--output",
         "json",
         "mount",
@@ -396,10 +251,10 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&fs.stdout).trim(), "ext4");
     std::fs::write(target.join("precious"), "keep me").unwrap();
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
     assert!(!target.exists());
 
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "--output",
         "json",
         "mount",
@@ -420,21 +275,19 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
         std::fs::read_to_string(target.join("precious")).unwrap(),
         "keep me"
     );
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
 }
 
 #[test]
 fn concurrent_mounts_of_one_target_call_the_driver_once() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("busy");
     let t = target.to_str().unwrap().to_owned();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..32)
-            .map(|_| scope.spawn(|| s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", &t])))
+            .map(|_| scope.spawn(|| s.volume(&["mount", "--driver", "acme/tmpfs", "--target", &t])))
             .collect();
         for h in handles {
             ok(&h.join().unwrap());
@@ -446,16 +299,14 @@ fn concurrent_mounts_of_one_target_call_the_driver_once() {
 
 #[test]
 fn different_volumes_mount_in_parallel() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     // Each mount marks itself active, then waits (up to 20 s) until it sees another mount
     // active at the same time, and records the most it saw. If flexd serialized different
     // volumes, no mount would ever see another one.
-    let active = s.root.path().join("active");
+    let active = s.path("active");
     std::fs::create_dir(&active).unwrap();
-    let seen = s.root.path().join("seen");
+    let seen = s.path("seen");
     s.driver(
         "acme~slow",
         &format!(
@@ -472,7 +323,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
             let target = s.target(&format!("v{i}"));
             let s = &s;
             scope.spawn(move || {
-                ok(&s.flexd(&[
+                ok(&s.volume(&[
                     "mount",
                     "--driver",
                     "acme/slow",
@@ -492,7 +343,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
         .unwrap();
     assert!(most >= 2, "mounts of different volumes never overlapped");
     for i in 0..32 {
-        ok(&s.flexd(&[
+        ok(&s.volume(&[
             "unmount",
             "--target",
             s.target(&format!("v{i}")).to_str().unwrap(),
@@ -502,20 +353,18 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 
 #[test]
 fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_used() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
-    ok(&s.flexd(&[
+    ok(&s.volume(&[
         "mount",
         "--driver",
         "acme/tmpfs",
         "--target",
         a.to_str().unwrap(),
     ]));
-    ok(&s.flexd(&[
+    ok(&s.volume(&[
         "mount",
         "--driver",
         "acme/tmpfs",
@@ -524,7 +373,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     ]));
 
     // Replaced (atomically) by a version that marks its unmounts: teardown uses the new one.
-    let marker = s.root.path().join("v2-used");
+    let marker = s.path("v2-used");
     s.driver(
         "acme~tmpfs",
         &TMPFS_MOUNT.replace(
@@ -532,7 +381,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
             &format!("unmount) touch '{}'; umount", marker.display()),
         ),
     );
-    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
     assert!(!is_mounted(&a));
     assert!(
         marker.exists(),
@@ -540,7 +389,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     );
 
     std::fs::remove_dir_all(s.plugin().join("acme~tmpfs")).unwrap();
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "mount",
         "--driver",
         "acme/tmpfs",
@@ -554,18 +403,16 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
         "{err}"
     );
     // Unmount still works, through the copy pinned at mount time.
-    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
     assert!(!is_mounted(&b));
 }
 
 #[test]
 fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.root.path().join("pv.yaml");
+    let pv = s.path("pv.yaml");
     std::fs::write(
         &pv,
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n",
@@ -573,10 +420,10 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     .unwrap();
     let target = s.target("pv");
     let t = target.to_str().unwrap();
-    let out = s.flexd(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
+    let out = s.volume(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("references secret \"foo-secret\""));
-    ok(&s.flexd(&[
+    ok(&s.volume(&[
         "mount",
         "-f",
         pv.to_str().unwrap(),
@@ -589,7 +436,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     assert_eq!(json["kubernetes.io/pvOrVolumeName"], "pv0001");
     assert_eq!(json["fooVolumeName"], "bar");
     assert_eq!(json["kubernetes.io/secret/token"], "czNjcjN0");
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
 
     let cases = [
         (
@@ -614,7 +461,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     ];
     for (yaml, want) in cases {
         std::fs::write(&pv, yaml).unwrap();
-        let out = s.flexd(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
+        let out = s.volume(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
         assert_eq!(out.status.code(), Some(1), "{yaml}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{yaml}: {err}");
@@ -624,18 +471,15 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
 
 #[test]
 fn a_secret_never_appears_in_logs_errors_or_state_even_when_the_driver_echoes_it() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver(
         "acme~leaky",
         "init) echo '{\"status\":\"Success\",\"capabilities\":{\"attach\":false}}';;\nmount) echo \"debug: $*\" >&2; echo \"{\\\"status\\\":\\\"Failure\\\",\\\"message\\\":\\\"bad options $(printf %s \"$3\" | tr -d '\\\"')\\\"}\"; exit 1;;",
     );
     let target = s.target("leak");
-    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(s.plugin())
+    let out = s
+        .command()
         .args(["--log-level", "trace", "volume", "--state-dir"])
         .arg(s.state())
         .args([
@@ -694,7 +538,7 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
     let run = |op: &str| {
         let mut args = vec!["--output", "json", op];
         args.extend(spec);
-        let out = s.flexd(&args);
+        let out = s.volume(&args);
         let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         (out, json)
     };
@@ -736,19 +580,19 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
     );
     let base = ["--output", "json"];
     let none = ["--driver", "acme/none", "--volume-name", "pv/8"];
-    let out = s.flexd(&[&base[..], &["attach"], &none[..]].concat());
+    let out = s.volume(&[&base[..], &["attach"], &none[..]].concat());
     ok(&out);
     assert_eq!(
         serde_json::from_slice::<Value>(&out.stdout).unwrap()["device"],
         ""
     );
-    let out = s.flexd(&[&base[..], &["isattached"], &none[..]].concat());
+    let out = s.volume(&[&base[..], &["isattached"], &none[..]].concat());
     ok(&out);
     assert_eq!(
         serde_json::from_slice::<Value>(&out.stdout).unwrap()["attached"],
         true
     );
-    let out = s.flexd(&[&base[..], &["detach"], &none[..]].concat());
+    let out = s.volume(&[&base[..], &["detach"], &none[..]].concat());
     ok(&out);
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -764,7 +608,7 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
 /// the device as a storage backend would, and runs `flexd volume expand`. Returns the outcome
 /// and the filesystem's size before and after.
 fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
-    let mut s = Sandbox::new();
+    let s = Sandbox::new();
     let device = s.loop_device(mb);
     s.driver(
         "acme~raw",
@@ -783,7 +627,7 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
         "--volume-name",
         "g",
     ];
-    ok(&s.flexd(&[&mount[..], &["--fs-type", fs_type]].concat()));
+    ok(&s.volume(&[&mount[..], &["--fs-type", fs_type]].concat()));
     std::fs::write(target.join("keep"), "data").unwrap();
     let size = |p: &Path| {
         let st = rustix::fs::statvfs(p).unwrap();
@@ -792,7 +636,7 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
     let before = size(&target);
     // The storage side grows the volume (what a real expandvolume does to a cloud disk):
     // the image file gets bigger and the loop device learns its new capacity.
-    let image = s.root.path().join("disk0.img");
+    let image = s.path("disk0.img");
     let new_bytes = (2 * mb) << 20;
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -806,7 +650,7 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
     assert!(out.status.success(), "{out:?}");
 
     let size_arg = format!("{}Mi", 2 * mb);
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "--output", "json", "expand", "--target", t, "--size", &size_arg,
     ]);
     let after = size(&target);
@@ -818,24 +662,21 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
     let expandfs = &s.calls_of("expandfs")[0];
     assert_eq!(expandfs[2], device);
     assert_eq!(expandfs[4..], [new_bytes.to_string(), before.to_string()]);
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
 
-    let gone = s.flexd(&["expand", "--target", t, "--size", "1Gi"]);
+    let gone = s.volume(&["expand", "--target", t, "--size", "1Gi"]);
     assert_eq!(gone.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&gone.stderr).contains("not a volume flexd manages"));
-    let bad = s.flexd(&["expand", "--target", t, "--size", "lots"]);
+    let bad = s.volume(&["expand", "--target", t, "--size", "lots"]);
     assert_eq!(bad.status.code(), Some(2), "clap refuses a bad size");
     (out, before, after)
 }
 
 #[test]
 fn expand_grows_a_real_xfs_with_the_default_expandfs() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     if Command::new("mkfs.xfs").arg("-V").output().is_err() {
-        eprintln!("skipped: mkfs.xfs is not installed (.ci/run installs xfsprogs)");
-        return;
+        common::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
     }
     // XFS needs 300 MB at least; the image is sparse.
     let (out, before, after) = expand_through_the_defaults("xfs", 320);
@@ -852,9 +693,7 @@ fn expand_grows_a_real_xfs_with_the_default_expandfs() {
 
 #[test]
 fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let (out, before, after) = expand_through_the_defaults("ext4", 64);
     if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
         ok(&out);
@@ -874,13 +713,11 @@ fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
 
 #[test]
 fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let a = s.target("a");
-    ok(&s.flexd(&[
+    ok(&s.volume(&[
         "mount",
         "--driver",
         "acme/tmpfs",
@@ -893,7 +730,7 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
         r#"init) echo '{"status":"Failure","message":"backend unreachable"}'; exit 1;;"#,
     );
     let b = s.target("b");
-    let out = s.flexd(&[
+    let out = s.volume(&[
         "mount",
         "--driver",
         "acme/tmpfs",
@@ -910,24 +747,22 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     assert_eq!(s.calls_of("mount").len(), 1, "the old version was not used");
     // The volume mounted before still unmounts (the broken driver's init fails, so the copy
     // pinned at mount time does it).
-    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
     assert!(!is_mounted(&a));
 }
 
 #[test]
 fn secrets_from_a_kubernetes_secret_file() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.root.path().join("pv.yaml");
+    let pv = s.path("pv.yaml");
     std::fs::write(
         &pv,
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n",
     )
     .unwrap();
-    let secret = s.root.path().join("secret.yaml");
+    let secret = s.path("secret.yaml");
     // data is base64 in a Secret ("czNjcjN0" is "s3cr3t"); stringData is plain.
     std::fs::write(
         &secret,
@@ -942,7 +777,7 @@ fn secrets_from_a_kubernetes_secret_file() {
             extra,
         ]
         .concat();
-        s.flexd(&args)
+        s.volume(&args)
     };
     let out = mount(&["--secret-file", secret.to_str().unwrap()]);
     ok(&out);
@@ -958,7 +793,7 @@ fn secrets_from_a_kubernetes_secret_file() {
         .collect();
     let state = String::from_utf8_lossy(&state);
     assert!(!state.contains("s3cr3t") && !state.contains("czNjcjN0") && !state.contains("admin"));
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
 
     let cases = [
         (
@@ -992,31 +827,12 @@ fn secrets_from_a_kubernetes_secret_file() {
     assert!(!target.exists());
 }
 
-fn sigkill(child: &mut std::process::Child) {
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-    let _ = child.wait();
-}
-
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !condition() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_driver_orphaned_by_a_killed_flexd_still_holds_its_volume() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
-    let started = s.root.path().join("started");
-    let finished = s.root.path().join("finished");
+    let started = s.path("started");
+    let finished = s.path("finished");
     // The driver's mount outlives a flexd killed while waiting for it (it leads its own
     // process group, so the kill does not reach it), and like real drivers it creates the
     // target itself.
@@ -1032,38 +848,29 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
     );
     let target = s.target("orphan");
     let t = target.to_str().unwrap();
-    let mut flexd = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(s.plugin())
-        .args(["volume", "--node", "node-1", "--state-dir"])
-        .arg(s.state())
-        .args(["mount", "--driver", "acme/slow", "--target", t])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+    let mut flexd = s
+        .volume_command(&["mount", "--driver", "acme/slow", "--target", t])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for("the driver's mount to start", || started.exists());
+    eventually("the driver's mount to start", || started.exists());
     sigkill(&mut flexd);
     // The next operation waits for the orphaned driver (it inherited the volume's lock), then
     // finds its mount through the record written ahead of the call, and undoes it.
-    ok(&s.flexd(&["unmount", "--target", t]));
-    wait_for("the orphaned driver to finish", || finished.exists());
+    ok(&s.volume(&["unmount", "--target", t]));
+    eventually("the orphaned driver to finish", || finished.exists());
     assert!(!is_mounted(&target), "the orphaned driver's mount leaked");
-    let out = s.flexd(&["--output", "json", "list"]);
+    let out = s.volume(&["--output", "json", "list"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
 
 #[test]
 fn kill_9_at_random_points_of_200_operations_loses_nothing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
-    let attachable =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/attachable/attachable");
-    std::fs::create_dir(s.plugin().join("acme~attachable")).unwrap();
-    std::fs::copy(&attachable, s.plugin().join("acme~attachable/attachable")).unwrap();
+    s.install_example("attachable/attachable", "acme~attachable");
     let targets: Vec<(PathBuf, &str)> = (0..6)
         .map(|i| {
             let driver = if i % 2 == 0 {
@@ -1108,14 +915,10 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
         } else {
             vec!["unmount", "--target", t]
         };
-        let mut flexd = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(s.plugin())
-            .args(["volume", "--node", "node-1", "--state-dir"])
-            .arg(s.state())
-            .args(&args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+        let mut flexd = s
+            .volume_command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_micros(random(15_000)));
@@ -1138,17 +941,11 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
     assert!(killed > 0, "no kill landed inside an operation");
     // Restart: every volume is torn down by a normal run (after any orphaned driver is done).
     for (target, _) in &targets {
-        ok(&s.flexd(&["unmount", "--target", target.to_str().unwrap()]));
+        ok(&s.volume(&["unmount", "--target", target.to_str().unwrap()]));
     }
-    let root = s.root.path().canonicalize().unwrap();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let leaked: Vec<_> = flexvolume::mount::parse_mountinfo(&info)
-        .into_iter()
-        .filter(|m| m.mount_point.starts_with(&root))
-        .map(|m| m.mount_point)
-        .collect();
+    let leaked = mounts_below(s.root());
     assert!(leaked.is_empty(), "leaked mounts: {leaked:?}");
-    let out = s.flexd(&["--output", "json", "list"]);
+    let out = s.volume(&["--output", "json", "list"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
     assert!(
         targets.iter().all(|(t, _)| !t.exists()),
@@ -1168,9 +965,7 @@ fn gid_mode(path: &Path) -> (u32, u32) {
 
 #[test]
 fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read_only() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver(
         "acme~files",
@@ -1195,7 +990,7 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
             "3000",
         ];
         args.extend_from_slice(extra);
-        let out = s.flexd(&args);
+        let out = s.volume(&args);
         ok(&out);
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
@@ -1234,15 +1029,13 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
     assert_eq!(gid_mode(&policy.join("data/file")), (3000, 0o660));
 
     for t in [&owned, &opted_out, &read_only, &policy] {
-        ok(&s.flexd(&["unmount", "--target", t.to_str().unwrap()]));
+        ok(&s.volume(&["unmount", "--target", t.to_str().unwrap()]));
     }
 }
 
 #[test]
 fn a_failed_ownership_pass_fails_set_up_and_the_next_mount_finishes_it() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     // The volume's root is immutable: nobody, root included, can change its group.
     s.driver(
@@ -1264,11 +1057,10 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
         "--fs-group",
         "3000",
     ];
-    let failed = s.flexd(&args);
+    let failed = s.volume(&args);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     if stderr.contains("no chattr") {
-        eprintln!("skipped: chattr +i is not supported on tmpfs here");
-        return;
+        common::skip!("chattr +i is not supported on tmpfs here");
     }
     assert!(!failed.status.success(), "SetUp must fail: {stderr}");
     assert!(stderr.contains("fsGroup ownership failed"), "{stderr}");
@@ -1276,12 +1068,12 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
         is_mounted(&target),
         "the mount stays, for the retry to finish"
     );
-    let listed = s.flexd(&["--output", "json", "list"]);
+    let listed = s.volume(&["--output", "json", "list"]);
     ok(&listed);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(t));
 
     let _ = Command::new("chattr").arg("-i").arg(&target).status();
-    let retry = s.flexd(&args);
+    let retry = s.volume(&args);
     ok(&retry);
     assert_eq!(gid_mode(&target.join("file")).0, 3000);
     // A tmpfs root is 1777: sticky kept, setgid added.
@@ -1291,24 +1083,8 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
         1,
         "the retry does not mount again"
     );
-    ok(&s.flexd(&["unmount", "--target", t]));
+    ok(&s.volume(&["unmount", "--target", t]));
     assert!(!is_mounted(&target));
-}
-
-/// Fills the filesystem holding `dir` with one file, until ENOSPC.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let filler = dir.join("filler");
-    let mut f = std::fs::File::create(&filler).unwrap();
-    let chunk = vec![0u8; 4096];
-    loop {
-        match f.write(&chunk) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) => break,
-            Err(e) => panic!("filling {}: {e}", dir.display()),
-        }
-    }
-    filler
 }
 
 /// Volume records and temp files in the state dir `dir` (locks and pinned drivers are kept by
@@ -1327,9 +1103,7 @@ fn state_files(dir: &Path) -> Vec<String> {
 /// space is back everything proceeds.
 #[test]
 fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     rustix::mount::mount(
         "tmpfs",
@@ -1342,11 +1116,11 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     let (ta, tb) = (a.to_str().unwrap(), b.to_str().unwrap());
-    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", ta]));
+    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", ta]));
     let records = state_files(&s.state());
     assert!(!records.is_empty(), "the mount is recorded");
     let listed = |s: &Sandbox| -> Vec<String> {
-        let out = s.flexd(&["--output", "json", "list"]);
+        let out = s.volume(&["--output", "json", "list"]);
         ok(&out);
         let list: Value = serde_json::from_slice(&out.stdout).unwrap();
         let mut targets: Vec<String> = list
@@ -1361,7 +1135,7 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     assert_eq!(listed(&s), [ta]);
 
     let filler = fill(&s.state());
-    let out = s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", tb]);
+    let out = s.volume(&["mount", "--driver", "acme/tmpfs", "--target", tb]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a mount without room for its record");
     assert!(err.contains("No space left on device"), "{err}");
@@ -1376,7 +1150,7 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
 
     // Unmounting on the full disk either works or fails clearly; either way state and mounts
     // agree.
-    let out = s.flexd(&["unmount", "--target", ta]);
+    let out = s.volume(&["unmount", "--target", ta]);
     eprintln!(
         "unmount on a full state disk succeeded: {}",
         out.status.success()
@@ -1392,10 +1166,10 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     }
 
     std::fs::remove_file(filler).unwrap();
-    ok(&s.flexd(&["mount", "--driver", "acme/tmpfs", "--target", tb]));
+    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", tb]));
     assert!(is_mounted(&b));
-    ok(&s.flexd(&["unmount", "--target", ta]));
-    ok(&s.flexd(&["unmount", "--target", tb]));
+    ok(&s.volume(&["unmount", "--target", ta]));
+    ok(&s.volume(&["unmount", "--target", tb]));
     assert!(!is_mounted(&a) && !is_mounted(&b));
     assert_eq!(listed(&s), Vec::<String>::new());
     assert_eq!(state_files(&s.state()), Vec::<String>::new());
@@ -1418,14 +1192,12 @@ fn pinned_versions(state: &Path) -> Vec<PathBuf> {
 /// one (once its grace period after the last pin has passed, backdated here).
 #[test]
 fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!();
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.flexd(&[
+        ok(&s.volume(&[
             "mount",
             "--driver",
             "acme/tmpfs",
@@ -1445,9 +1217,9 @@ fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
         }
     };
     backdate();
-    ok(&s.flexd(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
     assert_eq!(pinned_versions(&s.state()), versions, "b still uses it");
     backdate();
-    ok(&s.flexd(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
     assert_eq!(pinned_versions(&s.state()), Vec::<PathBuf>::new());
 }

@@ -2,98 +2,32 @@
 //! `flexd install` / `flexd uninstall`: the discovery design's testing plan (initial install,
 //! update, another driver, removal) as the operator sees it (docs/discovery.md#guarantees).
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
 use serde_json::Value;
 
-fn flexd(plugin_dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(plugin_dir)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-struct Watch {
-    child: Child,
-    lines: Receiver<Value>,
-}
-
-impl Watch {
-    fn start(plugin_dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(plugin_dir)
-            .args(["--probe-interval", "300ms", "watch", "--output", "json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let value: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                if tx.send(value).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn next(&self) -> Value {
-        self.lines
-            .recv_timeout(Duration::from_secs(15))
-            .expect("an event line within 15 s")
-    }
-
-    fn terminate(mut self) -> Option<i32> {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let status = self.child.wait().unwrap();
-        status.code()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{flexd, ok, Sandbox, Watch};
 
 fn driver_source(dir: &Path, name: &str, attach: bool) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(
-        &path,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":{attach}}}}}';; *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    common::write_exe(&path, &common::init_only_script(attach));
     path
 }
 
 #[test]
 fn install_update_add_another_and_remove_are_each_one_line() {
-    let root = tempfile::tempdir().unwrap();
-    let plugin = root.path().join("exec");
+    let s = Sandbox::new();
+    let plugin = s.plugin();
     let src = tempfile::tempdir().unwrap();
     let v1 = driver_source(src.path(), "v1", false);
     let v2 = driver_source(src.path(), "v2", true);
-    std::fs::create_dir(&plugin).unwrap();
     std::fs::create_dir(plugin.join("pre~existing")).unwrap();
     std::fs::copy(&v1, plugin.join("pre~existing/existing")).unwrap();
 
-    let watch = Watch::start(&plugin);
+    let watch = Watch::start(&plugin, "300ms");
     // Drivers present at start come first.
     let e = watch.next();
     assert_eq!(
@@ -144,7 +78,7 @@ fn install_update_add_another_and_remove_are_each_one_line() {
         (Some("add"), Some("other/drv"))
     );
     // 4. removal
-    let state = root.path().join("state");
+    let state = s.state();
     let state = state.to_str().unwrap();
     assert!(flexd(
         &plugin,
@@ -169,17 +103,10 @@ fn install_update_add_another_and_remove_are_each_one_line() {
 
 #[test]
 fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
-    let root = tempfile::tempdir().unwrap();
-    let plugin = root.path().join("not-yet");
-    let watch = Watch::start(&plugin);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !plugin.is_dir() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "plugin dir not created"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let s = Sandbox::new();
+    let plugin = s.path("not-yet");
+    let watch = Watch::start(&plugin, "300ms");
+    common::eventually("the plugin dir to be created", || plugin.is_dir());
     std::fs::create_dir(plugin.join("acme~bad")).unwrap();
     std::fs::write(plugin.join("acme~bad/readme.txt"), "no executable here").unwrap();
     let e = watch.next();
@@ -194,72 +121,32 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
 /// mount proves which version of the driver did it.
 fn versioned_driver(dir: &Path, version: &str) -> PathBuf {
     let path = dir.join(format!("story-{version}"));
-    std::fs::write(
+    common::write_exe(
         &path,
-        format!(
-            r#"#!/bin/sh
-case "$1" in
-init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
+        &common::driver_script(&format!(
+            r#"init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
 mount) mkdir -p "$2"; grep -q " $2 " /proc/self/mountinfo || mount -t tmpfs tmpfs "$2" || {{ echo '{{"status":"Failure","message":"mount failed"}}'; exit 1; }}
   echo {version} > "$2/version"; echo '{{"status":"Success"}}';;
-unmount) grep -q " $2 " /proc/self/mountinfo && umount "$2"; echo '{{"status":"Success"}}';;
-*) echo '{{"status":"Not supported"}}'; exit 1;;
-esac
-"#
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+unmount) grep -q " $2 " /proc/self/mountinfo && umount "$2"; echo '{{"status":"Success"}}';;"#
+        )),
+    );
     path
-}
-
-/// Unmounts (lazily) whatever is still mounted below a directory when dropped.
-struct Unmounter(PathBuf);
-
-impl Drop for Unmounter {
-    fn drop(&mut self) {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for m in flexvolume::mount::parse_mountinfo(&info) {
-            if m.mount_point.starts_with(&self.0) {
-                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
-            }
-        }
-    }
 }
 
 #[test]
 fn the_seed_user_stories_end_to_end_with_volumes() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: mounting volumes needs root");
-        return;
-    }
-    let root = tempfile::tempdir().unwrap();
-    let root_path = root.path().canonicalize().unwrap();
-    let _unmount = Unmounter(root_path.clone());
-    let plugin = root_path.join("exec");
-    let state = root_path.join("state");
-    let work = root_path.join("work");
-    let src = root_path.join("src");
-    for d in [&plugin, &work, &src] {
-        std::fs::create_dir(d).unwrap();
-    }
+    common::require_root!();
+    let s = Sandbox::new();
+    let plugin = s.plugin();
+    let state = s.state();
+    let src = s.path("src");
+    std::fs::create_dir(&src).unwrap();
     let state_arg = state.to_str().unwrap();
-    let volume = |args: &[&str]| {
-        let mut all = vec!["volume", "--state-dir", state_arg];
-        all.extend(args);
-        flexd(&plugin, &all)
-    };
+    let volume = |args: &[&str]| s.volume(args);
     let mount = |driver: &str, target: &str| {
-        let t = work.join(target);
+        let t = s.target(target);
         let out = volume(&["mount", "--driver", driver, "--target", t.to_str().unwrap()]);
         (out, t)
-    };
-    let ok = |out: &std::process::Output| {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     };
     let install = |driver: &str, source: &Path| {
         ok(&flexd(
@@ -267,7 +154,7 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
             &["install", "--driver", driver, source.to_str().unwrap()],
         ));
     };
-    let watch = Watch::start(&plugin);
+    let watch = Watch::start(&plugin, "300ms");
     let event = |kind: &str, driver: &str| {
         let e = watch.next();
         assert_eq!(

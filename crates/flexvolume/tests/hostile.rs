@@ -4,7 +4,8 @@
 //! the real runner. Each has an exact expected class of outcome, a bounded error message, and
 //! leaves no process behind.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,10 +14,7 @@ use flexvolume::prober;
 use flexvolume::protocol::{CallOut, CallOutKind, ProtocolError, Status};
 use flexvolume::runner::{self, CallError, RunnerConfig};
 
-fn write_exe(path: &Path, script: &str) {
-    std::fs::write(path, script).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
+use common::{kill, proc_stat, read_pid, wait_dead as wait_gone, wait_until, write_exe};
 
 /// Longest error message we accept: output quotes are truncated, so errors stay readable.
 const MAX_ERROR_LEN: usize = 2048;
@@ -303,41 +301,32 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
     );
 }
 
+/// Every process's pid, command name and stat fields after it (see `common::proc_stat`).
+fn processes() -> Vec<(i32, String, Vec<String>)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter_map(|pid| proc_stat(pid).map(|(comm, fields)| (pid, comm, fields)))
+        .collect()
+}
+
 /// Processes still in a process group.
 fn group_members(pgid: i32) -> Vec<i32> {
-    let mut members = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
+    processes()
+        .into_iter()
         // fields[0] = state, fields[2] = pgrp
-        if fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
-            && fields.first() != Some(&"Z")
-        {
-            members.push(pid);
-        }
-    }
-    members
+        .filter(|(_, _, fields)| {
+            fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+                && fields.first().map(String::as_str) != Some("Z")
+        })
+        .map(|(pid, _, _)| pid)
+        .collect()
 }
 
 fn wait_group_empty(pgid: i32) -> Vec<i32> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let members = group_members(pgid);
-        if members.is_empty() || std::time::Instant::now() > deadline {
-            return members;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(15), || group_members(pgid).is_empty());
+    group_members(pgid)
 }
 
 /// Children of this test process (zombies included: an unreaped driver is a leak too) whose
@@ -345,26 +334,15 @@ fn wait_group_empty(pgid: i32) -> Vec<i32> {
 /// only processes with our own names count.
 fn our_children(prefix: &str) -> Vec<(i32, String)> {
     let me = std::process::id() as i32;
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = &stat[open + 1..close];
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    processes()
+        .into_iter()
         // fields[1] = ppid
-        if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me) && comm.starts_with(prefix)
-        {
-            found.push((pid, format!("{comm} ({})", fields[0])));
-        }
-    }
-    found
+        .filter(|(_, comm, fields)| {
+            fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me)
+                && comm.starts_with(prefix)
+        })
+        .map(|(pid, comm, fields)| (pid, format!("{comm} ({})", fields[0])))
+        .collect()
 }
 
 /// The exact outcome a misbehaving driver must end with.
@@ -514,49 +492,12 @@ fn call_cgroup_of(pid: i32) -> Option<PathBuf> {
     })
 }
 
-/// Polls until `pid` no longer exists (or is a zombie), up to `limit`.
-fn wait_gone(pid: i32, limit: Duration) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-        });
-        if !alive {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn read_pid(path: &Path) -> i32 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
-            return pid;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} never written",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A driver that forks without end runs as root, where RLIMIT_NPROC does not hold; flexd's
 /// per-call-out cgroup holds it to `max_processes`, and the timeout kills all of it.
 #[test]
 fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
     if let Some(why) = process_cap_unavailable() {
-        eprintln!("skipped: {why}");
-        return;
+        common::skip!(why);
     }
     const CAP: u32 = 64;
     let work = tempfile::tempdir().unwrap();
@@ -675,8 +616,7 @@ fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallErro
 #[test]
 fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
     if let Some(why) = process_cap_unavailable() {
-        eprintln!("skipped: {why}");
-        return;
+        common::skip!(why);
     }
     let (err, helper) = run_escaping_driver(Some(runner::DEFAULT_MAX_PROCESSES));
     assert!(matches!(err, CallError::Timeout { .. }), "{err}");
@@ -688,10 +628,7 @@ fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
     let (err, helper) = run_escaping_driver(None);
     assert!(matches!(err, CallError::Timeout { .. }), "{err}");
     let survived = !wait_gone(helper, Duration::from_millis(500));
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_raw(helper).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill(helper);
     assert!(
         survived,
         "without the cgroup the escaped helper was killed anyway: the test proves nothing"
@@ -703,8 +640,7 @@ fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
 #[test]
 fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it_ends() {
     if let Some(why) = process_cap_unavailable() {
-        eprintln!("skipped: {why}");
-        return;
+        common::skip!(why);
     }
     let work = tempfile::tempdir().unwrap();
     let exe = work.path().join("daemonizer");
@@ -724,12 +660,7 @@ fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it
     runner::call(&config, &exe, &call).unwrap();
     let daemon = read_pid(&work.path().join("fuse.daemon"));
     let cgroup = call_cgroup_of(daemon).expect("the daemon is in its call-out's cgroup");
-    let kill_daemon = || {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(daemon).unwrap(),
-            rustix::process::Signal::KILL,
-        );
-    };
+    let kill_daemon = || kill(daemon);
     let still_running = !wait_gone(daemon, Duration::from_millis(300));
     let cap = std::fs::read_to_string(cgroup.join("pids.max")).unwrap_or_default();
     // 101 on cgroup v1, where flexd's spawner thread is one of the cgroup's tasks.

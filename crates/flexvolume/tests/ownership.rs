@@ -2,20 +2,14 @@
 //! entry, both policies, read-only volumes, and that a second pass changes nothing. Changing
 //! an entry's group to an arbitrary gid needs root; each test skips with a message otherwise.
 
+mod common;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
 
 const GID: u32 = 4321;
-
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to give entries an arbitrary group");
-    false
-}
 
 fn pass(root: &Path, policy: Policy, read_only: bool) -> OwnershipReport {
     let request = OwnershipRequest {
@@ -85,9 +79,7 @@ fn build_tree(root: &Path) {
 
 #[test]
 fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_nothing() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     build_tree(&root);
@@ -141,9 +133,7 @@ fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_n
 
 #[test]
 fn a_read_only_volume_gets_group_read_but_not_write() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     build_tree(&root);
@@ -160,9 +150,7 @@ fn a_read_only_volume_gets_group_read_but_not_write() {
 
 #[test]
 fn on_root_mismatch_skips_only_a_root_with_group_mode_and_setgid_all_right() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     for group_right in [false, true] {
         for mode_right in [false, true] {
             for setgid in [false, true] {
@@ -199,9 +187,7 @@ fn on_root_mismatch_skips_only_a_root_with_group_mode_and_setgid_all_right() {
 
 #[test]
 fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     build_tree(&root);
@@ -222,9 +208,7 @@ fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
 
 #[test]
 fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     std::fs::create_dir(&root).unwrap();
@@ -237,8 +221,7 @@ fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
         .arg(root.join("immutable"))
         .status();
     if !matches!(status, Ok(s) if s.success()) {
-        eprintln!("skipped: chattr +i is not supported on this filesystem");
-        return;
+        common::skip!("chattr +i is not supported on this filesystem");
     }
     struct Mutable<'a>(&'a Path);
     impl Drop for Mutable<'_> {
@@ -261,9 +244,7 @@ fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
 
 #[test]
 fn a_wide_and_deep_tree_is_complete_with_many_threads() {
-    if !is_root() {
-        return;
-    }
+    common::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     let mut expected = 1u64;

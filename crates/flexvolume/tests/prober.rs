@@ -2,6 +2,8 @@
 //! exact events seen. Intervals are short to keep the suite quick; waits for events are long
 //! (seconds) so a loaded machine does not make them flaky.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -14,7 +16,7 @@ const INTERVAL: Duration = Duration::from_millis(300);
 const PATIENCE: Duration = Duration::from_secs(15);
 
 struct Harness {
-    _root: tempfile::TempDir,
+    _sandbox: common::Sandbox,
     plugin: PathBuf,
     prober: Option<Prober>,
     events: Receiver<ProbeEvent>,
@@ -26,16 +28,15 @@ impl Harness {
     }
 
     fn start_with(setup: impl FnOnce(&Path), configure: impl FnOnce(&mut ProberConfig)) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let plugin = root.path().join("exec");
-        std::fs::create_dir(&plugin).unwrap();
+        let sandbox = common::Sandbox::new();
+        let plugin = sandbox.plugin();
         setup(&plugin);
         let mut config = ProberConfig::new(plugin.clone());
         config.probe_interval = INTERVAL;
         configure(&mut config);
         let (prober, events) = Prober::start(config).unwrap();
         Self {
-            _root: root,
+            _sandbox: sandbox,
             plugin,
             prober: Some(prober),
             events,
@@ -77,22 +78,15 @@ impl Drop for Harness {
 
 /// A driver whose init reports `attach` (the version marker of these tests).
 fn script(attach: bool) -> String {
-    format!(
-        "#!/bin/sh\ncase \"$1\" in init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":{attach}}}}}';; *) echo '{{\"status\":\"Not supported\"}}'; exit 1;; esac\n"
-    )
+    common::init_only_script(attach)
 }
 
 const BROKEN: &str = "#!/bin/sh\necho 'usage: broken'\nexit 1\n";
 
 /// Writes an executable atomically (a staged dot-file renamed over the target).
 fn install(plugin: &Path, dir_name: &str, body: &str) {
-    let dir = plugin.join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir_name.rsplit('~').next().unwrap();
-    let staged = dir.join(format!(".{exe}"));
-    std::fs::write(&staged, body).unwrap();
-    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::rename(&staged, dir.join(exe)).unwrap();
+    std::fs::create_dir_all(plugin.join(dir_name)).unwrap();
+    common::install_exe(&common::executable_of(plugin, dir_name), body);
 }
 
 fn attach_of(e: &ProbeEvent) -> bool {
@@ -172,11 +166,7 @@ fn install_slow_and_wait_for_its_init(h: &Harness, dir_name: &str) {
         started.display()
     );
     install(&h.plugin, dir_name, &body);
-    let deadline = Instant::now() + PATIENCE;
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "init never ran");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_for_path(&started);
 }
 
 /// A change made and undone while the driver's `init` runs (a scratch file written and removed)
@@ -218,11 +208,7 @@ fn s3_empty_dir_is_silent_and_a_removed_plugin_dir_comes_back() {
     let h = Harness::start(|_| {});
     h.quiet(4);
     std::fs::remove_dir(&h.plugin).unwrap();
-    let deadline = Instant::now() + PATIENCE;
-    while !h.plugin.is_dir() {
-        assert!(Instant::now() < deadline, "plugin dir not recreated");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::eventually("the plugin dir to be recreated", || h.plugin.is_dir());
     // Give the prober a moment to watch it again, then install into it.
     std::thread::sleep(INTERVAL);
     install(&h.plugin, "acme~back", &script(false));

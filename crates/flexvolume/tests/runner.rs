@@ -1,8 +1,10 @@
 //! The call-out protocol against real driver executables that reproduce what public drivers do
 //! (examples/drivers/quirks/*): every quirk has an exact expected outcome.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
 
 use flexvolume::layout::{self, LayoutPolicy};
 use flexvolume::options::Options;
@@ -10,8 +12,13 @@ use flexvolume::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Stat
 use flexvolume::runner::{self, CallError, RunnerConfig};
 use flexvolume::{Driver, DriverName, Plugin, PodInfo, VolumeSpec};
 
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
+use common::{examples, is_dead, kill, read_pid};
+
+/// Patience for a killed driver to go.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+fn wait_dead(pid: i32) -> bool {
+    common::wait_dead(pid, PATIENCE)
 }
 
 /// A temp plugin dir holding one quirk driver, installed as `test/<quirk>`.
@@ -192,43 +199,6 @@ fn crash_by_signal_is_reported_with_the_signal() {
     assert!(err.to_string().contains("killed by signal 11"), "{err}");
 }
 
-/// True once the process is gone (or a zombie nobody has reaped yet).
-fn is_dead(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
-    }
-}
-
-fn wait_dead(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if is_dead(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
-fn read_pid(path: &Path) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "driver never wrote {path:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_hung_driver_times_out_and_its_whole_group_is_killed() {
     let f = install("hang");
@@ -287,10 +257,7 @@ fn a_daemonized_child_holding_stdout_does_not_hang_the_call() {
     let daemon = read_pid(&pidfile);
     let alive = !is_dead(daemon);
     // Clean up the daemon before asserting, so a failure leaves nothing behind.
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_raw(daemon).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill(daemon);
     assert!(
         alive,
         "the daemon must still be running when the call returned"
@@ -451,16 +418,7 @@ fn the_compiled_tiny_driver_answers_init() {
     // The benchmark's driver, compiled here with the same toolchain so the test needs nothing
     // built beforehand.
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("tiny");
-    let source = examples().join("rust-tiny/src/main.rs");
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let status = std::process::Command::new(rustc)
-        .args(["--edition", "2021", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .unwrap();
-    assert!(status.success(), "rustc failed on {source:?}");
+    let exe = common::compile_tiny_driver(dir.path(), false);
     let reply = runner::call(&config(), &exe, &CallOut::init()).unwrap();
     assert!(!reply.capabilities.unwrap().attach);
     let err = runner::call(&config(), &exe, &mount_call("/t")).unwrap_err();

@@ -1,0 +1,246 @@
+//! A real `flexd serve` in a sandbox and a gRPC client doing what kubelet does, for the test
+//! files that talk CSI (`#[path = "common/serve.rs"] mod serve_support;` beside `mod common;`:
+//! the generated CSI code is built only into them).
+
+#![allow(dead_code)]
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::common::Sandbox;
+
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+}
+pub mod registration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// A running `flexd serve` on a sandbox (plugins in `exec`, CSI sockets in `plugins`,
+/// registration sockets in `plugins_registry`, state in `state`, its log in `flexd.log`).
+/// Killed on drop; the sandbox then releases any blocking test driver and unmounts everything.
+pub struct Server {
+    child: Child,
+    mode: &'static str,
+    pub plugin_dir: PathBuf,
+    pub csi_dir: PathBuf,
+    pub registration_dir: PathBuf,
+    metrics_address: String,
+    sandbox: Sandbox,
+}
+
+/// A free loopback port for a server's metrics (tests run in parallel).
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+impl Server {
+    /// A node-mode server; `setup` fills the plugin dir first.
+    pub fn start(setup: impl FnOnce(&Path)) -> Self {
+        Self::start_in_mode("node", setup)
+    }
+
+    pub fn start_in_mode(mode: &'static str, setup: impl FnOnce(&Path)) -> Self {
+        let sandbox = Sandbox::new();
+        setup(&sandbox.plugin());
+        let metrics_address = free_address();
+        let child = Self::spawn(&sandbox, mode, &metrics_address);
+        Self {
+            child,
+            mode,
+            plugin_dir: sandbox.plugin(),
+            csi_dir: sandbox.path("plugins"),
+            registration_dir: sandbox.path("plugins_registry"),
+            metrics_address,
+            sandbox,
+        }
+    }
+
+    fn spawn(sandbox: &Sandbox, mode: &str, metrics_address: &str) -> Child {
+        sandbox
+            .command()
+            .args(["--probe-interval", "300ms"])
+            .args(["serve", "--mode", mode])
+            .arg("--csi-dir")
+            .arg(sandbox.path("plugins"))
+            .arg("--registration-dir")
+            .arg(sandbox.path("plugins_registry"))
+            .arg("--state-dir")
+            .arg(sandbox.state())
+            .args(["--node-name", "node-1"])
+            .args(["--metrics-address", metrics_address])
+            .args(["--log-level", "debug"])
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(sandbox.path("flexd.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    }
+
+    /// kill -9, then a new flexd on the same directories (a fresh metrics port).
+    pub fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.metrics_address = free_address();
+        self.child = Self::spawn(&self.sandbox, self.mode, &self.metrics_address);
+    }
+
+    /// The volume records in the state dir.
+    pub fn records(&self) -> Vec<serde_json::Value> {
+        let mut records = Vec::new();
+        for entry in std::fs::read_dir(self.path("state/volumes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".json") && !name.starts_with('.') {
+                let text = std::fs::read_to_string(entry.path()).unwrap();
+                records.push(serde_json::from_str(&text).unwrap());
+            }
+        }
+        records
+    }
+
+    /// GET a path from the metrics endpoint, retrying until it answers.
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut stream) = std::net::TcpStream::connect(&self.metrics_address) {
+                write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                return response;
+            }
+            assert!(Instant::now() < deadline, "metrics endpoint never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM; waits for the exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        crate::common::terminate(&mut self.child)
+    }
+}
+
+/// The server's sandbox: its paths, drivers and their call log.
+impl Deref for Server {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.sandbox
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Connects to a socket, retrying while nothing listens yet (a socket file a killed flexd
+/// left behind refuses connections until the new one replaces it).
+pub async fn connect(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = socket.to_owned();
+        let connected = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        match connected {
+            Ok(channel) => return channel,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "cannot connect to {}: {e}",
+                socket.display()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn identity_client(sock: &Path) -> csi::identity_client::IdentityClient<Channel> {
+    csi::identity_client::IdentityClient::new(connect(sock).await)
+}
+
+pub async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
+    csi::node_client::NodeClient::new(connect(sock).await)
+}
+
+pub async fn controller_client(
+    sock: &Path,
+) -> csi::controller_client::ControllerClient<Channel> {
+    csi::controller_client::ControllerClient::new(connect(sock).await)
+}
+
+pub fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapability> {
+    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+    Some(csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            mount_flags: vec![],
+            volume_mount_group: group.into(),
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    })
+}
+
+pub fn map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+pub fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    staging: Option<&Path>,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+        staging_target_path: staging.map(|s| s.display().to_string()).unwrap_or_default(),
+        volume_capability: mount_capability("ext4", ""),
+        ..Default::default()
+    }
+}
+
+pub fn unpublish_request(volume_id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+    }
+}
+
+pub fn node_capabilities(caps: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
+    caps.capabilities
+        .iter()
+        .filter_map(|c| {
+            let csi::node_service_capability::Type::Rpc(rpc) = c.r#type.as_ref()?;
+            Some(rpc.r#type)
+        })
+        .collect()
+}
