@@ -9,101 +9,34 @@
 //! 3. scale: 5,000 drivers present at start; time until all are reported, against a serial loop
 //!    running every `init` once; flexd's peak RSS.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tiny_driver(dir: &Path) -> PathBuf {
-    let source =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/rust-tiny/src/main.rs");
-    let exe = dir.join("tiny");
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let ok = Command::new(rustc)
-        .args(["--edition", "2021", "-C", "opt-level=3", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .expect("rustc")
-        .success();
-    assert!(ok, "cannot build the tiny driver");
-    exe
-}
+use common::Watch;
 
-struct Watch {
-    child: Child,
-    lines: Receiver<(Instant, String, String)>,
-}
-
-impl Watch {
-    fn start(plugin: &Path, interval: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(plugin)
-            .args([
-                "--probe-interval",
-                interval,
-                "--log-level",
-                "error",
-                "watch",
-                "--output",
-                "json",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("flexd watch");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let at = Instant::now();
-                let v: serde_json::Value = serde_json::from_str(&line).expect("json line");
-                let event = v["event"].as_str().unwrap_or("").to_owned();
-                let driver = v["driver"].as_str().unwrap_or("").to_owned();
-                if tx.send((at, event, driver)).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn wait_for(&self, driver: &str) -> Instant {
-        loop {
-            let (at, _, d) = self
-                .lines
-                .recv_timeout(Duration::from_secs(60))
-                .expect("event within 60 s");
-            if d == driver {
-                return at;
-            }
+/// The instant `watch` printed an event of `driver`.
+fn wait_for(watch: &Watch, driver: &str) -> Instant {
+    loop {
+        let (at, event) = watch
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("event within 60 s");
+        if event["driver"] == driver {
+            return at;
         }
     }
-
-    /// (user + system) CPU seconds of flexd itself, and its peak RSS in KiB.
-    fn cpu_and_rss(&self) -> (f64, u64) {
-        proc_cpu_and_rss(self.child.id())
-    }
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// (user + system) CPU seconds of a process, and its peak RSS in KiB.
 fn proc_cpu_and_rss(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let fields = common::proc_stat(pid as i32).map(|(_, f)| f).unwrap_or_default();
     let ticks = rustix::param::clock_ticks_per_second() as f64;
     let utime: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let stime: f64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
@@ -144,7 +77,7 @@ fn latency(exe: &Path) {
     for i in 0..200 {
         let name = format!("d{i}");
         let renamed = install_atomic(&plugin, &name, exe);
-        let printed = watch.wait_for(&format!("bench/{name}"));
+        let printed = wait_for(&watch, &format!("bench/{name}"));
         latencies.push(ms(printed.saturating_duration_since(renamed)));
     }
     let mut inits = Vec::new();
@@ -187,8 +120,8 @@ fn storm(exe: &Path) {
     std::fs::set_permissions(dir.join("storm"), std::fs::Permissions::from_mode(0o755))
         .expect("chmod");
     let watch = Watch::start(&plugin, "1s");
-    watch.wait_for("bench/storm");
-    let (cpu_before, _) = watch.cpu_and_rss();
+    wait_for(&watch, "bench/storm");
+    let (cpu_before, _) = proc_cpu_and_rss(watch.pid());
     let inits_before = std::fs::read_to_string(&counter)
         .map(|s| s.lines().count())
         .unwrap_or(0);
@@ -206,7 +139,7 @@ fn storm(exe: &Path) {
         .expect("python3");
     std::thread::sleep(Duration::from_secs(5));
     let installed = install_atomic(&plugin, "second", exe);
-    let reported = watch.wait_for("bench/second");
+    let reported = wait_for(&watch, "bench/second");
     let mut out = String::new();
     std::io::Read::read_to_string(writer.stdout.as_mut().expect("stdout"), &mut out).expect("read");
     let writer_cpu = {
@@ -216,7 +149,7 @@ fn storm(exe: &Path) {
         cpu
     };
     std::thread::sleep(Duration::from_millis(1500)); // the last trailing edge
-    let (cpu_after, _) = watch.cpu_and_rss();
+    let (cpu_after, _) = proc_cpu_and_rss(watch.pid());
     let inits = std::fs::read_to_string(&counter)
         .map(|s| s.lines().count())
         .unwrap_or(0)
@@ -248,10 +181,12 @@ fn scale(exe: &Path, count: usize) {
     let watch = Watch::start(&plugin, "1s");
     let mut seen = HashMap::new();
     while seen.len() < count {
-        let (at, event, driver) = watch
+        let (at, line) = watch
             .lines
             .recv_timeout(Duration::from_secs(120))
             .expect("event");
+        let event = line["event"].as_str().unwrap_or("").to_owned();
+        let driver = line["driver"].as_str().unwrap_or("").to_owned();
         assert_eq!(event, "add", "{driver}");
         seen.insert(driver, at);
     }
@@ -260,7 +195,7 @@ fn scale(exe: &Path, count: usize) {
         .max()
         .expect("events")
         .saturating_duration_since(start);
-    let (_, rss) = watch.cpu_and_rss();
+    let (_, rss) = proc_cpu_and_rss(watch.pid());
     drop(watch);
     let serial_start = Instant::now();
     for i in 0..count {
@@ -285,7 +220,7 @@ fn scale(exe: &Path, count: usize) {
 fn main() {
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
     let dir = tempfile::tempdir().expect("tmp");
-    let exe = tiny_driver(dir.path());
+    let exe = common::compile_tiny_driver(dir.path(), true);
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("latency") {
         latency(&exe);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::CallOut;
 
-use common::{driver_script, fill_disk as fill, flexd, mount_tmpfs, Sandbox};
+use common::{driver_script, fill_disk as fill, flexd, install_driver, mount_tmpfs, Sandbox};
 
 /// A driver script whose init reports `version`.
 fn write_driver(path: &Path, version: &str) {
@@ -107,15 +107,7 @@ fn a_reader_calling_the_driver_during_200_reinstalls_never_fails() {
     let src = tempfile::tempdir().unwrap();
     let sources = versions(src.path(), write_driver);
     let p = plugin.path().to_owned();
-    assert!(flexd(
-        &p,
-        &[
-            "install",
-            "--driver",
-            "acme/drv",
-            sources[0].to_str().unwrap()
-        ]
-    )
+    assert!(install_driver(&p, "acme/drv", &sources[0])
     .status
     .success());
     let exe = p.join("acme~drv/drv");
@@ -263,23 +255,26 @@ fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
     assert_eq!(reply.message, "v2");
 }
 
+/// A sandbox with driver acme/drv installed from `good` in a source dir of its own: (sandbox,
+/// source dir, good).
+fn good_driver_installed() -> (Sandbox, PathBuf, PathBuf) {
+    let s = Sandbox::new();
+    let src = s.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let good = src.join("good");
+    write_driver(&good, "good");
+    assert!(install_driver(&s.plugin(), "acme/drv", &good).status.success());
+    (s, src, good)
+}
+
 #[test]
 fn bad_sources_and_names_are_refused_and_the_live_driver_is_untouched() {
-    let plugin = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    let p = plugin.path();
-    let good = src.path().join("good");
-    write_driver(&good, "good");
-    assert!(flexd(
-        p,
-        &["install", "--driver", "acme/drv", good.to_str().unwrap()]
-    )
-    .status
-    .success());
+    let (s, src, good) = good_driver_installed();
+    let p = &s.plugin();
     let live = p.join("acme~drv/drv");
     let before = std::fs::read(&live).unwrap();
 
-    let plain = src.path().join("plain");
+    let plain = src.as_path().join("plain");
     std::fs::write(&plain, "not executable").unwrap();
     std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
@@ -292,7 +287,7 @@ fn bad_sources_and_names_are_refused_and_the_live_driver_is_untouched() {
             "source /nonexistent/driver",
         ),
         (
-            vec!["acme/drv".into(), src.path().display().to_string()],
+            vec!["acme/drv".into(), src.as_path().display().to_string()],
             "has no executable named \"drv\"",
         ),
         (
@@ -331,19 +326,10 @@ fn bad_sources_and_names_are_refused_and_the_live_driver_is_untouched() {
 
 #[test]
 fn uninstall_removes_the_driver_and_refuses_an_absent_one() {
-    let plugin = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    let p = plugin.path();
-    let good = src.path().join("good");
-    write_driver(&good, "good");
-    assert!(flexd(
-        p,
-        &["install", "--driver", "acme/drv", good.to_str().unwrap()]
-    )
-    .status
-    .success());
+    let (s, src, _) = good_driver_installed();
+    let p = &s.plugin();
     // An empty state dir of its own: no volume uses the driver.
-    let state = src.path().join("state");
+    let state = src.as_path().join("state");
     let uninstall = [
         "uninstall",
         "--driver",

@@ -8,7 +8,8 @@ mod serve_support;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{eventually, examples, install_example as install, is_mounted, wait_for_path as wait_for};
+use common::{
+    eventually, ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS, examples, install_example as install, is_mounted, wait_for_path as wait_for};
 use serve_support::{
     connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities, node_client,
     publish_request, registration, unpublish_request, Server,
@@ -241,18 +242,6 @@ fn fs_type_at(path: &Path) -> Option<String> {
         .rfind(|m| m.mount_point == path)
         .map(|m| m.fs_type)
 }
-
-const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
-getvolumename) echo '{"status":"Success","volumeName":"backend/vol-1"}';;
-attach) echo '{"status":"Success","device":"/dev/fake-1"}';;
-waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
-mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
-unmountdevice) umount "$2"; echo '{"status":"Success"}';;
-detach) echo '{"status":"Success"}';;"#;
-
-const TMPFS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
-mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
-unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {

@@ -9,11 +9,10 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use common::{eventually, fill_disk as fill, is_mounted, mounts_below, ok, sigkill, Sandbox};
-
-const TMPFS_MOUNT: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
-mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
-unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+use common::{
+    assert_ext4_grew_or_names_cap_sys_resource, assert_xfs_doubled, eventually, fill_disk as fill, is_mounted, mounts_below, ok, sigkill, Sandbox,
+    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS_MOUNT,
+};
 
 #[test]
 fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
@@ -52,14 +51,6 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
         serde_json::json!([])
     );
 }
-
-const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
-getvolumename) echo '{"status":"Success","volumeName":"backend/vol-1"}';;
-attach) echo '{"status":"Success","device":"/dev/fake-1"}';;
-waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
-mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
-unmountdevice) umount "$2"; echo '{"status":"Success"}';;
-detach) echo '{"status":"Success"}';;"#;
 
 #[test]
 fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
@@ -675,40 +666,21 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
 #[test]
 fn expand_grows_a_real_xfs_with_the_default_expandfs() {
     common::require_root!();
-    if Command::new("mkfs.xfs").arg("-V").output().is_err() {
+    if !common::has_mkfs_xfs() {
         common::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
     }
     // XFS needs 300 MB at least; the image is sparse.
     let (out, before, after) = expand_through_the_defaults("xfs", 320);
-    ok(&out);
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["new_bytes"], 640u64 << 20);
+    let json = assert_xfs_doubled(&out, before, after);
     assert_eq!(json["old_bytes"], before);
     assert_eq!(json["driver_expanded_fs"], false);
-    assert!(
-        after > before + (250 << 20),
-        "filesystem grew from {before} to {after}"
-    );
 }
 
 #[test]
 fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
     common::require_root!();
     let (out, before, after) = expand_through_the_defaults("ext4", 64);
-    if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
-        ok(&out);
-        assert!(
-            after > before + (48 << 20),
-            "filesystem grew from {before} to {after}"
-        );
-    } else {
-        // Sandboxes (and containers) without CAP_SYS_RESOURCE cannot resize ext4 online.
-        eprintln!("note: no CAP_SYS_RESOURCE here; checking the error instead of the growth");
-        assert_eq!(out.status.code(), Some(1));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("needs CAP_SYS_RESOURCE"), "{err}");
-        assert_eq!(after, before);
-    }
+    assert_ext4_grew_or_names_cap_sys_resource(&out, before, after, 48 << 20);
 }
 
 #[test]

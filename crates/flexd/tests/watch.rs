@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use common::{flexd, ok, Sandbox, Watch};
+use common::{flexd, install_driver, ok, Sandbox, Watch};
 
 fn driver_source(dir: &Path, name: &str, attach: bool) -> PathBuf {
     let path = dir.join(name);
@@ -40,10 +40,7 @@ fn install_update_add_another_and_remove_are_each_one_line() {
     assert_eq!(e["error"], Value::Null);
 
     // 1. initial installation
-    assert!(flexd(
-        &plugin,
-        &["install", "--driver", "acme/drv", v1.to_str().unwrap()]
-    )
+    assert!(install_driver(&plugin, "acme/drv", &v1)
     .status
     .success());
     let e = watch.next();
@@ -54,10 +51,7 @@ fn install_update_add_another_and_remove_are_each_one_line() {
     assert_eq!(e["capabilities"]["attach"], false);
     assert!(e["path"].as_str().unwrap().ends_with("acme~drv/drv"));
     // 2. update of the same driver
-    assert!(flexd(
-        &plugin,
-        &["install", "--driver", "acme/drv", v2.to_str().unwrap()]
-    )
+    assert!(install_driver(&plugin, "acme/drv", &v2)
     .status
     .success());
     let e = watch.next();
@@ -66,10 +60,7 @@ fn install_update_add_another_and_remove_are_each_one_line() {
         (Some("update"), Some(true))
     );
     // 3. another driver
-    assert!(flexd(
-        &plugin,
-        &["install", "--driver", "other/drv", v1.to_str().unwrap()]
-    )
+    assert!(install_driver(&plugin, "other/drv", &v1)
     .status
     .success());
     let e = watch.next();

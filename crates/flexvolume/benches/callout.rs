@@ -5,27 +5,15 @@
 //! Run: `bench/callout.sh` (or `cargo bench -p flexvolume --bench callout -- [N] [ROUNDS]`).
 //! Prints each round's ratio and the median; the target is a median ratio ≤ 1.10.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::CallOut;
-
-fn build_tiny_driver(dir: &Path) -> PathBuf {
-    let source =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/rust-tiny/src/main.rs");
-    let exe = dir.join("tiny");
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let status = Command::new(rustc)
-        .args(["--edition", "2021", "-C", "opt-level=3", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .expect("rustc runs");
-    assert!(status.success(), "cannot compile {source:?}");
-    exe
-}
 
 fn through_library(exe: &Path, n: usize, config: &RunnerConfig) -> Duration {
     let call = CallOut::init();
@@ -58,7 +46,7 @@ fn main() {
     let n: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
     let dir = tempfile::tempdir().expect("tempdir");
-    let exe = build_tiny_driver(dir.path());
+    let exe = common::compile_tiny_driver(dir.path(), true);
     let config = RunnerConfig::default();
     // Warm up the page cache and the allocator.
     through_library(&exe, 50, &config);

@@ -234,14 +234,7 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
     symlink(Path::new("/dev/null"), &p.join("devnull~x/x"));
     std::fs::create_dir_all(p.join("isdir~x/x")).unwrap();
     std::fs::create_dir(p.join("fifo~x")).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        p.join("fifo~x/x"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o755),
-        0,
-    )
-    .unwrap();
+    common::make_fifo(&p.join("fifo~x/x"), 0o755);
     std::fs::create_dir(p.join("selfloop~x")).unwrap();
     symlink(Path::new("x"), &p.join("selfloop~x/x"));
 

@@ -41,14 +41,7 @@ fn build_tree(root: &Path) {
     std::os::unix::fs::symlink("file", root.join("link-to-file")).unwrap();
     std::os::unix::fs::symlink("dir", root.join("link-to-dir")).unwrap();
     std::os::unix::fs::symlink("/nonexistent/target", root.join("dangling")).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        root.join("fifo"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
+    common::make_fifo(&root.join("fifo"), 0o600);
     for (path, mode) in [
         ("", 0o755),
         ("dir", 0o700),

@@ -56,6 +56,71 @@ pub fn stdout_json(out: &Output) -> Value {
     })
 }
 
+/// A driver whose volumes are tmpfs mounts.
+pub const TMPFS_DRIVER: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+/// An attaching driver: device `/dev/fake-1` for volume `backend/vol-1`, a tmpfs as the
+/// mounted device; mount and unmount are left to the defaults (bind, unmount).
+pub const ATTACHING_DRIVER: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
+getvolumename) echo '{"status":"Success","volumeName":"backend/vol-1"}';;
+attach) echo '{"status":"Success","device":"/dev/fake-1"}';;
+waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
+mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
+unmountdevice) umount "$2"; echo '{"status":"Success"}';;
+detach) echo '{"status":"Success"}';;"#;
+
+/// Runs `flexd install --driver <driver> <source>` into `plugin_dir`.
+pub fn install_driver(plugin_dir: &Path, driver: &str, source: &Path) -> Output {
+    flexd(
+        plugin_dir,
+        &["install", "--driver", driver, source.to_str().unwrap()],
+    )
+}
+
+/// Whether xfs can be made here (`.ci/run` installs xfsprogs).
+pub fn has_mkfs_xfs() -> bool {
+    Command::new("mkfs.xfs").arg("-V").output().is_ok()
+}
+
+/// Growing a 320 MiB xfs volume to 640 MiB through `flexd volume expand`: flexd succeeded,
+/// says the new size, and the filesystem (`before`, `after` bytes) grew. Returns flexd's JSON.
+pub fn assert_xfs_doubled(out: &Output, before: u64, after: u64) -> Value {
+    ok(out);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["new_bytes"], 640u64 << 20);
+    assert!(
+        after > before + (250 << 20),
+        "filesystem grew from {before} to {after}"
+    );
+    json
+}
+
+/// Growing a mounted ext4 through `flexd volume expand` (`before`, `after`: its bytes): it
+/// grew by more than `min_growth`, or, where flexd lacks CAP_SYS_RESOURCE (sandboxes and
+/// containers cannot resize ext4 online), flexd named the capability and nothing changed.
+pub fn assert_ext4_grew_or_names_cap_sys_resource(
+    out: &Output,
+    before: u64,
+    after: u64,
+    min_growth: u64,
+) {
+    if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
+        ok(out);
+        assert!(
+            after > before + min_growth,
+            "filesystem grew from {before} to {after}"
+        );
+    } else {
+        eprintln!("note: no CAP_SYS_RESOURCE here; checking the error instead of the growth");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs CAP_SYS_RESOURCE"), "{err}");
+        assert_eq!(after, before);
+    }
+}
+
 /// flexd run on a sandbox's directories.
 impl Sandbox {
     /// `flexd --plugin-dir <plugin>`, to add arguments to.

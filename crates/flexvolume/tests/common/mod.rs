@@ -269,6 +269,18 @@ pub fn compile_tiny_driver(dir: &Path, optimized: bool) -> PathBuf {
     exe
 }
 
+/// Makes a FIFO at `path` with permission bits `mode`.
+pub fn make_fifo(path: &Path, mode: u32) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(mode),
+        0,
+    )
+    .unwrap();
+}
+
 // ---- Disks ----
 
 /// Fills the filesystem holding `dir` with one file (`.filler`) until ENOSPC; returns it.
