@@ -36,7 +36,9 @@ fn wait_for(watch: &Watch, driver: &str) -> Instant {
 
 /// (user + system) CPU seconds of a process, and its peak RSS in KiB.
 fn proc_cpu_and_rss(pid: u32) -> (f64, u64) {
-    let fields = common::proc_stat(pid as i32).map(|(_, f)| f).unwrap_or_default();
+    let fields = common::proc_stat(pid as i32)
+        .map(|(_, f)| f)
+        .unwrap_or_default();
     let ticks = rustix::param::clock_ticks_per_second() as f64;
     let utime: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let stime: f64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);

@@ -149,14 +149,13 @@ fn call_times_out_with_a_clear_error() {
     let s = Sandbox::new();
     s.install_example("quirks/hang", "t~hang");
     let out = s.flexd(&[
-            "call",
-            "--timeout",
-            "300ms",
-            "t/hang",
-            "unmount",
-            "/dev/null",
-        ],
-    );
+        "call",
+        "--timeout",
+        "300ms",
+        "t/hang",
+        "unmount",
+        "/dev/null",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unmount timed out after 300ms"), "{err}");
@@ -207,8 +206,7 @@ fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
         err.contains("outside the plugin dir") && err.contains("--allow-symlinks"),
         "{err}"
     );
-    let out = s.flexd(&["--allow-symlinks", "call", "t/evil", "init"],
-    );
+    let out = s.flexd(&["--allow-symlinks", "call", "t/evil", "init"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
@@ -220,8 +218,7 @@ fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
     let target = s.target("vol");
     let t = target.to_str().unwrap();
 
-    let out = s.flexd(&["call", "acme/tmpfs", "mount", t, r#"{"size":"8m"}"#],
-    );
+    let out = s.flexd(&["call", "acme/tmpfs", "mount", t, r#"{"size":"8m"}"#]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(is_mounted(&target));
     std::fs::write(target.join("data"), "hello").unwrap();

@@ -107,9 +107,7 @@ fn a_reader_calling_the_driver_during_200_reinstalls_never_fails() {
     let src = tempfile::tempdir().unwrap();
     let sources = versions(src.path(), write_driver);
     let p = plugin.path().to_owned();
-    assert!(install_driver(&p, "acme/drv", &sources[0])
-    .status
-    .success());
+    assert!(install_driver(&p, "acme/drv", &sources[0]).status.success());
     let exe = p.join("acme~drv/drv");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -263,7 +261,9 @@ fn good_driver_installed() -> (Sandbox, PathBuf, PathBuf) {
     std::fs::create_dir(&src).unwrap();
     let good = src.join("good");
     write_driver(&good, "good");
-    assert!(install_driver(&s.plugin(), "acme/drv", &good).status.success());
+    assert!(install_driver(&s.plugin(), "acme/drv", &good)
+        .status
+        .success());
     (s, src, good)
 }
 

@@ -108,7 +108,7 @@ impl LoopSandbox {
     }
 
     fn unmount(&self, target: &Path) {
-        ok(&self.volume(&["unmount", "--target", target.to_str().unwrap()]));
+        ok(&self.volume_unmount(&target));
     }
 
     /// Runs the installed driver itself, as kubelet would.
@@ -386,17 +386,11 @@ fn an_image_holding_unrecognised_data_is_never_formatted() {
     let before = std::fs::read(&image).unwrap();
     let options = s.options("16Mi");
     let target = s.target("dump");
-    let out = s.volume(&[
-        "mount",
-        "--driver",
+    let out = s.volume_mount(
         "flexd/loop",
-        "--target",
-        target.to_str().unwrap(),
-        "--volume-name",
-        "dump",
-        "--options",
-        &options,
-    ]);
+        &target,
+        &["--volume-name", "dump", "--options", &options],
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refusing to format"), "{err}");
@@ -406,7 +400,7 @@ fn an_image_holding_unrecognised_data_is_never_formatted() {
     );
     assert!(!is_mounted(&target));
     // The failed mount is undone as far as flexd can: nothing stays attached.
-    ok(&s.volume(&["unmount", "--target", target.to_str().unwrap()]));
+    ok(&s.volume_unmount(&target));
     assert!(
         s.loop_devices_of("dump").is_empty(),
         "{:?}",

@@ -9,10 +9,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    eventually, ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS, examples, install_example as install, is_mounted, wait_for_path as wait_for};
+    eventually, examples, install_example as install, is_mounted, wait_for_path as wait_for,
+    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
+};
 use serve_support::{
-    connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities, node_client,
-    publish_request, registration, unpublish_request, Server,
+    connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities,
+    node_client, publish_request, registration, unpublish_request, Server,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +207,12 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
     let server = Server::start(|_| {});
     std::thread::sleep(Duration::from_millis(300));
     let source = examples().join("tmpfs/tmpfs");
-    let out = server.flexd(&["install", "--driver", "late/comer", source.to_str().unwrap()]);
+    let out = server.flexd(&[
+        "install",
+        "--driver",
+        "late/comer",
+        source.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{out:?}");
     let sock = server.csi_dir.join("flexvolume-late--comer/csi.sock");
     let reg = server
@@ -611,8 +618,8 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     assert!(!target.exists(), "a refused publish leaves nothing");
     // Tearing down what was never set up succeeds (CSI idempotency).
     node.node_unpublish_volume(unpublish_request("v", &target))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert!(
         server.ops().is_empty(),
         "the driver was called: {:?}",
@@ -634,8 +641,8 @@ async fn a_driver_installed_while_serving_serves_a_publish() {
         .unwrap();
     assert_eq!(fs_type_at(&target).as_deref(), Some("tmpfs"));
     node.node_unpublish_volume(unpublish_request("late-1", &target))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert!(!target.exists());
 }
 
@@ -686,8 +693,8 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
     let (server, sock) = server;
     let mut node = node_client(&sock).await;
     node.node_unpublish_volume(unpublish_request("slow-1", &target))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert!(!is_mounted(&target) && !target.exists());
     assert!(server.records().is_empty(), "{:?}", server.records());
     assert_eq!(server.ops(), ["mount", "unmount"]);
@@ -810,8 +817,8 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
     node.node_unpublish_volume(unpublish_request("m-1", &target))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -846,8 +853,8 @@ async fn concurrent_publishes_of_one_volume_are_serialized() {
     assert_eq!(server.calls_of("mount").len(), 1);
     let mut node = node_client(&sock).await;
     node.node_unpublish_volume(unpublish_request("shared-1", &target))
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     assert!(!target.exists());
 }
 

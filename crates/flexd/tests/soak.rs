@@ -9,10 +9,10 @@
 
 mod common;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use common::{mounts_below, write_exe, Sandbox, Watch};
@@ -188,7 +188,12 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
     let volume = |op: &str, target: &Path, more: &[&str]| {
         let state = state_dir.to_str().unwrap();
         let t = target.to_str().unwrap();
-        let args = [&["volume", "--state-dir", state, op][..], more, &["--target", t]].concat();
+        let args = [
+            &["volume", "--state-dir", state, op][..],
+            more,
+            &["--target", t],
+        ]
+        .concat();
         flexd(&volume_plugins, &args)
     };
     let mut ops: BTreeMap<&str, u64> = BTreeMap::new();

@@ -10,8 +10,9 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 use common::{
-    assert_ext4_grew_or_names_cap_sys_resource, assert_xfs_doubled, eventually, fill_disk as fill, is_mounted, mounts_below, ok, sigkill, Sandbox,
-    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS_MOUNT,
+    assert_ext4_grew_or_names_cap_sys_resource, assert_xfs_doubled, eventually, fill_disk as fill,
+    is_mounted, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
+    TMPFS_DRIVER as TMPFS_MOUNT,
 };
 
 #[test]
@@ -21,10 +22,10 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("vol");
     let t = target.to_str().unwrap();
-    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    ok(&s.volume_mount("acme/tmpfs", t, &[]));
     assert!(is_mounted(&target));
     std::fs::write(target.join("file"), "data").unwrap();
-    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", t]));
+    ok(&s.volume_mount("acme/tmpfs", t, &[]));
     assert_eq!(
         s.calls_of("mount").len(),
         1,
@@ -41,9 +42,9 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     assert_eq!(list[0]["driver"], "acme/tmpfs");
     assert_eq!(list[0]["stage"], "mounted");
 
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     assert!(!target.exists(), "the target flexd created is removed");
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     assert_eq!(s.calls_of("unmount").len(), 1);
     let out = s.volume(&["--output", "json", "list"]);
     assert_eq!(
@@ -143,7 +144,7 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     assert!(!state_text.contains("hunter2") && !state_text.contains("aHVudGVyMg=="));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
 
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     let ops: Vec<String> = s.calls().iter().map(|c| c[0].clone()).collect();
     assert_eq!(&ops[6..], ["init", "unmount", "unmountdevice", "detach"]);
     let detach = &s.calls_of("detach")[0];
@@ -178,15 +179,7 @@ fn two_targets_share_the_device_until_the_last_unmount() {
     s.driver("acme~block", ATTACHING);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.volume(&[
-            "mount",
-            "--driver",
-            "acme/block",
-            "--target",
-            t.to_str().unwrap(),
-            "--volume-name",
-            "shared",
-        ]));
+        ok(&s.volume_mount("acme/block", &t, &["--volume-name", "shared"]));
     }
     std::fs::write(a.join("x"), "shared").unwrap();
     assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
@@ -195,10 +188,10 @@ fn two_targets_share_the_device_until_the_last_unmount() {
         1,
         "the device is mounted once"
     );
-    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume_unmount(&a));
     assert!(s.calls_of("unmountdevice").is_empty() && s.calls_of("detach").is_empty());
     assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
-    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume_unmount(&b));
     assert_eq!(
         (
             s.calls_of("unmountdevice").len(),
@@ -242,7 +235,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&fs.stdout).trim(), "ext4");
     std::fs::write(target.join("precious"), "keep me").unwrap();
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     assert!(!target.exists());
 
     let out = s.volume(&[
@@ -266,7 +259,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
         std::fs::read_to_string(target.join("precious")).unwrap(),
         "keep me"
     );
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
 }
 
 #[test]
@@ -278,7 +271,7 @@ fn concurrent_mounts_of_one_target_call_the_driver_once() {
     let t = target.to_str().unwrap().to_owned();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..32)
-            .map(|_| scope.spawn(|| s.volume(&["mount", "--driver", "acme/tmpfs", "--target", &t])))
+            .map(|_| scope.spawn(|| s.volume_mount("acme/tmpfs", &t, &[])))
             .collect();
         for h in handles {
             ok(&h.join().unwrap());
@@ -313,15 +306,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
         for i in 0..32 {
             let target = s.target(&format!("v{i}"));
             let s = &s;
-            scope.spawn(move || {
-                ok(&s.volume(&[
-                    "mount",
-                    "--driver",
-                    "acme/slow",
-                    "--target",
-                    target.to_str().unwrap(),
-                ]))
-            });
+            scope.spawn(move || ok(&s.volume_mount("acme/slow", &target, &[])));
         }
     });
     assert!((0..32).all(|i| is_mounted(&s.target(&format!("v{i}")))));
@@ -334,11 +319,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
         .unwrap();
     assert!(most >= 2, "mounts of different volumes never overlapped");
     for i in 0..32 {
-        ok(&s.volume(&[
-            "unmount",
-            "--target",
-            s.target(&format!("v{i}")).to_str().unwrap(),
-        ]));
+        ok(&s.volume_unmount(s.target(&format!("v{i}"))));
     }
 }
 
@@ -348,20 +329,8 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
-    ok(&s.volume(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        a.to_str().unwrap(),
-    ]));
-    ok(&s.volume(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        b.to_str().unwrap(),
-    ]));
+    ok(&s.volume_mount("acme/tmpfs", &a, &[]));
+    ok(&s.volume_mount("acme/tmpfs", &b, &[]));
 
     // Replaced (atomically) by a version that marks its unmounts: teardown uses the new one.
     let marker = s.path("v2-used");
@@ -372,7 +341,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
             &format!("unmount) touch '{}'; umount", marker.display()),
         ),
     );
-    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume_unmount(&a));
     assert!(!is_mounted(&a));
     assert!(
         marker.exists(),
@@ -380,13 +349,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     );
 
     std::fs::remove_dir_all(s.plugin().join("acme~tmpfs")).unwrap();
-    let out = s.volume(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        s.target("c").to_str().unwrap(),
-    ]);
+    let out = s.volume_mount("acme/tmpfs", s.target("c"), &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -394,7 +357,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
         "{err}"
     );
     // Unmount still works, through the copy pinned at mount time.
-    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume_unmount(&b));
     assert!(!is_mounted(&b));
 }
 
@@ -427,7 +390,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     assert_eq!(json["kubernetes.io/pvOrVolumeName"], "pv0001");
     assert_eq!(json["fooVolumeName"], "bar");
     assert_eq!(json["kubernetes.io/secret/token"], "czNjcjN0");
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
 
     let cases = [
         (
@@ -653,7 +616,7 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
     let expandfs = &s.calls_of("expandfs")[0];
     assert_eq!(expandfs[2], device);
     assert_eq!(expandfs[4..], [new_bytes.to_string(), before.to_string()]);
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
 
     let gone = s.volume(&["expand", "--target", t, "--size", "1Gi"]);
     assert_eq!(gone.status.code(), Some(1));
@@ -689,26 +652,14 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     let s = Sandbox::new();
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let a = s.target("a");
-    ok(&s.volume(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        a.to_str().unwrap(),
-    ]));
+    ok(&s.volume_mount("acme/tmpfs", &a, &[]));
     // The new version's init fails.
     s.driver(
         "acme~tmpfs",
         r#"init) echo '{"status":"Failure","message":"backend unreachable"}'; exit 1;;"#,
     );
     let b = s.target("b");
-    let out = s.volume(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        b.to_str().unwrap(),
-    ]);
+    let out = s.volume_mount("acme/tmpfs", &b, &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -719,7 +670,7 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     assert_eq!(s.calls_of("mount").len(), 1, "the old version was not used");
     // The volume mounted before still unmounts (the broken driver's init fails, so the copy
     // pinned at mount time does it).
-    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume_unmount(&a));
     assert!(!is_mounted(&a));
 }
 
@@ -765,7 +716,7 @@ fn secrets_from_a_kubernetes_secret_file() {
         .collect();
     let state = String::from_utf8_lossy(&state);
     assert!(!state.contains("s3cr3t") && !state.contains("czNjcjN0") && !state.contains("admin"));
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
 
     let cases = [
         (
@@ -830,7 +781,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
     sigkill(&mut flexd);
     // The next operation waits for the orphaned driver (it inherited the volume's lock), then
     // finds its mount through the record written ahead of the call, and undoes it.
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     eventually("the orphaned driver to finish", || finished.exists());
     assert!(!is_mounted(&target), "the orphaned driver's mount leaked");
     let out = s.volume(&["--output", "json", "list"]);
@@ -913,7 +864,7 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
     assert!(killed > 0, "no kill landed inside an operation");
     // Restart: every volume is torn down by a normal run (after any orphaned driver is done).
     for (target, _) in &targets {
-        ok(&s.volume(&["unmount", "--target", target.to_str().unwrap()]));
+        ok(&s.volume_unmount(&target));
     }
     let leaked = mounts_below(s.root());
     assert!(leaked.is_empty(), "leaked mounts: {leaked:?}");
@@ -1001,7 +952,7 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
     assert_eq!(gid_mode(&policy.join("data/file")), (3000, 0o660));
 
     for t in [&owned, &opted_out, &read_only, &policy] {
-        ok(&s.volume(&["unmount", "--target", t.to_str().unwrap()]));
+        ok(&s.volume_unmount(&t));
     }
 }
 
@@ -1055,7 +1006,7 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
         1,
         "the retry does not mount again"
     );
-    ok(&s.volume(&["unmount", "--target", t]));
+    ok(&s.volume_unmount(t));
     assert!(!is_mounted(&target));
 }
 
@@ -1088,7 +1039,7 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     let (ta, tb) = (a.to_str().unwrap(), b.to_str().unwrap());
-    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", ta]));
+    ok(&s.volume_mount("acme/tmpfs", ta, &[]));
     let records = state_files(&s.state());
     assert!(!records.is_empty(), "the mount is recorded");
     let listed = |s: &Sandbox| -> Vec<String> {
@@ -1107,7 +1058,7 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     assert_eq!(listed(&s), [ta]);
 
     let filler = fill(&s.state());
-    let out = s.volume(&["mount", "--driver", "acme/tmpfs", "--target", tb]);
+    let out = s.volume_mount("acme/tmpfs", tb, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a mount without room for its record");
     assert!(err.contains("No space left on device"), "{err}");
@@ -1122,7 +1073,7 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
 
     // Unmounting on the full disk either works or fails clearly; either way state and mounts
     // agree.
-    let out = s.volume(&["unmount", "--target", ta]);
+    let out = s.volume_unmount(ta);
     eprintln!(
         "unmount on a full state disk succeeded: {}",
         out.status.success()
@@ -1138,10 +1089,10 @@ fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     }
 
     std::fs::remove_file(filler).unwrap();
-    ok(&s.volume(&["mount", "--driver", "acme/tmpfs", "--target", tb]));
+    ok(&s.volume_mount("acme/tmpfs", tb, &[]));
     assert!(is_mounted(&b));
-    ok(&s.volume(&["unmount", "--target", ta]));
-    ok(&s.volume(&["unmount", "--target", tb]));
+    ok(&s.volume_unmount(ta));
+    ok(&s.volume_unmount(tb));
     assert!(!is_mounted(&a) && !is_mounted(&b));
     assert_eq!(listed(&s), Vec::<String>::new());
     assert_eq!(state_files(&s.state()), Vec::<String>::new());
@@ -1169,13 +1120,7 @@ fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.volume(&[
-            "mount",
-            "--driver",
-            "acme/tmpfs",
-            "--target",
-            t.to_str().unwrap(),
-        ]));
+        ok(&s.volume_mount("acme/tmpfs", &t, &[]));
     }
     let versions = pinned_versions(&s.state());
     assert_eq!(versions.len(), 1, "one version, pinned once: {versions:?}");
@@ -1189,9 +1134,9 @@ fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
         }
     };
     backdate();
-    ok(&s.volume(&["unmount", "--target", a.to_str().unwrap()]));
+    ok(&s.volume_unmount(&a));
     assert_eq!(pinned_versions(&s.state()), versions, "b still uses it");
     backdate();
-    ok(&s.volume(&["unmount", "--target", b.to_str().unwrap()]));
+    ok(&s.volume_unmount(&b));
     assert_eq!(pinned_versions(&s.state()), Vec::<PathBuf>::new());
 }

@@ -40,9 +40,7 @@ fn install_update_add_another_and_remove_are_each_one_line() {
     assert_eq!(e["error"], Value::Null);
 
     // 1. initial installation
-    assert!(install_driver(&plugin, "acme/drv", &v1)
-    .status
-    .success());
+    assert!(install_driver(&plugin, "acme/drv", &v1).status.success());
     let e = watch.next();
     assert_eq!(
         (e["event"].as_str(), e["driver"].as_str()),
@@ -51,18 +49,14 @@ fn install_update_add_another_and_remove_are_each_one_line() {
     assert_eq!(e["capabilities"]["attach"], false);
     assert!(e["path"].as_str().unwrap().ends_with("acme~drv/drv"));
     // 2. update of the same driver
-    assert!(install_driver(&plugin, "acme/drv", &v2)
-    .status
-    .success());
+    assert!(install_driver(&plugin, "acme/drv", &v2).status.success());
     let e = watch.next();
     assert_eq!(
         (e["event"].as_str(), e["capabilities"]["attach"].as_bool()),
         (Some("update"), Some(true))
     );
     // 3. another driver
-    assert!(install_driver(&plugin, "other/drv", &v1)
-    .status
-    .success());
+    assert!(install_driver(&plugin, "other/drv", &v1).status.success());
     let e = watch.next();
     assert_eq!(
         (e["event"].as_str(), e["driver"].as_str()),

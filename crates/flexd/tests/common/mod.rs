@@ -147,6 +147,17 @@ impl Sandbox {
     pub fn volume(&self, args: &[&str]) -> Output {
         self.volume_command(args).output().expect("flexd runs")
     }
+
+    /// Runs `flexd volume mount --driver <driver> --target <target> <more>`.
+    pub fn volume_mount(&self, driver: &str, target: impl AsRef<Path>, more: &[&str]) -> Output {
+        let target = target.as_ref().to_str().unwrap();
+        self.volume(&[&["mount", "--driver", driver, "--target", target][..], more].concat())
+    }
+
+    /// Runs `flexd volume unmount --target <target>`.
+    pub fn volume_unmount(&self, target: impl AsRef<Path>) -> Output {
+        self.volume(&["unmount", "--target", target.as_ref().to_str().unwrap()])
+    }
 }
 
 /// A running `flexd watch --output json` on a plugin dir: its event lines, each with the
@@ -171,8 +182,9 @@ impl Watch {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let at = Instant::now();
-                let value: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("watch printed a line that is not JSON ({e}): {line}"));
+                let value: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+                    panic!("watch printed a line that is not JSON ({e}): {line}")
+                });
                 if tx.send((at, value)).is_err() {
                     return;
                 }

@@ -187,9 +187,7 @@ pub async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
     csi::node_client::NodeClient::new(connect(sock).await)
 }
 
-pub async fn controller_client(
-    sock: &Path,
-) -> csi::controller_client::ControllerClient<Channel> {
+pub async fn controller_client(sock: &Path) -> csi::controller_client::ControllerClient<Channel> {
     csi::controller_client::ControllerClient::new(connect(sock).await)
 }
 

@@ -133,7 +133,8 @@ pub fn proc_stat(pid: i32) -> Option<(String, Vec<String>)> {
 
 /// True once the process is gone (or a zombie nobody has reaped yet).
 pub fn is_dead(pid: i32) -> bool {
-    proc_stat(pid).is_none_or(|(_, fields)| matches!(fields.first().map(String::as_str), Some("Z" | "X")))
+    proc_stat(pid)
+        .is_none_or(|(_, fields)| matches!(fields.first().map(String::as_str), Some("Z" | "X")))
 }
 
 /// Polls until `pid` is dead, up to `limit`; whether it died.
@@ -223,11 +224,7 @@ pub fn executable_of(plugin_dir: &Path, dir_name: &str) -> PathBuf {
 /// Installs `examples/drivers/<source>` as driver directory `dir_name` (e.g. `acme~tmpfs`).
 pub fn install_example(plugin_dir: &Path, source: &str, dir_name: &str) {
     std::fs::create_dir_all(plugin_dir.join(dir_name)).unwrap();
-    std::fs::copy(
-        examples().join(source),
-        executable_of(plugin_dir, dir_name),
-    )
-    .unwrap();
+    std::fs::copy(examples().join(source), executable_of(plugin_dir, dir_name)).unwrap();
 }
 
 /// Runs `command`, whose program was just written: while another thread of the test binary
