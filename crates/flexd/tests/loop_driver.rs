@@ -86,6 +86,18 @@ impl LoopSandbox {
         serde_json::json!({"imageDir": self.images(), "size": size}).to_string()
     }
 
+    /// The options flexd passes for volume (PV) `volume` of `size` (none: no size).
+    fn volume_options(&self, volume: &str, size: Option<&str>) -> String {
+        let mut options = serde_json::json!({
+            "imageDir": self.images(),
+            "kubernetes.io/pvOrVolumeName": volume,
+        });
+        if let Some(size) = size {
+            options["size"] = size.into();
+        }
+        options.to_string()
+    }
+
     /// `flexd volume mount` of loop volume `volume` on `target`; returns the JSON outcome.
     fn mount(&self, volume: &str, target: &Path, size: &str, fs_type: &str) -> Value {
         let options = self.options(size);
@@ -253,11 +265,7 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
 
 /// The name getvolumename gives the volume (what detach receives).
 fn detach_name(s: &LoopSandbox, volume: &str) -> String {
-    let options = serde_json::json!({
-        "imageDir": s.images(),
-        "kubernetes.io/pvOrVolumeName": volume,
-    })
-    .to_string();
+    let options = s.volume_options(volume, None);
     let out = s.call(&["getvolumename", &options]);
     ok(&out);
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -272,12 +280,7 @@ fn detach_name(s: &LoopSandbox, volume: &str) -> String {
 fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
     common::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
-    let options = serde_json::json!({
-        "imageDir": s.images(),
-        "kubernetes.io/pvOrVolumeName": "race",
-        "size": "32Mi",
-    })
-    .to_string();
+    let options = s.volume_options("race", Some("32Mi"));
     // Eight attaches at once, straight to the driver (flexd would serialise them itself).
     let devices: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..8)
@@ -337,12 +340,7 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
 fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
     common::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
-    let options = serde_json::json!({
-        "imageDir": s.images(),
-        "kubernetes.io/pvOrVolumeName": "mine",
-        "size": "16Mi",
-    })
-    .to_string();
+    let options = s.volume_options("mine", Some("16Mi"));
     let attach = s.call(&["attach", &options, "node-1"]);
     ok(&attach);
     // Another volume's device passed in by mistake (or malice): refused, not formatted.

@@ -133,6 +133,13 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
         let out = volume(&["mount", "--driver", driver, "--target", t.to_str().unwrap()]);
         (out, t)
     };
+    let uninstall = |driver: &str, more: &[&str]| {
+        let args = [
+            &["uninstall", "--driver", driver, "--state-dir", state_arg][..],
+            more,
+        ];
+        flexd(&plugin, &args.concat())
+    };
     let install = |driver: &str, source: &Path| {
         ok(&flexd(
             &plugin,
@@ -177,16 +184,7 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
     assert_eq!(std::fs::read_to_string(d.join("version")).unwrap(), "v2\n");
 
     // 4. Removal. While volumes use it, uninstall is refused...
-    let out = flexd(
-        &plugin,
-        &[
-            "uninstall",
-            "--driver",
-            "acme/story",
-            "--state-dir",
-            state_arg,
-        ],
-    );
+    let out = uninstall("acme/story", &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -198,16 +196,7 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
     for t in [&a, &b, &d] {
         ok(&volume(&["unmount", "--target", t.to_str().unwrap()]));
     }
-    ok(&flexd(
-        &plugin,
-        &[
-            "uninstall",
-            "--driver",
-            "acme/story",
-            "--state-dir",
-            state_arg,
-        ],
-    ));
+    ok(&uninstall("acme/story", &[]));
     event("remove", "acme/story");
     let (out, e) = mount("acme/story", "e");
     assert_eq!(out.status.code(), Some(1));
@@ -216,17 +205,7 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
     assert!(!e.exists());
 
     // --force removes a driver in use: new mounts are refused, its volume still unmounts.
-    ok(&flexd(
-        &plugin,
-        &[
-            "uninstall",
-            "--driver",
-            "other/story",
-            "--state-dir",
-            state_arg,
-            "--force",
-        ],
-    ));
+    ok(&uninstall("other/story", &["--force"]));
     event("remove", "other/story");
     let (out, _) = mount("other/story", "f");
     assert_eq!(out.status.code(), Some(1));

@@ -70,12 +70,18 @@ fn build_tree(root: &Path) {
     set_mode(&root.join("exec"), 0o4755);
 }
 
-#[test]
-fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_nothing() {
-    common::require_root!("needs root to give entries an arbitrary group");
+/// A temp dir holding `volume`, a tree built by `build_tree`.
+fn built_tree() -> (tempfile::TempDir, std::path::PathBuf) {
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     build_tree(&root);
+    (temp, root)
+}
+
+#[test]
+fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_nothing() {
+    common::require_root!("needs root to give entries an arbitrary group");
+    let (_temp, root) = built_tree();
     let link_mode_before = owner_mode(&root.join("link-to-file")).2;
 
     let first = pass(&root, Policy::Always, false);
@@ -127,9 +133,7 @@ fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_n
 #[test]
 fn a_read_only_volume_gets_group_read_but_not_write() {
     common::require_root!("needs root to give entries an arbitrary group");
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().join("volume");
-    build_tree(&root);
+    let (_temp, root) = built_tree();
     let report = pass(&root, Policy::Always, true);
     assert_eq!(report.error_count, 0, "{:?}", report.errors);
     assert_eq!(owner_mode(&root.join("file")), (1000, GID, 0o640));
@@ -181,9 +185,7 @@ fn on_root_mismatch_skips_only_a_root_with_group_mode_and_setgid_all_right() {
 #[test]
 fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
     common::require_root!("needs root to give entries an arbitrary group");
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().join("volume");
-    build_tree(&root);
+    let (_temp, root) = built_tree();
     // What a pass killed before its end leaves: children done, the root still wrong.
     let child = root.join("dir");
     let report = pass(&child, Policy::Always, false);

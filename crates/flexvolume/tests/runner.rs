@@ -45,6 +45,15 @@ fn config() -> RunnerConfig {
     RunnerConfig::default()
 }
 
+/// A runner that times out after `timeout_ms` and kills `grace_ms` after SIGTERM.
+fn quick_config(grace_ms: u64, timeout_ms: u64) -> RunnerConfig {
+    RunnerConfig {
+        kill_grace: Duration::from_millis(grace_ms),
+        ..RunnerConfig::default()
+    }
+    .with_timeout_for_all(Duration::from_millis(timeout_ms))
+}
+
 fn mount_call(target: &str) -> CallOut {
     CallOut::from_raw(CallOutKind::Mount, vec![target.into(), "{}".into()]).unwrap()
 }
@@ -203,11 +212,7 @@ fn crash_by_signal_is_reported_with_the_signal() {
 fn a_hung_driver_times_out_and_its_whole_group_is_killed() {
     let f = install("hang");
     let pidfile = f.dir.path().join("helper.pid");
-    let config = RunnerConfig {
-        kill_grace: Duration::from_millis(500),
-        ..RunnerConfig::default()
-    }
-    .with_timeout_for_all(Duration::from_millis(300));
+    let config = quick_config(500, 300);
     let call = mount_call(pidfile.to_str().unwrap());
     let err = runner::call(&config, &f.driver.path, &call).unwrap_err();
     assert!(
@@ -224,11 +229,7 @@ fn a_hung_driver_times_out_and_its_whole_group_is_killed() {
 fn a_driver_ignoring_sigterm_is_killed_after_the_grace() {
     let f = install("ignore-term");
     let pidfile = f.dir.path().join("driver.pid");
-    let config = RunnerConfig {
-        kill_grace: Duration::from_millis(300),
-        ..RunnerConfig::default()
-    }
-    .with_timeout_for_all(Duration::from_millis(500));
+    let config = quick_config(300, 500);
     let err = runner::call(
         &config,
         &f.driver.path,
