@@ -12,9 +12,11 @@ use common::{examples, flexd, install_example as install, is_mounted, stdout_jso
 fn drivers_lists_ready_and_failed_drivers_as_json() {
     let s = Sandbox::new();
     let p = &s.plugin();
-    install(p, "tmpfs/tmpfs", "acme~tmpfs");
-    install(p, "attachable/attachable", "attachable");
-    install(p, "quirks/usage-text", "acme~broken-init");
+    s.install_examples(&[
+        ("tmpfs/tmpfs", "acme~tmpfs"),
+        ("attachable/attachable", "attachable"),
+        ("quirks/usage-text", "acme~broken-init"),
+    ]);
     // Its executable is named after the source, not the driver: missing.
     std::fs::create_dir(p.join("acme~empty")).unwrap();
     std::fs::write(p.join("stray-file"), "x").unwrap();
@@ -101,8 +103,10 @@ fn drivers_fails_clearly_on_a_missing_plugin_dir() {
 fn call_exit_status_follows_the_reply() {
     let s = Sandbox::new();
     let p = &s.plugin();
-    install(p, "quirks/capitalised", "t~capitalised");
-    install(p, "quirks/failure-exit0", "t~failure-exit0");
+    s.install_examples(&[
+        ("quirks/capitalised", "t~capitalised"),
+        ("quirks/failure-exit0", "t~failure-exit0"),
+    ]);
 
     let ok = flexd(p, &["--output", "json", "call", "t/capitalised", "init"]);
     assert_eq!(ok.status.code(), Some(0), "{ok:?}");
@@ -238,10 +242,12 @@ fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
 fn check_passes_a_conforming_driver_and_explains_failures() {
     let s = Sandbox::new();
     let p = &s.plugin();
-    install(p, "tmpfs/tmpfs", "acme~tmpfs");
-    install(p, "quirks/usage-text", "q~usage-text");
-    install(p, "quirks/log-lines", "q~log-lines");
-    install(p, "quirks/empty-output", "q~empty-output");
+    s.install_examples(&[
+        ("tmpfs/tmpfs", "acme~tmpfs"),
+        ("quirks/usage-text", "q~usage-text"),
+        ("quirks/log-lines", "q~log-lines"),
+        ("quirks/empty-output", "q~empty-output"),
+    ]);
 
     let out = flexd(p, &["--output", "json", "check", "acme/tmpfs"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -22,6 +22,21 @@ fn write_driver(path: &Path, version: &str) {
     common::write_exe(path, &driver_script(&init));
 }
 
+/// Runs `flexd --output json install --driver acme/drv <source>`.
+fn install_json(plugin_dir: &Path, source: &Path) -> std::process::Output {
+    flexd(
+        plugin_dir,
+        &[
+            "--output",
+            "json",
+            "install",
+            "--driver",
+            "acme/drv",
+            source.to_str().unwrap(),
+        ],
+    )
+}
+
 /// Sources of versions v1 and v2 in `dir`, each written by `write` (a file or a directory).
 fn versions(dir: &Path, write: fn(&Path, &str)) -> Vec<PathBuf> {
     ["v1", "v2"]
@@ -53,17 +68,7 @@ fn install_creates_then_atomically_replaces_a_driver() {
     // The plugin dir does not exist yet: install creates it.
     let plugin_dir = plugin.path().join("exec");
 
-    let out = flexd(
-        &plugin_dir,
-        &[
-            "--output",
-            "json",
-            "install",
-            "--driver",
-            "acme/drv",
-            v1.to_str().unwrap(),
-        ],
-    );
+    let out = install_json(&plugin_dir, &v1);
     assert!(out.status.success(), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -184,17 +189,7 @@ fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
     let src = tempfile::tempdir().unwrap();
     let sources = versions(src.path(), write_driver_dir);
     let p = plugin.path().to_owned();
-    let out = flexd(
-        &p,
-        &[
-            "--output",
-            "json",
-            "install",
-            "--driver",
-            "acme/drv",
-            sources[0].to_str().unwrap(),
-        ],
-    );
+    let out = install_json(&p, &sources[0]);
     assert!(out.status.success(), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["method"], "rename-directory");
@@ -217,17 +212,7 @@ fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
         })
     };
     for i in 0..100 {
-        let out = flexd(
-            &p,
-            &[
-                "--output",
-                "json",
-                "install",
-                "--driver",
-                "acme/drv",
-                sources[i % 2].to_str().unwrap(),
-            ],
-        );
+        let out = install_json(&p, &sources[i % 2]);
         assert!(out.status.success(), "install {i}: {out:?}");
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(

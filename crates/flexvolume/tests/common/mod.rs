@@ -448,6 +448,13 @@ impl Sandbox {
         install_example(&self.plugin(), source, dir_name);
     }
 
+    /// Installs examples: each (source in `examples/drivers`, driver directory).
+    pub fn install_examples(&self, examples: &[(&str, &str)]) {
+        for (source, dir_name) in examples {
+            self.install_example(source, dir_name);
+        }
+    }
+
     /// The logged calls, each as its argv.
     pub fn calls(&self) -> Vec<Vec<String>> {
         std::fs::read_to_string(self.log())
