@@ -253,10 +253,8 @@ fn fs_type_at(path: &Path) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {
     common::require_root!();
-    let server = Server::start_in_mode("both", |_| {});
-    server.driver("acme~block", ATTACHING);
-    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
-    wait_for(&sock);
+    let (server, sock) =
+        Server::with_driver("both", "acme~block", ATTACHING, "flexvolume-acme--block");
     let mut controller = controller_client(&sock).await;
     let mut node = node_client(&sock).await;
 
@@ -458,10 +456,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
     common::require_root!();
-    let server = Server::start(|_| {});
-    server.driver("acme~tmpfs", TMPFS);
-    let sock = server.csi_dir.join("flexvolume-acme--tmpfs/csi.sock");
-    wait_for(&sock);
+    let (server, sock) = Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs");
     let mut node = node_client(&sock).await;
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -505,10 +500,8 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
-    let server = Server::start_in_mode("both", |_| {});
-    server.driver("acme~block", ATTACHING);
-    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
-    wait_for(&sock);
+    let (server, sock) =
+        Server::with_driver("both", "acme~block", ATTACHING, "flexvolume-acme--block");
     let mut node = node_client(&sock).await;
     let mut controller = controller_client(&sock).await;
     let target = server.path("t");
@@ -630,10 +623,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_installed_while_serving_serves_a_publish() {
     common::require_root!();
-    let server = Server::start(|_| {});
-    let sock = server.csi_dir.join("flexvolume-late--tmpfs/csi.sock");
-    server.driver("late~tmpfs", TMPFS);
-    wait_for(&sock);
+    let (server, sock) = Server::with_driver("node", "late~tmpfs", TMPFS, "flexvolume-late--tmpfs");
     let mut node = node_client(&sock).await;
     let target = server.path("pods/late");
     node.node_publish_volume(publish_request("late-1", &target, None))
@@ -659,10 +649,12 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
     common::require_root!();
-    let mut server = Server::start(|_| {});
-    server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
-    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
-    wait_for(&sock);
+    let (mut server, sock) = Server::with_driver(
+        "node",
+        "acme~slow",
+        BLOCKS_AFTER_MOUNTING,
+        "flexvolume-acme--slow",
+    );
     let target = server.path("pods/slow");
     let mut node = node_client(&sock).await;
     let request = publish_request("slow-1", &target, None);
@@ -703,10 +695,12 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
     common::require_root!();
-    let mut server = Server::start(|_| {});
-    server.driver("acme~slow", BLOCKS_THEN_FAILS);
-    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
-    wait_for(&sock);
+    let (mut server, sock) = Server::with_driver(
+        "node",
+        "acme~slow",
+        BLOCKS_THEN_FAILS,
+        "flexvolume-acme--slow",
+    );
     let target = server.path("pods/never");
     let mut node = node_client(&sock).await;
     let request = publish_request("never-1", &target, None);
@@ -739,10 +733,8 @@ expandfs) echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_and_expansion_of_a_published_volume() {
     common::require_root!();
-    let server = Server::start(|_| {});
-    server.driver("acme~metered", METERED);
-    let sock = server.csi_dir.join("flexvolume-acme--metered/csi.sock");
-    wait_for(&sock);
+    let (server, sock) =
+        Server::with_driver("node", "acme~metered", METERED, "flexvolume-acme--metered");
     let mut node = node_client(&sock).await;
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -824,10 +816,12 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishes_of_one_volume_are_serialized() {
     common::require_root!();
-    let server = Server::start(|_| {});
-    server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
-    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
-    wait_for(&sock);
+    let (server, sock) = Server::with_driver(
+        "node",
+        "acme~slow",
+        BLOCKS_AFTER_MOUNTING,
+        "flexvolume-acme--slow",
+    );
     let target = server.path("pods/shared");
     let mut first_client = node_client(&sock).await;
     let mut second_client = node_client(&sock).await;
@@ -860,10 +854,12 @@ async fn concurrent_publishes_of_one_volume_are_serialized() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
-    let server = Server::start_in_mode("controller", |_| {});
-    server.driver("acme~block", ATTACHING);
-    let sock = server.csi_dir.join("flexvolume-acme--block/csi.sock");
-    wait_for(&sock);
+    let (server, sock) = Server::with_driver(
+        "controller",
+        "acme~block",
+        ATTACHING,
+        "flexvolume-acme--block",
+    );
     let mut controller = controller_client(&sock).await;
     let published = controller
         .controller_publish_volume(csi::ControllerPublishVolumeRequest {

@@ -18,8 +18,7 @@ use common::{
 #[test]
 fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("vol");
     let t = target.to_str().unwrap();
     ok(&s.volume_mount("acme/tmpfs", t, &[]));
@@ -56,8 +55,7 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
 #[test]
 fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~block", ATTACHING);
+    let s = Sandbox::with_driver("acme~block", ATTACHING);
     let target = s.target("pod-vol");
     let t = target.to_str().unwrap();
     let out = s.volume(&[
@@ -175,8 +173,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn two_targets_share_the_device_until_the_last_unmount() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~block", ATTACHING);
+    let s = Sandbox::with_driver("acme~block", ATTACHING);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
         ok(&s.volume_mount("acme/block", &t, &["--volume-name", "shared"]));
@@ -265,8 +262,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
 #[test]
 fn concurrent_mounts_of_one_target_call_the_driver_once() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("busy");
     let t = target.to_str().unwrap().to_owned();
     std::thread::scope(|scope| {
@@ -326,8 +322,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 #[test]
 fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_used() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     ok(&s.volume_mount("acme/tmpfs", &a, &[]));
     ok(&s.volume_mount("acme/tmpfs", &b, &[]));
@@ -364,8 +359,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
 #[test]
 fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let pv = s.path("pv.yaml");
     std::fs::write(
         &pv,
@@ -477,8 +471,7 @@ detach) echo '{"status":"Success"}';;"#;
 #[test]
 fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
     // No mounts here, but the state dir and plugin dir are the same sandbox as the rest.
-    let s = Sandbox::new();
-    s.driver("acme~ctl", ATTACH_LOGGED);
+    let s = Sandbox::with_driver("acme~ctl", ATTACH_LOGGED);
     let spec = [
         "--driver",
         "acme/ctl",
@@ -649,8 +642,7 @@ fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
 #[test]
 fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let a = s.target("a");
     ok(&s.volume_mount("acme/tmpfs", &a, &[]));
     // The new version's init fails.
@@ -677,8 +669,7 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
 #[test]
 fn secrets_from_a_kubernetes_secret_file() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let pv = s.path("pv.yaml");
     std::fs::write(
         &pv,
@@ -791,8 +782,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 #[test]
 fn kill_9_at_random_points_of_200_operations_loses_nothing() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     s.install_example("attachable/attachable", "acme~attachable");
     let targets: Vec<(PathBuf, &str)> = (0..6)
         .map(|i| {
@@ -1116,8 +1106,7 @@ fn pinned_versions(state: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
     common::require_root!();
-    let s = Sandbox::new();
-    s.driver("acme~tmpfs", TMPFS_MOUNT);
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
         ok(&s.volume_mount("acme/tmpfs", &t, &[]));

@@ -62,6 +62,22 @@ impl Server {
         }
     }
 
+    /// A server in `mode` that gets logging driver `dir_name` running `cases` (see
+    /// `Sandbox::driver`) installed while it serves; returns it with the driver's CSI socket
+    /// (`<csi dir>/<endpoint>/csi.sock`) once that exists.
+    pub fn with_driver(
+        mode: &'static str,
+        dir_name: &str,
+        cases: &str,
+        endpoint: &str,
+    ) -> (Self, PathBuf) {
+        let server = Self::start_in_mode(mode, |_| {});
+        server.driver(dir_name, cases);
+        let sock = server.csi_dir.join(endpoint).join("csi.sock");
+        crate::common::wait_for_path(&sock);
+        (server, sock)
+    }
+
     fn spawn(sandbox: &Sandbox, mode: &str, metrics_address: &str) -> Child {
         sandbox
             .command()

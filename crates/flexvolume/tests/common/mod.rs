@@ -392,6 +392,13 @@ impl Sandbox {
         }
     }
 
+    /// A sandbox with one logging driver, `dir_name` running `cases` (see `driver`).
+    pub fn with_driver(dir_name: &str, cases: &str) -> Self {
+        let sandbox = Self::new();
+        sandbox.driver(dir_name, cases);
+        sandbox
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
