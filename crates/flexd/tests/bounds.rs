@@ -2,46 +2,23 @@
 //! connections that never speak HTTP/2, call-out cgroups left after a stop, and installs that
 //! discovery would refuse. Real processes, real sockets, real cgroups.
 
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
+
 use std::io::Read as _;
+use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
-
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
-}
-
-fn flexd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use common::{eventually, examples, is_root, run_flexd as flexd, Sandbox};
+use serve_support::{csi, identity_client, mount_capability, node_client, publish_request, Server};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Polls `condition` until it holds, failing after a generous deadline.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A small tree whose modes and groups are recorded, to prove a refused pass changed nothing.
@@ -156,22 +133,10 @@ fn the_unset_gid_is_refused_and_nothing_changes() {
 
 #[test]
 fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
-    let root = tempfile::tempdir().unwrap();
-    let plugin_dir = root.path().join("exec");
-    let dir = plugin_dir.join("acme~tmpfs");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(examples().join("tmpfs/tmpfs"), dir.join("tmpfs")).unwrap();
-    let target = root.path().join("target");
-    let out = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(&plugin_dir)
-        .args(["volume", "--node", "node-1", "--state-dir"])
-        .arg(root.path().join("state"))
-        .args(["mount", "--driver", "acme/tmpfs", "--target"])
-        .arg(&target)
-        .args(["--fs-group", "4294967295"])
-        .output()
-        .unwrap();
+    let s = Sandbox::new();
+    s.install_example("tmpfs/tmpfs", "acme~tmpfs");
+    let target = s.path("target");
+    let out = s.volume_mount("acme/tmpfs", &target, &["--fs-group", "4294967295"]);
     assert!(!out.status.success(), "the mount went ahead");
     assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -181,57 +146,35 @@ fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
     );
 }
 
-/// A running `flexd serve` (node mode) with its own directories, killed on drop.
-struct Serve {
-    child: Child,
-    root: tempfile::TempDir,
+/// A running `flexd serve` (node mode) with the example tmpfs driver as acme/tmpfs.
+struct Serve(Server);
+
+impl Deref for Serve {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.0
+    }
+}
+
+impl DerefMut for Serve {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.0
+    }
 }
 
 impl Serve {
-    fn start(env: &[(&str, &str)]) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("exec/acme~tmpfs");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(examples().join("tmpfs/tmpfs"), dir.join("tmpfs")).unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let metrics = listener.local_addr().unwrap().to_string();
-        drop(listener);
-        let log = std::fs::File::create(root.path().join("flexd.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(root.path().join("exec"))
-            .args(["--probe-interval", "300ms", "serve", "--mode", "node"])
-            .arg("--csi-dir")
-            .arg(root.path().join("plugins"))
-            .arg("--registration-dir")
-            .arg(root.path().join("plugins_registry"))
-            .arg("--state-dir")
-            .arg(root.path().join("state"))
-            .args(["--node-name", "node-1", "--metrics-address", &metrics])
-            .args(["--log-level", "debug"])
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let serve = Self { child, root };
+    /// Started with `env`; returns once the driver's CSI socket is there.
+    fn start(env: &'static [(&'static str, &'static str)]) -> Self {
+        let serve = Self(Server::start_with("node", env, |p| {
+            common::install_example(p, "tmpfs/tmpfs", "acme~tmpfs")
+        }));
         let socket = serve.socket();
         eventually("the CSI socket appears", || socket.exists());
         serve
     }
 
     fn socket(&self) -> PathBuf {
-        self.root
-            .path()
-            .join("plugins/flexvolume-acme--tmpfs/csi.sock")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.root.path().join("flexd.log")).unwrap_or_default()
+        self.csi_dir.join("flexvolume-acme--tmpfs/csi.sock")
     }
 
     /// The sockets flexd holds open (listeners and connections), from /proc.
@@ -247,48 +190,11 @@ impl Serve {
             })
             .unwrap_or(0)
     }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = rustix::process::Pid::from_raw(self.pid() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "flexd serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn connect(socket: &Path) -> Channel {
-    let path = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await
-        .unwrap()
 }
 
 /// A real gRPC call on a fresh connection: GetPluginInfo answers with the driver's CSI name.
 async fn plugin_name(socket: &Path) -> String {
-    let mut identity = csi::identity_client::IdentityClient::new(connect(socket).await);
+    let mut identity = identity_client(socket).await;
     identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await
@@ -340,7 +246,7 @@ async fn silent_connections_are_closed_after_the_preface_timeout_while_clients_a
     });
     closing.await.unwrap();
     assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
-    assert!(serve.log().contains("no HTTP/2 preface in time"));
+    assert!(serve.flexd_log().contains("no HTTP/2 preface in time"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,34 +286,18 @@ async fn a_socket_holds_at_most_its_connection_cap() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(most, CAP, "the cap was never reached");
-    assert!(serve.log().contains("connection cap reached"));
+    assert!(serve.flexd_log().contains("connection cap reached"));
     assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csi_refuses_the_unset_gid_as_volume_mount_group() {
-    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
     let serve = Serve::start(&[]);
-    let target = serve.root.path().join("target");
-    let mut node = csi::node_client::NodeClient::new(connect(&serve.socket()).await);
-    let status = node
-        .node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: "vol-1".into(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(csi::VolumeCapability {
-                access_type: Some(AccessType::Mount(MountVolume {
-                    fs_type: "tmpfs".into(),
-                    mount_flags: vec![],
-                    volume_mount_group: "4294967295".into(),
-                })),
-                access_mode: Some(AccessMode {
-                    mode: Mode::SingleNodeWriter as i32,
-                }),
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let target = serve.path("target");
+    let mut node = node_client(&serve.socket()).await;
+    let mut request = publish_request("vol-1", &target, None);
+    request.volume_capability = mount_capability("tmpfs", "4294967295");
+    let status = node.node_publish_volume(request).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("(gid_t)-1"), "{status:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -438,10 +328,7 @@ fn call_cgroups_of(base: &Path, pid: u32) -> Vec<String> {
 fn a_stopped_serve_leaves_none_of_its_call_out_cgroups() {
     let base = match callouts_dir() {
         Ok(base) => base,
-        Err(why) => {
-            eprintln!("skipped: no usable pids cgroup hierarchy here: {why}");
-            return;
-        }
+        Err(why) => common::skip!(format!("no usable pids cgroup hierarchy here: {why}")),
     };
     let mut serve = Serve::start(&[]);
     let pid = serve.pid();
@@ -460,26 +347,21 @@ fn a_stopped_serve_leaves_none_of_its_call_out_cgroups() {
 
 #[test]
 fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_does() {
-    let root = tempfile::tempdir().unwrap();
-    let plugin_dir = root.path().join("exec");
-    let plugin = plugin_dir.to_str().unwrap();
-    let run = |args: &[&str]| {
-        let mut all = vec!["--plugin-dir", plugin];
-        all.extend_from_slice(args);
-        flexd(&all)
-    };
+    let s = Sandbox::new();
+    let plugin_dir = s.plugin();
+    let run = |args: &[&str]| s.flexd(args);
     // A good version first.
-    let good = root.path().join("good");
+    let good = s.path("good");
     std::fs::create_dir(&good).unwrap();
     std::fs::copy(examples().join("tmpfs/tmpfs"), good.join("tmpfs")).unwrap();
     let out = run(&["install", "--driver", "acme/tmpfs", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
 
     // A new version whose executable points outside the plugin dir.
-    let outside = root.path().join("outside");
+    let outside = s.path("outside");
     std::fs::create_dir(&outside).unwrap();
     std::fs::copy(examples().join("tmpfs/tmpfs"), outside.join("evil")).unwrap();
-    let bad = root.path().join("bad");
+    let bad = s.path("bad");
     std::fs::create_dir(&bad).unwrap();
     std::os::unix::fs::symlink(outside.join("evil"), bad.join("tmpfs")).unwrap();
     let out = run(&["install", "--driver", "acme/tmpfs", bad.to_str().unwrap()]);

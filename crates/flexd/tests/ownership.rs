@@ -3,11 +3,8 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 
-fn flexd(args: &[&str]) -> std::process::Output {
-    Command::new(common::FLEXD).args(args).output().unwrap()
-}
+use common::run_flexd as flexd;
 
 #[test]
 fn apply_reports_changes_as_json_then_finds_nothing_to_do() {

@@ -35,6 +35,11 @@ pub fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
         .expect("flexd runs")
 }
 
+/// Runs `flexd <args>` (no plugin dir).
+pub fn run_flexd(args: &[&str]) -> Output {
+    Command::new(FLEXD).args(args).output().expect("flexd runs")
+}
+
 /// Asserts that flexd succeeded, showing what it said otherwise.
 pub fn ok(out: &Output) {
     assert!(

@@ -31,6 +31,7 @@ pub struct Server {
     pub csi_dir: PathBuf,
     pub registration_dir: PathBuf,
     metrics_address: String,
+    env: &'static [(&'static str, &'static str)],
     sandbox: Sandbox,
 }
 
@@ -47,10 +48,19 @@ impl Server {
     }
 
     pub fn start_in_mode(mode: &'static str, setup: impl FnOnce(&Path)) -> Self {
+        Self::start_with(mode, &[], setup)
+    }
+
+    /// A server in `mode` with `env` set (FLEXD_* tuning); `setup` fills the plugin dir first.
+    pub fn start_with(
+        mode: &'static str,
+        env: &'static [(&'static str, &'static str)],
+        setup: impl FnOnce(&Path),
+    ) -> Self {
         let sandbox = Sandbox::new();
         setup(&sandbox.plugin());
         let metrics_address = free_address();
-        let child = Self::spawn(&sandbox, mode, &metrics_address);
+        let child = Self::spawn(&sandbox, mode, env, &metrics_address);
         Self {
             child,
             mode,
@@ -58,6 +68,7 @@ impl Server {
             csi_dir: sandbox.path("plugins"),
             registration_dir: sandbox.path("plugins_registry"),
             metrics_address,
+            env,
             sandbox,
         }
     }
@@ -78,7 +89,7 @@ impl Server {
         (server, sock)
     }
 
-    fn spawn(sandbox: &Sandbox, mode: &str, metrics_address: &str) -> Child {
+    fn spawn(sandbox: &Sandbox, mode: &str, env: &[(&str, &str)], metrics_address: &str) -> Child {
         sandbox
             .command()
             .args(["--probe-interval", "300ms"])
@@ -92,6 +103,7 @@ impl Server {
             .args(["--node-name", "node-1"])
             .args(["--metrics-address", metrics_address])
             .args(["--log-level", "debug"])
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(
                 std::fs::OpenOptions::new()
@@ -109,7 +121,16 @@ impl Server {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         self.metrics_address = free_address();
-        self.child = Self::spawn(&self.sandbox, self.mode, &self.metrics_address);
+        self.child = Self::spawn(&self.sandbox, self.mode, self.env, &self.metrics_address);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What flexd logged so far.
+    pub fn flexd_log(&self) -> String {
+        std::fs::read_to_string(self.path("flexd.log")).unwrap_or_default()
     }
 
     /// The volume records in the state dir.

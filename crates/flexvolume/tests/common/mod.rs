@@ -103,7 +103,7 @@ pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool 
 /// 2-core machine.
 pub fn eventually(what: &str, condition: impl FnMut() -> bool) {
     assert!(
-        wait_until(Duration::from_secs(30), condition),
+        wait_until(Duration::from_secs(60), condition),
         "timed out waiting for {what}"
     );
 }
