@@ -2,21 +2,22 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use common::{examples, flexd, install_example as install, is_mounted, stdout_json, Sandbox};
+use common::{
+    examples, flexd, flexd_command, install_example as install, is_mounted, stdout_json, Sandbox,
+};
 
 #[test]
 fn drivers_lists_ready_and_failed_drivers_as_json() {
-    let s = Sandbox::new();
-    let p = &s.plugin();
-    s.install_examples(&[
+    let s = Sandbox::with_examples(&[
         ("tmpfs/tmpfs", "acme~tmpfs"),
         ("attachable/attachable", "attachable"),
         ("quirks/usage-text", "acme~broken-init"),
     ]);
+    let p = &s.plugin();
     // Its executable is named after the source, not the driver: missing.
     std::fs::create_dir(p.join("acme~empty")).unwrap();
     std::fs::write(p.join("stray-file"), "x").unwrap();
@@ -101,12 +102,11 @@ fn drivers_fails_clearly_on_a_missing_plugin_dir() {
 
 #[test]
 fn call_exit_status_follows_the_reply() {
-    let s = Sandbox::new();
-    let p = &s.plugin();
-    s.install_examples(&[
+    let s = Sandbox::with_examples(&[
         ("quirks/capitalised", "t~capitalised"),
         ("quirks/failure-exit0", "t~failure-exit0"),
     ]);
+    let p = &s.plugin();
 
     let ok = flexd(p, &["--output", "json", "call", "t/capitalised", "init"]);
     assert_eq!(ok.status.code(), Some(0), "{ok:?}");
@@ -242,14 +242,13 @@ fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
 fn check_passes_a_conforming_driver_and_explains_failures() {
     // The mount flow is among the required checks; as non-root flexd skips it, so fails.
     common::require_root!("needs root (flexd check runs the mount flow)");
-    let s = Sandbox::new();
-    let p = &s.plugin();
-    s.install_examples(&[
+    let s = Sandbox::with_examples(&[
         ("tmpfs/tmpfs", "acme~tmpfs"),
         ("quirks/usage-text", "q~usage-text"),
         ("quirks/log-lines", "q~log-lines"),
         ("quirks/empty-output", "q~empty-output"),
     ]);
+    let p = &s.plugin();
 
     let out = flexd(p, &["--output", "json", "check", "acme/tmpfs"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -401,31 +400,12 @@ unmount) echo '{"status":"Success"}';;"#,
     assert!(!table.contains("flexd-check-"), "{table}");
 }
 
-/// flexd with no flexd setting inherited from the environment the tests run in.
-fn flexd_clean_env() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flexd"));
-    for var in [
-        "FLEXD_PLUGIN_DIR",
-        "FLEXD_STATE_DIR",
-        "NODE_NAME",
-        "RUST_LOG",
-    ] {
-        command.env_remove(var);
-    }
-    command
-}
-
 /// An attachable sh driver whose isattached is `isattached` (a `case` branch body).
 fn install_attachable(plugin_dir: &Path, dir_name: &str, isattached: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = plugin_dir.join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(dir_name.rsplit('~').next().unwrap());
-    let script = format!(
-        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nisattached) {isattached};;\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n"
-    );
-    std::fs::write(&exe, script).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(plugin_dir.join(dir_name)).unwrap();
+    let init = common::init_case(r#"{"attach":true}"#);
+    let script = common::driver_script(&format!("{init}\nisattached) {isattached};;"));
+    common::write_exe(&common::executable_of(plugin_dir, dir_name), &script);
 }
 
 #[test]
@@ -438,9 +418,7 @@ fn state_dir_and_node_name_come_from_the_environment_unless_given() {
     let target = root.path().join("not-mounted");
 
     // FLEXD_STATE_DIR: where unmount takes its lock.
-    let out = flexd_clean_env()
-        .arg("--plugin-dir")
-        .arg(&plugin)
+    let out = flexd_command(&plugin)
         .env("FLEXD_STATE_DIR", &env_state)
         .args(["volume", "unmount", "--target"])
         .arg(&target)
@@ -449,9 +427,7 @@ fn state_dir_and_node_name_come_from_the_environment_unless_given() {
     assert!(out.status.success(), "{out:?}");
     assert!(env_state.join("locks").is_dir(), "FLEXD_STATE_DIR not used");
     // The flag beats the environment.
-    let out = flexd_clean_env()
-        .arg("--plugin-dir")
-        .arg(&plugin)
+    let out = flexd_command(&plugin)
         .env("FLEXD_STATE_DIR", root.path().join("unused"))
         .args(["volume", "unmount", "--state-dir"])
         .arg(&flag_state)
@@ -465,9 +441,7 @@ fn state_dir_and_node_name_come_from_the_environment_unless_given() {
 
     // NODE_NAME: the node attach and isattached act for.
     let isattached = |extra: &[&str]| {
-        let out = flexd_clean_env()
-            .arg("--plugin-dir")
-            .arg(&plugin)
+        let out = flexd_command(&plugin)
             .arg("--state-dir")
             .arg(&flag_state)
             .env("NODE_NAME", "node-from-env")
@@ -502,8 +476,7 @@ fn an_explicit_log_level_beats_rust_log() {
     let source = examples().join("tmpfs/tmpfs");
     // `install` logs "driver installed" at info.
     let install = |dir: &str, rust_log: Option<&str>, level: Option<&str>| {
-        let mut command = flexd_clean_env();
-        command.arg("--plugin-dir").arg(root.path().join(dir));
+        let mut command = flexd_command(&root.path().join(dir));
         if let Some(rust_log) = rust_log {
             command.env("RUST_LOG", rust_log);
         }
@@ -543,9 +516,7 @@ fn isattached_tells_not_attached_from_an_error() {
         r#"echo '{"status":"Failure","message":"backend down"}'; exit 1"#,
     );
     let isattached = |driver: &str| {
-        flexd_clean_env()
-            .arg("--plugin-dir")
-            .arg(&p)
+        flexd_command(&p)
             .arg("--state-dir")
             .arg(root.path().join("state"))
             .args(["--node-name", "node-1", "volume", "isattached"])
@@ -576,10 +547,8 @@ fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
     let state = root.path().join("state");
     let target = root.path().join("target");
     let unmount = || {
-        let mut command = flexd_clean_env();
+        let mut command = flexd_command(&root.path().join("plugins"));
         command
-            .arg("--plugin-dir")
-            .arg(root.path().join("plugins"))
             .arg("--state-dir")
             .arg(&state)
             .args(["volume", "unmount", "--target"])

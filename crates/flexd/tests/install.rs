@@ -242,14 +242,20 @@ fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
 /// source dir, good).
 fn good_driver_installed() -> (Sandbox, PathBuf, PathBuf) {
     let s = Sandbox::new();
-    let src = s.path("src");
-    std::fs::create_dir(&src).unwrap();
-    let good = src.join("good");
-    write_driver(&good, "good");
+    let (src, good) = good_source(&s);
     assert!(install_driver(&s.plugin(), "acme/drv", &good)
         .status
         .success());
     (s, src, good)
+}
+
+/// A source dir of its own in the sandbox, holding driver `good`: (source dir, good).
+fn good_source(s: &Sandbox) -> (PathBuf, PathBuf) {
+    let src = s.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let good = src.join("good");
+    write_driver(&good, "good");
+    (src, good)
 }
 
 #[test]
@@ -333,17 +339,16 @@ fn uninstall_removes_the_driver_and_refuses_an_absent_one() {
 
 #[test]
 fn then_sleep_stays_up_until_sigterm_and_exits_zero() {
-    let plugin = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    let good = src.path().join("good");
-    write_driver(&good, "good");
-    let mut child = common::flexd_command(plugin.path())
+    let s = Sandbox::new();
+    let (_, good) = good_source(&s);
+    let mut child = s
+        .command()
         .args(["install", "--then-sleep", "--driver", "acme/drv"])
         .arg(&good)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let installed = plugin.path().join("acme~drv/drv");
+    let installed = s.plugin().join("acme~drv/drv");
     common::wait_for_path(&installed);
     assert!(
         child.try_wait().unwrap().is_none(),

@@ -240,6 +240,11 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
     );
 }
 
+/// The code of a call that must fail.
+fn error_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> tonic::Code {
+    result.unwrap_err().code()
+}
+
 // ---- Node and Controller: real drivers, real mounts (root) ----
 
 fn fs_type_at(path: &Path) -> Option<String> {
@@ -510,39 +515,24 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
 
     let mut no_id = publish_request("", &target, Some(&staging));
     assert_eq!(
-        node.node_publish_volume(no_id.clone())
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_publish_volume(no_id.clone()).await),
         code
     );
     no_id.volume_id = "v".into();
     no_id.target_path.clear();
-    assert_eq!(
-        node.node_publish_volume(no_id).await.unwrap_err().code(),
-        code
-    );
+    assert_eq!(error_code(node.node_publish_volume(no_id).await), code);
     let mut no_cap = publish_request("v", &target, Some(&staging));
     no_cap.volume_capability = None;
-    assert_eq!(
-        node.node_publish_volume(no_cap).await.unwrap_err().code(),
-        code
-    );
+    assert_eq!(error_code(node.node_publish_volume(no_cap).await), code);
     let relative = publish_request("v", Path::new("relative/t"), Some(&staging));
-    assert_eq!(
-        node.node_publish_volume(relative).await.unwrap_err().code(),
-        code
-    );
+    assert_eq!(error_code(node.node_publish_volume(relative).await), code);
     let stage_without_path = csi::NodeStageVolumeRequest {
         volume_id: "v".into(),
         volume_capability: mount_capability("ext4", ""),
         ..Default::default()
     };
     assert_eq!(
-        node.node_stage_volume(stage_without_path)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_stage_volume(stage_without_path).await),
         code
     );
     let stage_without_cap = csi::NodeStageVolumeRequest {
@@ -551,10 +541,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
         ..Default::default()
     };
     assert_eq!(
-        node.node_stage_volume(stage_without_cap)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_stage_volume(stage_without_cap).await),
         code
     );
     let unstage_without_path = csi::NodeUnstageVolumeRequest {
@@ -562,10 +549,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
         ..Default::default()
     };
     assert_eq!(
-        node.node_unstage_volume(unstage_without_path)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_unstage_volume(unstage_without_path).await),
         code
     );
     let unpublish_without_target = csi::NodeUnpublishVolumeRequest {
@@ -573,10 +557,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
         ..Default::default()
     };
     assert_eq!(
-        node.node_unpublish_volume(unpublish_without_target)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_unpublish_volume(unpublish_without_target).await),
         code
     );
     let attach_without_node = csi::ControllerPublishVolumeRequest {
@@ -585,11 +566,11 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
         ..Default::default()
     };
     assert_eq!(
-        controller
-            .controller_publish_volume(attach_without_node)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(
+            controller
+                .controller_publish_volume(attach_without_node)
+                .await
+        ),
         code
     );
 
@@ -597,15 +578,12 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     // precondition failure, as CSI says.
     let unstaged = publish_request("v", &target, None);
     assert_eq!(
-        node.node_publish_volume(unstaged).await.unwrap_err().code(),
+        error_code(node.node_publish_volume(unstaged).await),
         tonic::Code::FailedPrecondition
     );
     let not_staged_yet = publish_request("v", &target, Some(&staging));
     assert_eq!(
-        node.node_publish_volume(not_staged_yet)
-            .await
-            .unwrap_err()
-            .code(),
+        error_code(node.node_publish_volume(not_staged_yet).await),
         tonic::Code::FailedPrecondition
     );
     assert!(!target.exists(), "a refused publish leaves nothing");

@@ -360,12 +360,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
 fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     common::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.path("pv.yaml");
-    std::fs::write(
-        &pv,
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n",
-    )
-    .unwrap();
+    let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n");
     let target = s.target("pv");
     let t = target.to_str().unwrap();
     let out = s.volume(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
@@ -670,12 +665,7 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
 fn secrets_from_a_kubernetes_secret_file() {
     common::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.path("pv.yaml");
-    std::fs::write(
-        &pv,
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n",
-    )
-    .unwrap();
+    let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n");
     let secret = s.path("secret.yaml");
     // data is base64 in a Secret ("czNjcjN0" is "s3cr3t"); stringData is plain.
     std::fs::write(

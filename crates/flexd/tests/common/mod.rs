@@ -20,9 +20,22 @@ pub use base::*;
 /// The flexd binary under test.
 pub const FLEXD: &str = env!("CARGO_BIN_EXE_flexd");
 
-/// `flexd --plugin-dir <plugin_dir>`, to add arguments to.
-pub fn flexd_command(plugin_dir: &Path) -> Command {
+/// `flexd`, with no flexd setting inherited from the environment the tests run in (its
+/// `FLEXD_*` variables, `NODE_NAME`, `RUST_LOG`): a test says what it wants.
+pub fn clean_flexd() -> Command {
     let mut command = Command::new(FLEXD);
+    for (var, _) in std::env::vars_os() {
+        let name = var.to_string_lossy();
+        if name.starts_with("FLEXD_") || name == "NODE_NAME" || name == "RUST_LOG" {
+            command.env_remove(&var);
+        }
+    }
+    command
+}
+
+/// `flexd --plugin-dir <plugin_dir>` (see `clean_flexd`), to add arguments to.
+pub fn flexd_command(plugin_dir: &Path) -> Command {
+    let mut command = clean_flexd();
     command.arg("--plugin-dir").arg(plugin_dir);
     command
 }
@@ -37,7 +50,7 @@ pub fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
 
 /// Runs `flexd <args>` (no plugin dir).
 pub fn run_flexd(args: &[&str]) -> Output {
-    Command::new(FLEXD).args(args).output().expect("flexd runs")
+    clean_flexd().args(args).output().expect("flexd runs")
 }
 
 /// Asserts that flexd succeeded, showing what it said otherwise.

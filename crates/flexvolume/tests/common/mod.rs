@@ -399,6 +399,20 @@ impl Sandbox {
         sandbox
     }
 
+    /// A sandbox with examples installed: each (source in `examples/drivers`, driver dir).
+    pub fn with_examples(examples: &[(&str, &str)]) -> Self {
+        let sandbox = Self::new();
+        sandbox.install_examples(examples);
+        sandbox
+    }
+
+    /// Writes file `name` in the sandbox; its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
