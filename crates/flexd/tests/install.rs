@@ -37,6 +37,15 @@ fn install_json(plugin_dir: &Path, source: &Path) -> std::process::Output {
     )
 }
 
+/// A sandbox with sources of versions v1 and v2 in its own dir (see `versions`).
+fn sandbox_with_versions(write: fn(&Path, &str)) -> (Sandbox, Vec<PathBuf>) {
+    let s = Sandbox::new();
+    let src = s.path("src");
+    std::fs::create_dir(&src).unwrap();
+    let sources = versions(&src, write);
+    (s, sources)
+}
+
 /// Sources of versions v1 and v2 in `dir`, each written by `write` (a file or a directory).
 fn versions(dir: &Path, write: fn(&Path, &str)) -> Vec<PathBuf> {
     ["v1", "v2"]
@@ -108,10 +117,8 @@ fn install_creates_then_atomically_replaces_a_driver() {
 
 #[test]
 fn a_reader_calling_the_driver_during_200_reinstalls_never_fails() {
-    let plugin = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    let sources = versions(src.path(), write_driver);
-    let p = plugin.path().to_owned();
+    let (s, sources) = sandbox_with_versions(write_driver);
+    let p = s.plugin();
     assert!(install_driver(&p, "acme/drv", &sources[0]).status.success());
     let exe = p.join("acme~drv/drv");
 
@@ -185,10 +192,8 @@ fn snapshot(driver_dir: &Path) -> Option<(String, String)> {
 
 #[test]
 fn a_directory_install_never_exposes_a_mix_of_old_and_new_files() {
-    let plugin = tempfile::tempdir().unwrap();
-    let src = tempfile::tempdir().unwrap();
-    let sources = versions(src.path(), write_driver_dir);
-    let p = plugin.path().to_owned();
+    let (s, sources) = sandbox_with_versions(write_driver_dir);
+    let p = s.plugin();
     let out = install_json(&p, &sources[0]);
     assert!(out.status.success(), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

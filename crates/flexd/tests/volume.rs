@@ -212,17 +212,20 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
     );
     let target = s.target("data");
     let t = target.to_str().unwrap();
-    let out = s.volume(&[
-        "--output",
-        "json",
-        "mount",
-        "--driver",
-        "acme/raw",
-        "--target",
-        t,
-        "--volume-name",
-        "v",
-    ]);
+    let mount = || {
+        s.volume(&[
+            "--output",
+            "json",
+            "mount",
+            "--driver",
+            "acme/raw",
+            "--target",
+            t,
+            "--volume-name",
+            "v",
+        ])
+    };
+    let out = mount();
     ok(&out);
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["formatted"], true);
@@ -235,17 +238,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
     ok(&s.volume_unmount(t));
     assert!(!target.exists());
 
-    let out = s.volume(&[
-        "--output",
-        "json",
-        "mount",
-        "--driver",
-        "acme/raw",
-        "--target",
-        t,
-        "--volume-name",
-        "v",
-    ]);
+    let out = mount();
     ok(&out);
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
