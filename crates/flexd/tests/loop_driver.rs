@@ -120,7 +120,7 @@ impl LoopSandbox {
     }
 
     fn unmount(&self, target: &Path) {
-        ok(&self.volume_unmount(&target));
+        ok(&self.volume_unmount(target));
     }
 
     /// Runs the installed driver itself, as kubelet would.

@@ -176,7 +176,7 @@ fn two_targets_share_the_device_until_the_last_unmount() {
     let s = Sandbox::with_driver("acme~block", ATTACHING);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.volume_mount("acme/block", &t, &["--volume-name", "shared"]));
+        ok(&s.volume_mount("acme/block", t, &["--volume-name", "shared"]));
     }
     std::fs::write(a.join("x"), "shared").unwrap();
     assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
@@ -837,7 +837,7 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
     assert!(killed > 0, "no kill landed inside an operation");
     // Restart: every volume is torn down by a normal run (after any orphaned driver is done).
     for (target, _) in &targets {
-        ok(&s.volume_unmount(&target));
+        ok(&s.volume_unmount(target));
     }
     let leaked = mounts_below(s.root());
     assert!(leaked.is_empty(), "leaked mounts: {leaked:?}");
@@ -925,7 +925,7 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
     assert_eq!(gid_mode(&policy.join("data/file")), (3000, 0o660));
 
     for t in [&owned, &opted_out, &read_only, &policy] {
-        ok(&s.volume_unmount(&t));
+        ok(&s.volume_unmount(t));
     }
 }
 
@@ -1092,7 +1092,7 @@ fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
-        ok(&s.volume_mount("acme/tmpfs", &t, &[]));
+        ok(&s.volume_mount("acme/tmpfs", t, &[]));
     }
     let versions = pinned_versions(&s.state());
     assert_eq!(versions.len(), 1, "one version, pinned once: {versions:?}");
