@@ -378,8 +378,16 @@ mod losetup {
     /// device that is still busy. Past the deadline the clear is left to the kernel.
     pub fn detach(device: &str) -> DriverResult<()> {
         run(&["--detach".as_ref(), device.as_ref()])?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while backing_file_text(device).is_some() && std::time::Instant::now() < deadline {
+        // With another opener (a blkid probe, a deferred close after umount) the kernel only
+        // sets autoclear and frees the device at the last close. Detach answers once it is
+        // free, or fails so that the caller retries: "detached" must mean the image is let go.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while backing_file_text(device).is_some() {
+            if std::time::Instant::now() >= deadline {
+                return Err(DriverError::failure(format!(
+                    "{device} is still in use 30 s after detach; retry"
+                )));
+            }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         Ok(())
