@@ -26,7 +26,9 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("flexd: error: {e:#}");
+            // Each cause once: many errors quote their source in their own message too.
+            let e: &(dyn std::error::Error + 'static) = e.as_ref();
+            eprintln!("flexd: error: {}", serve::status::message_of(e));
             ExitCode::from(1)
         }
     }

@@ -3,6 +3,11 @@
 //! Mounts go through the syscalls (rustix), not the `mount` command, so paths with spaces or
 //! options-looking names are never reinterpreted. Formatting shells out to `mkfs.<fs>` (the
 //! filesystems' own tools) and never runs on a device that already holds a filesystem.
+//!
+//! Every mount point is resolved by [`safe_path`] (no symlink followed anywhere) and mounted
+//! through its descriptor; unmounts refuse a path through a symlink and use `UMOUNT_NOFOLLOW`.
+
+pub mod safe_path;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -35,6 +40,8 @@ pub enum MountError {
     },
     #[error("filesystem type {0:?} is not supported here (no mkfs.{0})")]
     UnsupportedFs(String),
+    #[error(transparent)]
+    Path(#[from] safe_path::PathError),
 }
 
 /// One line of /proc/self/mountinfo, the fields we use.
@@ -100,36 +107,72 @@ pub fn mount_table() -> Result<Vec<MountInfo>, MountError> {
     Ok(parse_mountinfo(&text))
 }
 
-/// Whether something is mounted exactly at `path` (compared after resolving symlinks).
+/// Whether something is mounted exactly at `path`: the one answer to "is it mounted" in flexd.
+/// A path that does not exist is not; a path through a symlink is never reported mounted
+/// (flexd neither mounts nor unmounts through one), and a path that is not absolute or holds
+/// `..` is an error.
 pub fn is_mount_point(path: &Path) -> Result<bool, MountError> {
-    let resolved = path.canonicalize().unwrap_or_else(|_| path.to_owned());
-    Ok(mount_table()?.iter().any(|m| m.mount_point == resolved))
+    match safe_path::open(path) {
+        Ok(safe_path::Found::Present(fd)) => {
+            safe_path::is_mount_root(&fd, path).map_err(MountError::MountTable)
+        }
+        Ok(safe_path::Found::Absent)
+        | Err(safe_path::PathError::Symlink { .. } | safe_path::PathError::NotDirectory { .. }) => {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Bind-mounts `source` onto `target`, read-only when asked (bind, then remount read-only: a
-/// read-only bind needs both steps on Linux).
+/// read-only bind needs both steps on Linux). Both are resolved without following symlinks and
+/// mounted through their descriptors.
 pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
     let err = |error: rustix::io::Errno| MountError::Mount {
         source_path: source.display().to_string(),
         target: target.to_owned(),
         error: error.into(),
     };
-    rustix::mount::mount_bind(source, target).map_err(err)?;
+    let source_fd = safe_dir(source)?;
+    let target_fd = safe_dir(target)?;
+    rustix::mount::mount_bind(
+        safe_path::fd_path(&source_fd),
+        safe_path::fd_path(&target_fd),
+    )
+    .map_err(err)?;
+    drop(target_fd);
+    // The mount now on top of the target: what the remount and the propagation change act on.
+    let mounted = safe_dir(target)?;
+    let mounted_path = safe_path::fd_path(&mounted);
     if read_only {
         let flags = MountFlags::BIND | MountFlags::RDONLY;
-        if let Err(e) = rustix::mount::mount_remount(target, flags, "") {
+        if let Err(e) = rustix::mount::mount_remount(&mounted_path, flags, "") {
+            drop(mounted);
             let _ = unmount(target);
             return Err(err(e));
         }
     }
     // Volumes are private to their target: a mount made inside one never propagates elsewhere.
-    let _ = rustix::mount::mount_change(target, MountPropagationFlags::PRIVATE);
+    let _ = rustix::mount::mount_change(&mounted_path, MountPropagationFlags::PRIVATE);
     Ok(())
 }
 
-/// Unmounts `target`; not mounted (or absent) is success.
+/// The directory at `path`, opened without following symlinks; absent is an error here.
+fn safe_dir(path: &Path) -> Result<std::os::fd::OwnedFd, MountError> {
+    safe_path::open_dir(path)?.ok_or_else(|| MountError::Mount {
+        source_path: String::new(),
+        target: path.to_owned(),
+        error: io::Error::from(io::ErrorKind::NotFound),
+    })
+}
+
+/// Unmounts `target`; not mounted (or absent) is success. A path through a symlink is refused
+/// (a symlinked target is never flexd's mount), and the last component is not followed either.
 pub fn unmount(target: &Path) -> Result<(), MountError> {
-    match rustix::mount::unmount(target, UnmountFlags::empty()) {
+    if let safe_path::Found::Absent = safe_path::open(target)? {
+        return Ok(());
+    }
+    match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
         Err(e) => Err(MountError::Unmount {
@@ -178,6 +221,8 @@ pub fn format_and_mount(
     read_only: bool,
 ) -> Result<bool, MountError> {
     let fs_type = if fs_type.is_empty() { "ext4" } else { fs_type };
+    // Proven a plain directory (no symlink on the way) before anything is formatted.
+    let dir_fd = safe_dir(dir)?;
     let mut formatted = false;
     let existing = filesystem_of(device)?;
     if existing.is_none() {
@@ -215,7 +260,8 @@ pub fn format_and_mount(
     if read_only {
         flags |= MountFlags::RDONLY;
     }
-    rustix::mount::mount(device, dir, mounted_type.as_str(), flags, None).map_err(|e| {
+    let on = safe_path::fd_path(&dir_fd);
+    rustix::mount::mount(device, &on, mounted_type.as_str(), flags, None).map_err(|e| {
         MountError::Mount {
             source_path: device.display().to_string(),
             target: dir.to_owned(),

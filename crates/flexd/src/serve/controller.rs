@@ -20,7 +20,7 @@ use super::proto::csi::{
     ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
 };
-use super::request::{self, required};
+use super::request;
 
 pub struct ControllerService {
     pub driver: Arc<ServedDriver>,
@@ -35,8 +35,8 @@ impl Controller for ControllerService {
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let node = required(&req.node_id, "node_id")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let node = request::node_id(&req.node_id)?.to_owned();
         let spec = request::spec(
             &self.driver.name,
             &volume_id,
@@ -74,7 +74,7 @@ impl Controller for ControllerService {
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
         let driver = self.driver.name.clone();
@@ -115,7 +115,7 @@ impl Controller for ControllerService {
         request: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
         let req = request.into_inner();
-        required(&req.volume_id, "volume_id")?;
+        request::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument("volume_capabilities is required"));
         }

@@ -1,6 +1,9 @@
-//! Calls on one volume are serialized (CSI's rule; the CO may repeat a call while the first is
-//! still running). Different volumes proceed in parallel. The state dir's file locks serialize
-//! each path too, across processes; this adds the volume id, across paths.
+//! One call at a time per volume (CSI's rule; the CO may repeat a call while the first is still
+//! running): a second call for a volume whose operation is in flight is refused at once with
+//! ABORTED ("an operation is pending for this volume", as CSI asks), instead of waiting behind a
+//! call-out that may take minutes until the client's deadline. Different volumes proceed in
+//! parallel. The state dir's file locks serialize each path too, across processes; this adds
+//! the volume id, across paths.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,16 +25,18 @@ pub struct VolumeGuard {
 }
 
 impl VolumeLocks {
-    pub async fn lock(&self, volume_id: &str) -> VolumeGuard {
+    /// The volume's guard, or `None` while another call on it holds it.
+    pub fn try_lock(&self, volume_id: &str) -> Option<VolumeGuard> {
         let mutex = {
             let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
             table.entry(volume_id.to_owned()).or_default().clone()
         };
-        VolumeGuard {
-            guard: Some(mutex.lock_owned().await),
+        let guard = mutex.try_lock_owned().ok()?;
+        Some(VolumeGuard {
+            guard: Some(guard),
             id: volume_id.to_owned(),
             table: self.table.clone(),
-        }
+        })
     }
 
     #[cfg(test)]
@@ -58,16 +63,19 @@ impl Drop for VolumeGuard {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn one_volume_waits_others_do_not_and_entries_are_dropped() {
+    #[test]
+    fn a_held_volume_refuses_others_do_not_and_entries_are_dropped() {
         let locks = VolumeLocks::default();
-        let a = locks.lock("a").await;
-        let again = tokio::time::timeout(std::time::Duration::from_millis(50), locks.lock("a"));
-        assert!(again.await.is_err(), "a second call on a held volume waits");
-        let b = locks.lock("b").await;
+        let a = locks.try_lock("a").unwrap();
+        assert!(
+            locks.try_lock("a").is_none(),
+            "a second call on a held volume is refused"
+        );
+        let b = locks.try_lock("b").unwrap();
         drop(a);
-        let a = locks.lock("a").await;
+        let a = locks.try_lock("a").unwrap();
         drop((a, b));
         assert_eq!(locks.len(), 0);
+        assert!(locks.try_lock("a").is_some());
     }
 }

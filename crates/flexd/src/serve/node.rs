@@ -21,7 +21,7 @@ use super::proto::csi::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeUsage,
 };
-use super::request::{self, required};
+use super::request;
 use super::status;
 
 /// The key of the publish context that carries the device attach returned.
@@ -44,13 +44,17 @@ pub fn ready_plugin(driver: &ServedDriver) -> Result<Arc<Plugin>, Status> {
 }
 
 /// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if the
-/// caller gives up waiting).
+/// caller gives up waiting); ABORTED at once while another call on the volume runs.
 pub async fn run_locked<T: Send + 'static>(
     locks: &VolumeLocks,
     volume_id: &str,
     operation: impl FnOnce() -> Result<T, LifecycleError> + Send + 'static,
 ) -> Result<T, Status> {
-    let guard = locks.lock(volume_id).await;
+    let guard = locks.try_lock(volume_id).ok_or_else(|| {
+        Status::aborted(format!(
+            "an operation is pending for volume {volume_id}: retry when it has finished"
+        ))
+    })?;
     tokio::task::spawn_blocking(move || {
         let result = operation();
         drop(guard);
@@ -78,8 +82,8 @@ impl Node for NodeService {
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let staging = required(&req.staging_target_path, "staging_target_path")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
         let spec = request::spec(
             &self.driver.name,
             &volume_id,
@@ -120,12 +124,13 @@ impl Node for NodeService {
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let staging = required(&req.staging_target_path, "staging_target_path")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
+        let id = volume_id.clone();
         let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.unstage(Path::new(&staging), &resolver)
+            lifecycle.unstage_volume(&id, Path::new(&staging), &resolver)
         })
         .await?;
         tracing::info!(driver = %self.driver.name, volume = %volume_id, staging = %outcome.target.display(), managed = outcome.managed, "NodeUnstageVolume");
@@ -137,8 +142,8 @@ impl Node for NodeService {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let target = required(&req.target_path, "target_path")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let target = request::path(&req.target_path, "target_path")?.to_owned();
         let spec = request::spec(
             &self.driver.name,
             &volume_id,
@@ -157,7 +162,7 @@ impl Node for NodeService {
                     "staging_target_path is required: this driver attaches, so its volumes are staged first",
                 ));
             }
-            Some(req.staging_target_path.clone())
+            Some(request::path(&req.staging_target_path, "staging_target_path")?.to_owned())
         } else {
             None
         };
@@ -185,12 +190,13 @@ impl Node for NodeService {
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let target = required(&req.target_path, "target_path")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let target = request::path(&req.target_path, "target_path")?.to_owned();
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
+        let id = volume_id.clone();
         let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.unpublish(Path::new(&target), &resolver)
+            lifecycle.unpublish_volume(&id, Path::new(&target), &resolver)
         })
         .await?;
         tracing::info!(driver = %self.driver.name, volume = %volume_id, target = %outcome.target.display(), managed = outcome.managed, "NodeUnpublishVolume");
@@ -202,8 +208,8 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        required(&req.volume_id, "volume_id")?;
-        let path = required(&req.volume_path, "volume_path")?.to_owned();
+        request::volume_id(&req.volume_id)?;
+        let path = request::path(&req.volume_path, "volume_path")?.to_owned();
         if !ready_plugin(&self.driver)?.capabilities.supports_metrics {
             return Err(Status::unimplemented(format!(
                 "driver {} does not support metrics (supportsMetrics: false)",
@@ -250,8 +256,8 @@ impl Node for NodeService {
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
-        let volume_path = required(&req.volume_path, "volume_path")?;
+        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let volume_path = request::path(&req.volume_path, "volume_path")?;
         let new_bytes = req
             .capacity_range
             .as_ref()
@@ -262,7 +268,7 @@ impl Node for NodeService {
         let recorded = if req.staging_target_path.is_empty() {
             volume_path.to_owned()
         } else {
-            req.staging_target_path.clone()
+            request::path(&req.staging_target_path, "staging_target_path")?.to_owned()
         };
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());

@@ -5,6 +5,11 @@
 //! keys kubelet adds, which become the pod information mount receives; the mount capability's
 //! `fs_type` is `fsType`; `readonly` or a read-only access mode is `readOnly`; the request's
 //! secrets are the secret values (mount gets them as `kubernetes.io/secret/<key>`, base64).
+//!
+//! Everything a client sends is bounded and checked here, before any lock, record or exec:
+//! CSI's general size limits (128 bytes for a string id, 192 for a node id, 4 KiB for a map:
+//! volume context and secrets), `PATH_MAX` for paths, no NUL byte anywhere, and a volume id
+//! that is safe as a name (see [`volume_id`]). Each violation is INVALID_ARGUMENT.
 
 use std::collections::HashMap;
 
@@ -15,6 +20,83 @@ use super::proto::csi::{volume_capability, VolumeCapability};
 
 /// Keys kubelet adds to the volume context (podInfoOnMount), not the driver's options.
 pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// CSI's general limit for a string field (the volume id).
+pub const MAX_ID_BYTES: usize = 128;
+/// CSI's limit for a node id (raised from 128 in CSI 1.4).
+pub const MAX_NODE_ID_BYTES: usize = 192;
+/// CSI's general limit for a map field (volume context, secrets): keys and values together.
+pub const MAX_MAP_BYTES: usize = 4096;
+
+/// The volume id, which becomes the volume's name (`kubernetes.io/pvOrVolumeName`) and so a
+/// name the driver and flexd use in paths and commands. CSI calls it opaque, but a FlexVolume
+/// volume name is a Kubernetes object name (a PV or pod volume name), which never holds `/` or
+/// control characters and is never `.` or `..`; an id that does is refused here rather than
+/// handed to a driver that would build `<dir>/../escape` from it. At most 128 bytes (CSI).
+pub fn volume_id(value: &str) -> Result<&str, Status> {
+    let value = required(value, "volume_id")?;
+    let refuse = |why: &str| {
+        Err(Status::invalid_argument(format!(
+            "volume_id {}: {why}",
+            shown(value)
+        )))
+    };
+    if value.len() > MAX_ID_BYTES {
+        return refuse(&format!(
+            "is {} bytes; the limit is {MAX_ID_BYTES} (CSI's string field limit)",
+            value.len()
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return refuse("contains a control character (or NUL)");
+    }
+    if value.contains('/') {
+        return refuse("contains '/': a volume name is one path component");
+    }
+    if value == "." || value == ".." {
+        return refuse("is not a name");
+    }
+    Ok(value)
+}
+
+/// The node id: at most 192 bytes (CSI 1.4+), no control characters.
+pub fn node_id(value: &str) -> Result<&str, Status> {
+    let value = required(value, "node_id")?;
+    if value.len() > MAX_NODE_ID_BYTES || value.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "node_id {}: at most {MAX_NODE_ID_BYTES} bytes, no control characters",
+            shown(value)
+        )));
+    }
+    Ok(value)
+}
+
+/// A required path: absolute, no NUL byte, no `..`, at most `PATH_MAX` bytes. (CSI 1.4 lifted
+/// the 128-byte limit from paths; the kernel's is the one that matters.)
+pub fn path<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+    let value = required(value, field)?;
+    flexvolume::mount::safe_path::check(std::path::Path::new(value))
+        .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))?;
+    Ok(value)
+}
+
+/// A map within CSI's 4 KiB (keys and values together).
+fn bounded_map(map: &HashMap<String, String>, field: &str) -> Result<(), Status> {
+    let size: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_MAP_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "{field} is {size} bytes (keys and values); the limit is {MAX_MAP_BYTES} (CSI's map field limit)"
+        )));
+    }
+    Ok(())
+}
+
+/// At most this much of a hostile value goes into an error message.
+fn shown(value: &str) -> String {
+    let cut: String = value.chars().take(64).collect();
+    let tail = if cut.len() < value.len() { "…" } else { "" };
+    format!("{:?}{tail}", cut)
+}
 
 /// A required string field, or InvalidArgument naming it.
 pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
@@ -58,6 +140,9 @@ pub fn spec(
     context: &HashMap<String, String>,
     secrets: &HashMap<String, String>,
 ) -> Result<VolumeSpec, Status> {
+    let volume_id = self::volume_id(volume_id)?;
+    bounded_map(context, "volume_context")?;
+    bounded_map(secrets, "secrets")?;
     let (capability, mount) = mount_capability(capability)?;
     let mut spec = VolumeSpec::new(volume_id.to_owned(), driver.clone());
     spec.fs_type = mount.fs_type.clone();
@@ -183,5 +268,41 @@ mod tests {
             required("", "volume_id").unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn ids_paths_and_maps_are_bounded() {
+        let bad = tonic::Code::InvalidArgument;
+        for id in ["../escape", "a/b", ".", "..", "nul\0x", "tab\tx"] {
+            assert_eq!(volume_id(id).unwrap_err().code(), bad, "{id:?}");
+        }
+        assert_eq!(volume_id(&"v".repeat(129)).unwrap_err().code(), bad);
+        assert_eq!(volume_id(&"v".repeat(128)).unwrap(), "v".repeat(128));
+        assert_eq!(volume_id("pvc-1.a_b~c").unwrap(), "pvc-1.a_b~c");
+        let huge = "x".repeat(1 << 20);
+        let err = volume_id(&huge).unwrap_err();
+        assert!(
+            err.message().len() < 300,
+            "a hostile id is not echoed whole"
+        );
+        assert_eq!(node_id(&"n".repeat(193)).unwrap_err().code(), bad);
+        for p in ["rel/x", "/a/\0/b", "/a/../b"] {
+            assert_eq!(path(p, "target_path").unwrap_err().code(), bad, "{p:?}");
+        }
+        assert_eq!(
+            path(&format!("/{}", "x".repeat(5000)), "t")
+                .unwrap_err()
+                .code(),
+            bad
+        );
+        let driver = DriverName::parse("acme/nfs").unwrap();
+        let cap = mount_cap("");
+        let none = HashMap::new();
+        let big = HashMap::from([("k".to_owned(), "v".repeat(4096))]);
+        for (context, secrets) in [(&big, &none), (&none, &big)] {
+            let err = spec(&driver, "v", Some(&cap), false, context, secrets).unwrap_err();
+            assert_eq!(err.code(), bad);
+            assert!(!err.message().contains("vvvv"), "values are not echoed");
+        }
     }
 }

@@ -4,22 +4,35 @@
 //! by the runner, and nothing here prints a spec's secret values.
 
 use flexvolume::lifecycle::LifecycleError;
+use flexvolume::mount::safe_path::PathError;
+use flexvolume::mount::MountError;
 use flexvolume::runner::CallError;
 use tonic::{Code, Status};
 
 /// The CSI code for a lifecycle error.
 pub fn code_of(error: &LifecycleError) -> Code {
     match error {
-        LifecycleError::VolumeName(_) | LifecycleError::RelativeTarget { .. } => {
-            Code::InvalidArgument
-        }
+        // The request itself is unusable: a malformed path or name, paths that overlap (a
+        // target inside a staging path or flexd's state dir), arguments no exec can carry.
+        LifecycleError::VolumeName(_)
+        | LifecycleError::RelativeTarget { .. }
+        | LifecycleError::Overlaps { .. }
+        | LifecycleError::Call(CallError::Arguments { .. }) => Code::InvalidArgument,
+        LifecycleError::Path(e) | LifecycleError::Mount(MountError::Path(e)) => path_code(e),
+        // The same volume at the same path with other settings: CSI's incompatible republish.
+        LifecycleError::Incompatible { .. } => Code::AlreadyExists,
         LifecycleError::NotManaged { .. } => Code::NotFound,
         LifecycleError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Code::NotFound
         }
         // The volume is not in the state the call needs: not staged, recorded by another
         // operation, its driver gone, or no device for a default to work on.
+        // A path that holds someone else's mount or another volume, a staging path still
+        // published: nothing in the request is wrong, the node is not in the state it needs.
         LifecycleError::NotStaged { .. }
+        | LifecycleError::ForeignMount { .. }
+        | LifecycleError::TargetInUse { .. }
+        | LifecycleError::StagingInUse { .. }
         | LifecycleError::WrongRole { .. }
         | LifecycleError::NoDriver { .. }
         | LifecycleError::NoDevice { .. } => Code::FailedPrecondition,
@@ -31,6 +44,24 @@ pub fn code_of(error: &LifecycleError) -> Code {
         | LifecycleError::State(_)
         | LifecycleError::Io { .. }
         | LifecycleError::Ownership { .. } => Code::Internal,
+    }
+}
+
+/// A malformed path (relative, NUL, `..`, too long) is the request's fault: INVALID_ARGUMENT.
+/// A well-formed path that leads through a symlink or a non-directory is refused as the state
+/// of the node, not of the request: FAILED_PRECONDITION (a CO retry cannot fix it; whoever
+/// planted the symlink must remove it).
+fn path_code(error: &PathError) -> Code {
+    if error.is_malformed() {
+        Code::InvalidArgument
+    } else if let PathError::Io { source, .. } = error {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Code::NotFound
+        } else {
+            Code::Internal
+        }
+    } else {
+        Code::FailedPrecondition
     }
 }
 
@@ -110,7 +141,47 @@ mod tests {
                 Code::Internal,
             ),
         ];
-        for (error, code) in cases {
+        let more = [
+            (
+                LifecycleError::Path(PathError::Symlink {
+                    path: PathBuf::from("/t/l"),
+                    component: PathBuf::from("/t/l"),
+                }),
+                Code::FailedPrecondition,
+            ),
+            (
+                LifecycleError::Mount(MountError::Path(PathError::DotDot {
+                    path: "/a/..".into(),
+                })),
+                Code::InvalidArgument,
+            ),
+            (
+                LifecycleError::ForeignMount {
+                    target: PathBuf::from("/t"),
+                    volume: "v".into(),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                LifecycleError::Incompatible {
+                    target: PathBuf::from("/t"),
+                    volume: "v".into(),
+                    what: "access",
+                    found: "read-write".into(),
+                    requested: "read-only".into(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                LifecycleError::Call(CallError::Arguments {
+                    path: PathBuf::from("/d"),
+                    kind: flexvolume::protocol::CallOutKind::Mount,
+                    reason: "too long".into(),
+                }),
+                Code::InvalidArgument,
+            ),
+        ];
+        for (error, code) in cases.into_iter().chain(more) {
             let status = from_lifecycle(&error);
             assert_eq!(status.code(), code, "{error}");
             assert!(!status.message().is_empty());

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{io_err, Lifecycle, LifecycleError};
+use super::{Lifecycle, LifecycleError};
 use crate::mount;
 use crate::options::Options;
 use crate::plugin::Plugin;
@@ -11,33 +11,49 @@ use crate::protocol::CallOut;
 use crate::runner::CallError;
 use crate::spec::VolumeSpec;
 
-/// Attaches the volume to `node` (the controller manager's side). Default: device "".
-pub fn attach(
-    lc: &Lifecycle,
-    plugin: &Plugin,
-    spec: &VolumeSpec,
-    node: &str,
-) -> Result<String, LifecycleError> {
-    let options = Options::for_volume(spec);
-    match plugin.call(&lc.runner, &CallOut::attach(&options, node)) {
-        Ok(reply) => Ok(reply.device.unwrap_or_default()),
-        Err(e) if e.is_not_supported() => Ok(String::new()),
-        Err(e) => Err(e.into()),
+impl Lifecycle {
+    /// Attaches a volume to `node`, as the controller manager does; returns the device ("" when
+    /// the driver does not know it yet, or does not attach: the default).
+    pub fn attach(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<String, LifecycleError> {
+        let options = Options::for_volume(spec);
+        match plugin.call(&self.runner, &CallOut::attach(&options, node)) {
+            Ok(reply) => Ok(reply.device.unwrap_or_default()),
+            Err(e) if e.is_not_supported() => Ok(String::new()),
+            Err(e) => Err(e.into()),
+        }
     }
-}
 
-/// Whether the volume is attached to `node`. Default: attached (kubelet assumes so).
-pub fn is_attached(
-    lc: &Lifecycle,
-    plugin: &Plugin,
-    spec: &VolumeSpec,
-    node: &str,
-) -> Result<bool, LifecycleError> {
-    let options = Options::for_volume(spec);
-    match plugin.call(&lc.runner, &CallOut::is_attached(&options, node)) {
-        Ok(reply) => Ok(reply.attached.unwrap_or(false)),
-        Err(e) if e.is_not_supported() => Ok(true),
-        Err(e) => Err(e.into()),
+    /// Whether a volume is attached to `node`. Default: attached (kubelet assumes so).
+    pub fn is_attached(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<bool, LifecycleError> {
+        let options = Options::for_volume(spec);
+        match plugin.call(&self.runner, &CallOut::is_attached(&options, node)) {
+            Ok(reply) => Ok(reply.attached.unwrap_or(false)),
+            Err(e) if e.is_not_supported() => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Detaches a volume from `node` under the name kubelet gives detach (getvolumename's
+    /// answer, `/` as `~`). Returns that name and whether the driver's detach ran.
+    pub fn detach(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<(String, bool), LifecycleError> {
+        let name = detach_name(self, plugin, spec)?;
+        let ran = detach(self, plugin, &name, node)?;
+        Ok((name, ran))
     }
 }
 
@@ -48,7 +64,7 @@ pub fn attach_and_wait(
     plugin: &Plugin,
     spec: &VolumeSpec,
 ) -> Result<String, LifecycleError> {
-    let device = attach(lc, plugin, spec, &lc.node)?;
+    let device = lc.attach(plugin, spec, &lc.node)?;
     wait_for_attach(lc, plugin, spec, device)
 }
 
@@ -77,7 +93,7 @@ pub fn mount_device(
     device: &str,
     dir: &Path,
 ) -> Result<bool, LifecycleError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    super::target::create(dir)?;
     if mount::is_mount_point(dir)? {
         return Ok(false);
     }
@@ -123,11 +139,8 @@ pub fn detach_name(
 /// Unmounts the device mount dir (default: plain unmount) and removes it.
 pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(), LifecycleError> {
     unmount_device_keep_dir(lc, plugin, dir)?;
-    match std::fs::remove_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err(dir)(e)),
-    }
+    crate::mount::safe_path::remove_dir(dir)?;
+    Ok(())
 }
 
 /// Unmounts the device mount dir (default: plain unmount), leaving the directory: a CSI
@@ -137,7 +150,7 @@ pub fn unmount_device_keep_dir(
     plugin: &Plugin,
     dir: &Path,
 ) -> Result<(), LifecycleError> {
-    if dir.exists() && mount::is_mount_point(dir)? {
+    if mount::is_mount_point(dir)? {
         match plugin.call(&lc.runner, &CallOut::unmount_device(dir)) {
             Ok(_) => {}
             Err(e) if e.is_not_supported() => mount::unmount(dir)?,

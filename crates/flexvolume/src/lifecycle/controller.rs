@@ -7,66 +7,70 @@ use super::attacher;
 use super::{Lifecycle, LifecycleError};
 use crate::state::{Role, Stage, VolumeRecord};
 
-/// Where the attach record of a volume on a node is kept (a name, never a mount point).
-pub fn attachment_key(
-    lc: &Lifecycle,
-    driver: &crate::name::DriverName,
-    volume_id: &str,
-    node: &str,
-) -> Result<std::path::PathBuf, LifecycleError> {
-    Ok(lc
-        .state
-        .root
-        .join("attachments")
-        .join(driver.dir_name())
-        .join(super::path_component(volume_id)?)
-        .join(super::path_component(node)?))
-}
-
-/// CSI ControllerPublish: attach, recorded (with the name detach will need: ControllerUnpublish
-/// carries no volume context) before the driver runs. A recorded attachment is not redone.
-pub fn controller_publish(
-    lc: &Lifecycle,
-    plugin: &crate::plugin::Plugin,
-    spec: &crate::spec::VolumeSpec,
-    node: &str,
-) -> Result<super::AttachOutcome, LifecycleError> {
-    let key = attachment_key(lc, &spec.driver, &spec.volume_name, node)?;
-    let key_lock = lc.state.lock(&key)?;
-    let lc = &lc.holding(&[&key_lock]);
-    if let Some(record) = lc.state.load(&key)?.filter(|r| r.stage == Stage::Mounted) {
-        return Ok(super::AttachOutcome {
-            device: record.device.unwrap_or_default(),
-            attached_now: false,
-        });
+impl Lifecycle {
+    /// Where the attach record of a volume on a node is kept (a name, never a mount point).
+    pub(super) fn attachment_key(
+        &self,
+        driver: &crate::name::DriverName,
+        volume_id: &str,
+        node: &str,
+    ) -> Result<std::path::PathBuf, LifecycleError> {
+        Ok(self
+            .state
+            .root
+            .join("attachments")
+            .join(driver.dir_name())
+            .join(super::path_component(volume_id)?)
+            .join(super::path_component(node)?))
     }
-    let detach_name = attacher::detach_name(lc, plugin, spec)?;
-    let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
-    let mut record = VolumeRecord {
-        target: key.clone(),
-        driver: spec.driver.clone(),
-        volume_name: spec.volume_name.clone(),
-        fs_type: spec.fs_type.clone(),
-        read_only: spec.read_only,
-        options: spec.options.clone(),
-        attachable: true,
-        node: node.to_owned(),
-        device: None,
-        device_mount_dir: None,
-        detach_name,
-        pinned: Some(pinned),
-        created_target: false,
-        stage: Stage::Mounting,
-        role: Role::Attach,
-    };
-    // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
-    lc.state.save(&record)?;
-    let device = attacher::attach(lc, plugin, spec, node)?;
-    record.device = Some(device.clone()).filter(|d| !d.is_empty());
-    record.stage = Stage::Mounted;
-    lc.state.save(&record)?;
-    Ok(super::AttachOutcome {
-        device,
-        attached_now: true,
-    })
+
+    /// CSI ControllerPublish: attach, recorded (with the name detach will need: ControllerUnpublish
+    /// carries no volume context) before the driver runs, so that
+    /// [`Lifecycle::controller_unpublish`] detaches it under the same name. A recorded attachment
+    /// is not redone.
+    pub fn controller_publish(
+        &self,
+        plugin: &crate::plugin::Plugin,
+        spec: &crate::spec::VolumeSpec,
+        node: &str,
+    ) -> Result<super::AttachOutcome, LifecycleError> {
+        let key = self.attachment_key(&spec.driver, &spec.volume_name, node)?;
+        let key_lock = self.state.lock(&key)?;
+        let lc = &self.holding(&[&key_lock]);
+        if let Some(record) = lc.state.load(&key)?.filter(|r| r.stage == Stage::Mounted) {
+            return Ok(super::AttachOutcome {
+                device: record.device.unwrap_or_default(),
+                attached_now: false,
+            });
+        }
+        let detach_name = attacher::detach_name(lc, plugin, spec)?;
+        let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+        let mut record = VolumeRecord {
+            target: key.clone(),
+            driver: spec.driver.clone(),
+            volume_name: spec.volume_name.clone(),
+            fs_type: spec.fs_type.clone(),
+            read_only: spec.read_only,
+            options: spec.options.clone(),
+            attachable: true,
+            node: node.to_owned(),
+            device: None,
+            device_mount_dir: None,
+            detach_name,
+            pinned: Some(pinned),
+            created_target: false,
+            stage: Stage::Mounting,
+            role: Role::Attach,
+        };
+        // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
+        lc.state.save(&record)?;
+        let device = lc.attach(plugin, spec, node)?;
+        record.device = Some(device.clone()).filter(|d| !d.is_empty());
+        record.stage = Stage::Mounted;
+        lc.state.save(&record)?;
+        Ok(super::AttachOutcome {
+            device,
+            attached_now: true,
+        })
+    }
 }

@@ -32,7 +32,34 @@ pub fn filesystem_bytes(dir: &Path) -> Result<u64, LifecycleError> {
     Ok(stat.f_blocks.saturating_mul(stat.f_frsize))
 }
 
-pub fn expand(
+impl Lifecycle {
+    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
+    pub fn expand(
+        &self,
+        target: &Path,
+        new_bytes: u64,
+        resolve: &dyn super::DriverResolver,
+    ) -> Result<ExpandOutcome, LifecycleError> {
+        self.with_managed(target, resolve, |lc, plugin, record| {
+            expand(lc, plugin, record, new_bytes)
+        })
+    }
+
+    /// CSI NodeExpandVolume: expandfs (default: grow the filesystem) of the volume recorded
+    /// at `target` (a staging path or a published target), to `new_bytes`.
+    pub fn expand_fs(
+        &self,
+        target: &Path,
+        new_bytes: u64,
+        resolve: &dyn super::DriverResolver,
+    ) -> Result<ExpandOutcome, LifecycleError> {
+        self.with_managed(target, resolve, |lc, plugin, record| {
+            expand_fs_only(lc, plugin, record, new_bytes)
+        })
+    }
+}
+
+fn expand(
     lc: &Lifecycle,
     plugin: &Plugin,
     record: &VolumeRecord,
@@ -64,7 +91,7 @@ pub fn expand(
 }
 
 /// expandfs alone (CSI: the controller side grew the volume already).
-pub fn expand_fs_only(
+fn expand_fs_only(
     lc: &Lifecycle,
     plugin: &Plugin,
     record: &VolumeRecord,

@@ -17,6 +17,12 @@
 //! staging path), publish (mount, default a bind of the staging path) and back. Teardown
 //! follows the record's role, and [`Lifecycle::reconcile`] squares records with the mount table
 //! after a crash.
+//!
+//! Every target and staging path is resolved by [`crate::mount::safe_path`] (no symlink
+//! followed anywhere, `..` refused) before anything is created, mounted or removed there, and a
+//! path belongs to one volume: a mount flexd did not make is never reported as a volume, a path
+//! recorded for one volume refuses another, and a repeat with other settings is refused.
+//! Each operation is one `impl Lifecycle` block in its own file.
 
 mod attacher;
 mod controller;
@@ -24,10 +30,12 @@ mod expander;
 mod mounter;
 mod reconcile;
 mod stager;
+mod target;
 mod unmounter;
 
 use std::path::{Path, PathBuf};
 
+use crate::mount::safe_path::PathError;
 use crate::mount::MountError;
 use crate::name::DriverName;
 use crate::plugin::Plugin;
@@ -77,6 +85,40 @@ pub enum LifecycleError {
     NotStaged { staging: PathBuf },
     #[error("{target} is not a volume flexd manages (no record in the state dir)")]
     NotManaged { target: PathBuf },
+    /// A path that is malformed (relative, NUL, `..`, too long) or that leads through a symlink
+    /// or a non-directory.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error("{target} is already a mount point flexd did not make (no record of it): refusing to report someone else's filesystem as volume {volume}")]
+    ForeignMount { target: PathBuf, volume: String },
+    #[error("{target} holds volume {found}, not {requested}")]
+    TargetInUse {
+        target: PathBuf,
+        found: String,
+        requested: String,
+    },
+    #[error(
+        "volume {volume} is already at {target} with another {what}: {found} (asked: {requested})"
+    )]
+    Incompatible {
+        target: PathBuf,
+        volume: String,
+        what: &'static str,
+        found: String,
+        requested: String,
+    },
+    #[error("{path} is {relation} {what} {other}; a volume path may not overlap it")]
+    Overlaps {
+        path: PathBuf,
+        relation: &'static str,
+        what: &'static str,
+        other: PathBuf,
+    },
+    #[error("staging path {staging} is still published at {}: unpublish those first", .targets.iter().map(|t| t.display().to_string()).collect::<Vec<_>>().join(", "))]
+    StagingInUse {
+        staging: PathBuf,
+        targets: Vec<PathBuf>,
+    },
 }
 
 /// The lifecycle of volumes on one node.
@@ -198,45 +240,6 @@ impl Lifecycle {
             .join(path_component(volume_name)?))
     }
 
-    /// Attach (when the driver attaches), mount the device, mount the target.
-    pub fn mount(&self, request: &MountRequest<'_>) -> Result<MountOutcome, LifecycleError> {
-        mounter::mount(self, request)
-    }
-
-    /// Attaches a volume to `node`, as the controller manager does; returns the device ("" when
-    /// the driver does not know it yet, or does not attach).
-    pub fn attach(
-        &self,
-        plugin: &Plugin,
-        spec: &VolumeSpec,
-        node: &str,
-    ) -> Result<String, LifecycleError> {
-        attacher::attach(self, plugin, spec, node)
-    }
-
-    /// Whether a volume is attached to `node`.
-    pub fn is_attached(
-        &self,
-        plugin: &Plugin,
-        spec: &VolumeSpec,
-        node: &str,
-    ) -> Result<bool, LifecycleError> {
-        attacher::is_attached(self, plugin, spec, node)
-    }
-
-    /// Detaches a volume from `node` under the name kubelet gives detach (getvolumename's
-    /// answer, `/` as `~`). Returns that name and whether the driver's detach ran.
-    pub fn detach(
-        &self,
-        plugin: &Plugin,
-        spec: &VolumeSpec,
-        node: &str,
-    ) -> Result<(String, bool), LifecycleError> {
-        let name = attacher::detach_name(self, plugin, spec)?;
-        let ran = attacher::detach(self, plugin, &name, node)?;
-        Ok((name, ran))
-    }
-
     /// Runs `f` on the recorded volume at `target` and its plugin, under the target's lock.
     fn with_managed<T>(
         &self,
@@ -254,104 +257,6 @@ impl Lifecycle {
             })?;
         let plugin = unmounter::plugin_of(resolve, &record)?;
         f(&lc, &plugin, &record)
-    }
-
-    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
-    pub fn expand(
-        &self,
-        target: &Path,
-        new_bytes: u64,
-        resolve: &dyn DriverResolver,
-    ) -> Result<ExpandOutcome, LifecycleError> {
-        self.with_managed(target, resolve, |lc, plugin, record| {
-            expander::expand(lc, plugin, record, new_bytes)
-        })
-    }
-
-    /// Tears down exactly what was done for `target`, whichever operation did it
-    /// ([`Lifecycle::mount`], [`Lifecycle::stage`], [`Lifecycle::publish`]).
-    pub fn unmount(
-        &self,
-        target: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        unmounter::teardown(self, target, resolve, None)
-    }
-
-    /// CSI NodeStage: waitforattach, then mountdevice onto the staging path.
-    pub fn stage(&self, request: &StageRequest<'_>) -> Result<StageOutcome, LifecycleError> {
-        stager::stage(self, request)
-    }
-
-    /// CSI NodeUnstage: unmountdevice of the staging path (no detach: that is the
-    /// controller's). A path flexd has no record of is left alone (success).
-    pub fn unstage(
-        &self,
-        staging: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        unmounter::teardown(self, staging, resolve, Some(Role::Stage))
-    }
-
-    /// CSI NodePublish: the driver's mount onto the target, or a bind of `staging` (an
-    /// attachable driver's staged device); then the fsGroup ownership pass.
-    pub fn publish(
-        &self,
-        request: &MountRequest<'_>,
-        staging: Option<&Path>,
-    ) -> Result<MountOutcome, LifecycleError> {
-        mounter::publish(self, request, staging)
-    }
-
-    /// CSI NodeExpandVolume: expandfs (default: grow the filesystem) of the volume recorded
-    /// at `target` (a staging path or a published target), to `new_bytes`.
-    pub fn expand_fs(
-        &self,
-        target: &Path,
-        new_bytes: u64,
-        resolve: &dyn DriverResolver,
-    ) -> Result<ExpandOutcome, LifecycleError> {
-        self.with_managed(target, resolve, |lc, plugin, record| {
-            expander::expand_fs_only(lc, plugin, record, new_bytes)
-        })
-    }
-
-    /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).
-    pub fn unpublish(
-        &self,
-        target: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        unmounter::teardown(self, target, resolve, Some(Role::Publish))
-    }
-
-    /// CSI ControllerPublish: attach `spec` to `node`, recorded so that
-    /// [`Lifecycle::controller_unpublish`] can detach it under the same name.
-    pub fn controller_publish(
-        &self,
-        plugin: &Plugin,
-        spec: &VolumeSpec,
-        node: &str,
-    ) -> Result<AttachOutcome, LifecycleError> {
-        controller::controller_publish(self, plugin, spec, node)
-    }
-
-    /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
-    /// attachment flexd has no record of is not detached again (success).
-    pub fn controller_unpublish(
-        &self,
-        driver: &DriverName,
-        volume_id: &str,
-        node: &str,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        let key = controller::attachment_key(self, driver, volume_id, node)?;
-        unmounter::teardown(self, &key, resolve, Some(Role::Attach))
-    }
-
-    /// The state dir against the mount table, after a restart (see [`ReconcileReport`]).
-    pub fn reconcile(&self) -> Result<ReconcileReport, LifecycleError> {
-        reconcile::reconcile(self)
     }
 }
 

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 
-use super::stager::is_mounted;
 use super::{Lifecycle, LifecycleError};
 use crate::state::{Role, Stage};
 
@@ -27,45 +26,47 @@ pub struct ReconcileReport {
     pub unreadable: usize,
 }
 
-pub fn reconcile(lc: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
-    let mut report = ReconcileReport::default();
-    for record in lc.state.list()? {
-        let Ok(record) = record else {
-            report.unreadable += 1;
-            continue;
-        };
-        if record.role == Role::Attach {
-            continue;
-        }
-        let target = record.target.clone();
-        // Waits for an operation in progress, or a driver a crashed flexd left running.
-        let _lock = lc.state.lock(&target)?;
-        let Some(record) = lc.state.load(&target)? else {
-            continue;
-        };
-        match (record.stage, is_mounted(&target)?) {
-            (Stage::Mounted, true) => report.consistent += 1,
-            (Stage::Mounted, false) => {
-                tracing::warn!(target = %target.display(), "recorded as mounted but not mounted");
-                report.lost.push(target);
+impl Lifecycle {
+    /// The state dir against the mount table, after a restart (see [`ReconcileReport`]).
+    pub fn reconcile(&self) -> Result<ReconcileReport, LifecycleError> {
+        let lc = self;
+        let mut report = ReconcileReport::default();
+        for record in lc.state.list()? {
+            let Ok(record) = record else {
+                report.unreadable += 1;
+                continue;
+            };
+            if record.role == Role::Attach {
+                continue;
             }
-            (Stage::Mounting, true) => {
-                tracing::info!(target = %target.display(), "operation interrupted after its mount; a retry or teardown completes it");
-                report.interrupted.push(target);
-            }
-            // A whole-flow mount may have attached: its teardown detaches.
-            (Stage::Mounting, false) if record.role == Role::Mount => {
-                report.interrupted.push(target)
-            }
-            (Stage::Mounting, false) => {
-                if record.created_target {
-                    let _ = std::fs::remove_dir(&target);
+            let target = record.target.clone();
+            // Waits for an operation in progress, or a driver a crashed flexd left running.
+            let _lock = lc.state.lock(&target)?;
+            let Some(record) = lc.state.load(&target)? else {
+                continue;
+            };
+            match (record.stage, crate::mount::is_mount_point(&target)?) {
+                (Stage::Mounted, true) => report.consistent += 1,
+                (Stage::Mounted, false) => {
+                    tracing::warn!(target = %target.display(), "recorded as mounted but not mounted");
+                    report.lost.push(target);
                 }
-                lc.state.remove(&target)?;
-                tracing::info!(target = %target.display(), "operation interrupted before its mount; rolled back");
-                report.rolled_back.push(target);
+                (Stage::Mounting, true) => {
+                    tracing::info!(target = %target.display(), "operation interrupted after its mount; a retry or teardown completes it");
+                    report.interrupted.push(target);
+                }
+                // A whole-flow mount may have attached: its teardown detaches.
+                (Stage::Mounting, false) if record.role == Role::Mount => {
+                    report.interrupted.push(target)
+                }
+                (Stage::Mounting, false) => {
+                    super::target::remove_created(&record);
+                    lc.state.remove(&target)?;
+                    tracing::info!(target = %target.display(), "operation interrupted before its mount; rolled back");
+                    report.rolled_back.push(target);
+                }
             }
         }
+        Ok(report)
     }
-    Ok(report)
 }

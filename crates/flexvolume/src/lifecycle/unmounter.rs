@@ -1,11 +1,13 @@
 //! TearDown: unmount a target, and when it was the device's last one, unmount the device and
-//! detach.
+//! detach; CSI's unpublish, unstage and controller unpublish, each by its record's role.
 
 use std::path::Path;
 
 use super::attacher;
+use super::target;
 use super::{Lifecycle, LifecycleError, UnmountOutcome};
-use crate::mount;
+use crate::mount::{self, safe_path};
+use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::protocol::CallOut;
 use crate::state::{Role, VolumeRecord};
@@ -31,80 +33,223 @@ pub(crate) fn plugin_of(
         })
 }
 
-/// Tears down what the record of `target` says was done; `expected` refuses a record of
-/// another role (a CSI unpublish must not unstage).
-pub fn teardown(
-    lc: &Lifecycle,
-    target: &Path,
-    resolve: &dyn DriverResolver,
-    expected: Option<Role>,
-) -> Result<UnmountOutcome, LifecycleError> {
-    let target_lock = lc.state.lock(target)?;
-    let lc = &lc.holding(&[&target_lock]);
-    let Some(record) = lc.state.load(target)? else {
-        // Not ours: nothing to undo. A path that does not exist or is not mounted is fine.
-        return Ok(UnmountOutcome {
-            target: target.to_owned(),
-            managed: false,
+/// What a teardown must find recorded at its path.
+#[derive(Clone, Copy)]
+struct Expect<'a> {
+    /// Refuses a record of another role (a CSI unpublish must not unstage).
+    role: Option<Role>,
+    /// Refuses a record of another volume (an unpublish naming B never unmounts A).
+    volume: Option<&'a str>,
+}
+
+impl Lifecycle {
+    /// Tears down exactly what was done for `target`, whichever operation did it
+    /// ([`Lifecycle::mount`], [`Lifecycle::stage`], [`Lifecycle::publish`]).
+    pub fn unmount(
+        &self,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        self.teardown(
+            target,
+            resolve,
+            Expect {
+                role: None,
+                volume: None,
+            },
+        )
+    }
+
+    /// CSI NodeUnstage: unmountdevice of the staging path (no detach: that is the
+    /// controller's). A path flexd has no record of is left alone (success).
+    pub fn unstage(
+        &self,
+        staging: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        self.teardown(
+            staging,
+            resolve,
+            Expect {
+                role: Some(Role::Stage),
+                volume: None,
+            },
+        )
+    }
+
+    /// [`Lifecycle::unstage`] of `volume` only: a staging path recorded for another volume is
+    /// refused, naming the volume that is there.
+    pub fn unstage_volume(
+        &self,
+        volume: &str,
+        staging: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        let expect = Expect {
+            role: Some(Role::Stage),
+            volume: Some(volume),
+        };
+        self.teardown(staging, resolve, expect)
+    }
+
+    /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).
+    pub fn unpublish(
+        &self,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        self.teardown(
+            target,
+            resolve,
+            Expect {
+                role: Some(Role::Publish),
+                volume: None,
+            },
+        )
+    }
+
+    /// [`Lifecycle::unpublish`] of `volume` only: a target recorded for another volume is
+    /// refused, naming the volume that is there.
+    pub fn unpublish_volume(
+        &self,
+        volume: &str,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        let expect = Expect {
+            role: Some(Role::Publish),
+            volume: Some(volume),
+        };
+        self.teardown(target, resolve, expect)
+    }
+
+    /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
+    /// attachment flexd has no record of is not detached again (success).
+    pub fn controller_unpublish(
+        &self,
+        driver: &DriverName,
+        volume_id: &str,
+        node: &str,
+        resolve: &dyn DriverResolver,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        let key = self.attachment_key(driver, volume_id, node)?;
+        self.teardown(
+            &key,
+            resolve,
+            Expect {
+                role: Some(Role::Attach),
+                volume: None,
+            },
+        )
+    }
+
+    /// Tears down what the record of `target` says was done.
+    fn teardown(
+        &self,
+        target: &Path,
+        resolve: &dyn DriverResolver,
+        expect: Expect<'_>,
+    ) -> Result<UnmountOutcome, LifecycleError> {
+        let target = &safe_path::check(target)?;
+        let target_lock = self.state.lock(target)?;
+        let lc = &self.holding(&[&target_lock]);
+        let Some(record) = lc.state.load(target)? else {
+            // Not ours: nothing to undo. A path that does not exist or is not mounted is fine.
+            return Ok(UnmountOutcome {
+                target: target.clone(),
+                managed: false,
+                unmounted_device: false,
+                detached: false,
+            });
+        };
+        if let Some(expected) = expect.role.filter(|e| *e != record.role) {
+            return Err(LifecycleError::WrongRole {
+                target: target.clone(),
+                expected,
+                found: record.role,
+            });
+        }
+        if let Some(requested) = expect.volume.filter(|v| *v != record.volume_name) {
+            return Err(LifecycleError::TargetInUse {
+                target: target.clone(),
+                found: record.volume_name.clone(),
+                requested: requested.to_owned(),
+            });
+        }
+        if record.role != Role::Attach {
+            // A path that became a symlink (or a file) is not where flexd mounted: refused, the
+            // record kept, rather than unmounting or removing whatever it now leads to.
+            safe_path::open(target)?;
+        }
+        if record.role == Role::Stage {
+            let users: Vec<_> = lc
+                .state
+                .list()?
+                .into_iter()
+                .flatten()
+                .filter(|r| {
+                    r.role == Role::Publish && r.device_mount_dir.as_deref() == Some(target)
+                })
+                .map(|r| r.target)
+                .collect();
+            if !users.is_empty() {
+                return Err(LifecycleError::StagingInUse {
+                    staging: target.clone(),
+                    targets: users,
+                });
+            }
+        }
+        let plugin = plugin_of(resolve, &record)?;
+        let mut outcome = UnmountOutcome {
+            target: target.clone(),
+            managed: true,
             unmounted_device: false,
             detached: false,
-        });
-    };
-    if let Some(expected) = expected.filter(|e| *e != record.role) {
-        return Err(LifecycleError::WrongRole {
-            target: target.to_owned(),
-            expected,
-            found: record.role,
-        });
+        };
+        match record.role {
+            Role::Mount => {}
+            Role::Publish => {
+                unmount_target(lc, &plugin, &record)?;
+                lc.state.remove(target)?;
+                return Ok(outcome);
+            }
+            Role::Stage => {
+                attacher::unmount_device_keep_dir(lc, &plugin, target)?;
+                target::remove_created(&record);
+                outcome.unmounted_device = true;
+                lc.state.remove(target)?;
+                return Ok(outcome);
+            }
+            Role::Attach => {
+                outcome.detached =
+                    attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
+                lc.state.remove(target)?;
+                return Ok(outcome);
+            }
+        }
+        unmount_target(lc, &plugin, &record)?;
+        if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
+            let device_lock = lc.state.lock(device_dir)?;
+            let lc = &lc.holding(&[&device_lock]);
+            let others = lc
+                .state
+                .list()?
+                .into_iter()
+                .flatten()
+                .filter(|r| {
+                    r.target != record.target && r.device_mount_dir.as_ref() == Some(device_dir)
+                })
+                .count();
+            if others == 0 {
+                attacher::unmount_device(lc, &plugin, device_dir)?;
+                outcome.unmounted_device = true;
+                outcome.detached =
+                    attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
+            }
+        }
+        lc.state.remove(target)?;
+        Ok(outcome)
     }
-    let plugin = plugin_of(resolve, &record)?;
-    let mut outcome = UnmountOutcome {
-        target: target.to_owned(),
-        managed: true,
-        unmounted_device: false,
-        detached: false,
-    };
-    match record.role {
-        Role::Mount => {}
-        Role::Publish => {
-            unmount_target(lc, &plugin, &record)?;
-            lc.state.remove(target)?;
-            return Ok(outcome);
-        }
-        Role::Stage => {
-            attacher::unmount_device_keep_dir(lc, &plugin, target)?;
-            remove_created_dir(&record);
-            outcome.unmounted_device = true;
-            lc.state.remove(target)?;
-            return Ok(outcome);
-        }
-        Role::Attach => {
-            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
-            lc.state.remove(target)?;
-            return Ok(outcome);
-        }
-    }
-    unmount_target(lc, &plugin, &record)?;
-    if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
-        let device_lock = lc.state.lock(device_dir)?;
-        let lc = &lc.holding(&[&device_lock]);
-        let others = lc
-            .state
-            .list()?
-            .into_iter()
-            .flatten()
-            .filter(|r| {
-                r.target != record.target && r.device_mount_dir.as_ref() == Some(device_dir)
-            })
-            .count();
-        if others == 0 {
-            attacher::unmount_device(lc, &plugin, device_dir)?;
-            outcome.unmounted_device = true;
-            outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
-        }
-    }
-    lc.state.remove(target)?;
-    Ok(outcome)
 }
 
 /// The driver's unmount of the record's target (default: plain unmount), then the directory
@@ -116,7 +261,7 @@ fn unmount_target(
     record: &VolumeRecord,
 ) -> Result<(), LifecycleError> {
     let target = record.target.as_path();
-    if target.exists() && mount::is_mount_point(target)? {
+    if mount::is_mount_point(target)? {
         match plugin.call(&lc.runner, &CallOut::unmount(target)) {
             Ok(_) => {}
             Err(e) if e.is_not_supported() => mount::unmount(target)?,
@@ -126,19 +271,6 @@ fn unmount_target(
             mount::unmount(target)?;
         }
     }
-    remove_created_dir(record);
+    target::remove_created(record);
     Ok(())
-}
-
-fn remove_created_dir(record: &VolumeRecord) {
-    if record.created_target {
-        let target = &record.target;
-        match std::fs::remove_dir(target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(target = %target.display(), error = %e, "target directory left in place")
-            }
-        }
-    }
 }
