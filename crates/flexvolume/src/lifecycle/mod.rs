@@ -6,8 +6,8 @@
 //! each target → unmountdevice when the last target is gone → detach. A non-attachable
 //! driver: mount / unmount only.
 //!
-//! Every step may be repeated: a mounted target is not mounted again (the driver is not even
-//! called), an absent or unmounted target unmounts successfully, directories flexd created are
+//! Every step may be repeated: a target mounted by flexd for the same volume is not mounted
+//! again (the driver is not even called), an absent or unmounted target unmounts successfully, directories flexd created are
 //! removed on teardown, a failed mount removes the target it created. Operations on one target
 //! (and on one device) are serialized by `flock`s, across threads and processes; different
 //! volumes proceed in parallel.
