@@ -444,16 +444,17 @@ async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
     let target = server.path("pods/vol");
     let megabyte = "x".repeat(1 << 20);
 
-    let mut cases: Vec<(&str, csi::NodePublishVolumeRequest)> = Vec::new();
-    cases.push(("1 MB volume id", publish(&megabyte, &target, None)));
-    cases.push((
-        "129-byte volume id",
-        publish(&"v".repeat(129), &target, None),
-    ));
-    cases.push(("volume id ../escape", publish("../escape", &target, None)));
-    cases.push(("volume id ..", publish("..", &target, None)));
-    cases.push(("volume id with NUL", publish("a\0b", &target, None)));
-    cases.push(("volume id with newline", publish("a\nb", &target, None)));
+    let mut cases: Vec<(&str, csi::NodePublishVolumeRequest)> = vec![
+        ("1 MB volume id", publish(&megabyte, &target, None)),
+        (
+            "129-byte volume id",
+            publish(&"v".repeat(129), &target, None),
+        ),
+        ("volume id ../escape", publish("../escape", &target, None)),
+        ("volume id ..", publish("..", &target, None)),
+        ("volume id with NUL", publish("a\0b", &target, None)),
+        ("volume id with newline", publish("a\nb", &target, None)),
+    ];
     let mut context = publish("vol-a", &target, None);
     context.volume_context = [("k".to_owned(), megabyte.clone())].into();
     cases.push(("1 MB volume context", context));
