@@ -247,6 +247,8 @@ impl Lifecycle {
         resolve: &dyn DriverResolver,
         f: impl FnOnce(&Lifecycle, &Plugin, &crate::state::VolumeRecord) -> Result<T, LifecycleError>,
     ) -> Result<T, LifecycleError> {
+        // Records are keyed by the checked, normalized path (as every operation saves them).
+        let target = &crate::mount::safe_path::check(target)?;
         let target_lock = self.state.lock(target)?;
         let lc = self.holding(&[&target_lock]);
         let record = self
