@@ -7,241 +7,74 @@
 //! must stay as it was, and it must never become a mount point). No test points at a real system
 //! directory.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use common::{
+    eventually, is_mounted, mount_points, unmount_all_below, Sandbox,
+    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
+};
+use serve_support::{
+    csi, mount_capability, node_client, publish_request as publish, unpublish_request as unpublish,
+    Server,
+};
 use tonic::Code;
-
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
 
 const MARKER: &str = "host data: must not change";
 
-/// A running `flexd serve` with its own directories, a scratch "outside" directory, and every
-/// mount under either cleaned up on drop.
-struct Server {
-    child: Child,
-    root: tempfile::TempDir,
-    outside: tempfile::TempDir,
+/// The stand-in for a host directory such as /etc: a scratch directory with a marker file.
+/// Dropped, it unmounts anything a failing test let onto it.
+struct Outside {
+    dir: tempfile::TempDir,
+    root: PathBuf,
 }
 
-impl Server {
-    fn start(mode: &str) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("marker"), MARKER).unwrap();
-        std::fs::create_dir(root.path().join("exec")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(root.path().join("exec"))
-            .args(["--probe-interval", "300ms"])
-            .arg("serve")
-            .args(["--mode", mode])
-            .arg("--csi-dir")
-            .arg(root.path().join("plugins"))
-            .arg("--registration-dir")
-            .arg(root.path().join("plugins_registry"))
-            .arg("--state-dir")
-            .arg(root.path().join("state"))
-            .args(["--node-name", "node-1", "--metrics-address", "127.0.0.1:0"])
-            .args(["--log-level", "debug"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(root.path().join("flexd.log")).unwrap())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            root,
-            outside,
-        }
+impl Outside {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("marker"), MARKER).unwrap();
+        Self { dir, root }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
-        self.root.path().join(name)
+    fn path(&self) -> &Path {
+        &self.root
     }
 
-    fn outside(&self) -> &Path {
-        self.outside.path()
-    }
-
-    /// Installs a driver script that logs every call's argv before running `body`.
-    fn driver(&self, dir_name: &str, body: &str) -> PathBuf {
-        let dir = self.path("exec").join(dir_name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir_name.rsplit('~').next().unwrap();
-        let script = format!(
-            "#!/bin/sh\nRELEASE='{}'\nline=; for a in \"$@\"; do line=\"$line$a\t\"; done; printf '%s\\n' \"$line\" >> '{}'\ncase \"$1\" in\n{body}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
-            self.path("release").display(),
-            self.path("calls.log").display()
-        );
-        let staged = dir.join(format!(".{exe}"));
-        std::fs::write(&staged, script).unwrap();
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&staged, dir.join(exe)).unwrap();
-        let sock = self
-            .path("plugins")
-            .join(format!("flexvolume-{}", dir_name.replace('~', "--")))
-            .join("csi.sock");
-        wait_for(&sock);
-        sock
-    }
-
-    /// The call-outs made, without init (the prober's).
-    fn ops(&self) -> Vec<String> {
-        std::fs::read_to_string(self.path("calls.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split('\t').next().map(str::to_owned))
-            .filter(|op| op != "init")
-            .collect()
-    }
-
-    fn records(&self) -> usize {
-        std::fs::read_dir(self.path("state/volumes"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.ends_with(".json") && !name.starts_with('.')
-            })
-            .count()
-    }
-
-    /// Nothing at or under the outside dir is a mount point, and its marker is unchanged.
-    fn assert_outside_untouched(&self) {
-        let outside = self.outside().canonicalize().unwrap();
+    /// Nothing at or under it is a mount point, and its marker is unchanged.
+    fn assert_untouched(&self) {
         let mounts: Vec<PathBuf> = mount_points()
             .into_iter()
-            .filter(|m| m.starts_with(&outside))
+            .filter(|m| m.starts_with(&self.root))
             .collect();
         assert!(mounts.is_empty(), "mounted outside: {mounts:?}");
         assert_eq!(
-            std::fs::read_to_string(outside.join("marker")).unwrap(),
+            std::fs::read_to_string(self.root.join("marker")).unwrap(),
             MARKER
         );
+        let _ = self.dir.path();
     }
 }
 
-impl Drop for Server {
+impl Drop for Outside {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::write(self.path("release"), "");
-        let roots: Vec<PathBuf> = [self.root.path(), self.outside.path()]
-            .iter()
-            .map(|p| p.canonicalize().unwrap_or_else(|_| p.to_path_buf()))
-            .collect();
-        let mut mounts: Vec<PathBuf> = mount_points()
-            .into_iter()
-            .filter(|m| roots.iter().any(|r| m.starts_with(r)))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
+        unmount_all_below(&self.root);
     }
 }
 
-fn mount_points() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    flexvolume::mount::parse_mountinfo(&info)
-        .into_iter()
-        .map(|m| m.mount_point)
-        .collect()
-}
-
-fn is_mounted(path: &Path) -> bool {
-    mount_points().iter().any(|m| m == path)
-}
-
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root to mount (tmpfs, bind)");
-    false
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-async fn node_client(socket: &Path) -> csi::node_client::NodeClient<Channel> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let path = socket.to_owned();
-        let connected = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        match connected {
-            Ok(channel) => return csi::node_client::NodeClient::new(channel),
-            Err(e) => assert!(Instant::now() < deadline, "cannot connect: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn capability(read_only: bool) -> Option<csi::VolumeCapability> {
-    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
-    let mode = if read_only {
-        Mode::SingleNodeReaderOnly
-    } else {
-        Mode::SingleNodeWriter
-    };
-    Some(csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-    })
-}
-
-fn publish(
-    volume_id: &str,
-    target: &Path,
-    staging: Option<&Path>,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: volume_id.into(),
-        target_path: target.display().to_string(),
-        staging_target_path: staging.map(|s| s.display().to_string()).unwrap_or_default(),
-        volume_capability: capability(false),
-        ..Default::default()
-    }
-}
-
-fn unpublish(volume_id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
-    csi::NodeUnpublishVolumeRequest {
-        volume_id: volume_id.into(),
-        target_path: target.display().to_string(),
-    }
+fn tmpfs_server() -> (Server, PathBuf) {
+    Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs")
 }
 
 fn stage(volume_id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
         volume_id: volume_id.into(),
         staging_target_path: staging.display().to_string(),
-        volume_capability: capability(false),
+        volume_capability: mount_capability("ext4", ""),
         ..Default::default()
     }
 }
@@ -253,32 +86,20 @@ fn code<T>(result: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) 
     }
 }
 
-const TMPFS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
-mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" && echo '{"status":"Success"}' || { echo '{"status":"Failure","message":"mount failed"}'; exit 1; };;
-unmount) umount "$2"; echo '{"status":"Success"}';;"#;
-
-/// Refuses malformed ids the way a strict driver would, had it been called.
-const ATTACHING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":true}}';;
-waitforattach) echo "{\"status\":\"Success\",\"device\":\"$2\"}";;
-mountdevice) mkdir -p "$2"; mount -t tmpfs tmpfs "$2"; echo '{"status":"Success"}';;
-unmountdevice) umount "$2"; echo '{"status":"Success"}';;"#;
-
 const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
 unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outside() {
-    if !is_root() {
-        return;
-    }
-    let server = Server::start("node");
-    let sock = server.driver("acme~tmpfs", TMPFS);
+    common::require_root!();
+    let (server, sock) = tmpfs_server();
+    let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let pods = server.path("pods");
     std::fs::create_dir(&pods).unwrap();
-    std::os::unix::fs::symlink(server.outside(), pods.join("letc")).unwrap();
-    std::os::unix::fs::symlink(server.outside(), pods.join("dirlink")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), pods.join("letc")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), pods.join("dirlink")).unwrap();
 
     // The target itself is a symlink to the stand-in for /etc.
     let (c, message) = code(
@@ -287,7 +108,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
     );
     assert_eq!(c, Code::FailedPrecondition, "{message}");
     assert!(message.contains("symbolic link"), "{message}");
-    server.assert_outside_untouched();
+    outside.assert_untouched();
     // A parent is: nothing is created or mounted through it.
     let through = pods.join("dirlink/vol");
     let (c, message) = code(
@@ -296,7 +117,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
     );
     assert_eq!(c, Code::FailedPrecondition, "{message}");
     assert!(
-        !server.outside().join("vol").exists(),
+        !outside.path().join("vol").exists(),
         "created through the link"
     );
     // Deeper: a missing directory under a symlinked parent.
@@ -306,14 +127,14 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
             .await,
     );
     assert_eq!(c, Code::FailedPrecondition);
-    assert!(!server.outside().join("a").exists());
-    server.assert_outside_untouched();
+    assert!(!outside.path().join("a").exists());
+    outside.assert_untouched();
     assert!(
         server.ops().is_empty(),
         "the driver was called: {:?}",
         server.ops()
     );
-    assert_eq!(server.records(), 0);
+    assert!(server.records().is_empty());
 
     // Unpublishing through a symlink never unmounts what it leads to (a host mount, here a
     // tmpfs the test put on a scratch directory).
@@ -339,11 +160,9 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_flexd_did_not_make_is_never_reported_published() {
-    if !is_root() {
-        return;
-    }
-    let server = Server::start("node");
-    let sock = server.driver("acme~tmpfs", TMPFS);
+    common::require_root!();
+    let (server, sock) = tmpfs_server();
+    let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let target = server.path("pods/foreign");
     std::fs::create_dir_all(&target).unwrap();
@@ -368,7 +187,7 @@ async fn a_mount_flexd_did_not_make_is_never_reported_published() {
         "no driver call: {:?}",
         server.ops()
     );
-    assert_eq!(server.records(), 0, "no record");
+    assert!(server.records().is_empty(), "no record");
     // Unpublish of it leaves it alone too (no record: not ours).
     let (c, _) = code(
         node.node_unpublish_volume(unpublish("vol-a", &target))
@@ -376,16 +195,14 @@ async fn a_mount_flexd_did_not_make_is_never_reported_published() {
     );
     assert_eq!(c, Code::Ok);
     assert!(is_mounted(&target) && target.join("someone-else").exists());
-    server.assert_outside_untouched();
+    outside.assert_untouched();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_belongs_to_one_volume_with_one_set_of_settings() {
-    if !is_root() {
-        return;
-    }
-    let server = Server::start("node");
-    let sock = server.driver("acme~tmpfs", TMPFS);
+    common::require_root!();
+    let (server, sock) = tmpfs_server();
+    let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let target = server.path("pods/uid-1/vol");
 
@@ -432,14 +249,14 @@ async fn a_target_belongs_to_one_volume_with_one_set_of_settings() {
     node.node_unpublish_volume(unpublish("vol-a", &target))
         .await
         .unwrap();
-    assert!(!target.exists() && server.records() == 0);
-    server.assert_outside_untouched();
+    assert!(!target.exists() && server.records().is_empty());
+    outside.assert_untouched();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
-    let server = Server::start("node");
-    let sock = server.driver("acme~tmpfs", TMPFS);
+    let (server, sock) = tmpfs_server();
+    let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let target = server.path("pods/vol");
     let megabyte = "x".repeat(1 << 20);
@@ -498,18 +315,21 @@ async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
         "a driver was called: {:?}",
         server.ops()
     );
-    assert_eq!(server.records(), 0);
+    assert!(server.records().is_empty());
     assert!(!target.exists());
-    server.assert_outside_untouched();
+    outside.assert_untouched();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
-    if !is_root() {
-        return;
-    }
-    let server = Server::start("node");
-    let sock = server.driver("acme~slow", BLOCKS_AFTER_MOUNTING);
+    common::require_root!();
+    let (server, sock) = Server::with_driver(
+        "node",
+        "acme~slow",
+        BLOCKS_AFTER_MOUNTING,
+        "flexvolume-acme--slow",
+    );
+    let outside = Outside::new();
     let mut first_client = node_client(&sock).await;
     let mut second = node_client(&sock).await;
     let target = server.path("pods/slow");
@@ -519,15 +339,9 @@ async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
         async move { first_client.node_publish_volume(request).await }
     });
     let mounted = target.clone();
-    tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !is_mounted(&mounted) {
-            assert!(Instant::now() < deadline, "the driver never mounted");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
+        .await
+        .unwrap();
     // Publish and unpublish of the same volume alike: refused at once, never queued behind
     // the call-out (the deadline only guards against a hang).
     let (c, message) = code(
@@ -545,23 +359,22 @@ async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
         .expect("the unpublish waited"),
     );
     assert_eq!(c, Code::Aborted);
-    std::fs::write(server.path("release"), "").unwrap();
+    std::fs::write(server.release(), "").unwrap();
     first.await.unwrap().unwrap();
     second
         .node_unpublish_volume(unpublish("slow-1", &target))
         .await
         .unwrap();
     assert!(!target.exists());
-    server.assert_outside_untouched();
+    outside.assert_untouched();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
-    if !is_root() {
-        return;
-    }
-    let server = Server::start("node");
-    let sock = server.driver("acme~block", ATTACHING);
+    common::require_root!();
+    let (server, sock) =
+        Server::with_driver("node", "acme~block", ATTACHING, "flexvolume-acme--block");
+    let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let staging = server.path("plugins/staging/vol-s");
     let target = server.path("pods/uid-1/vol-s");
@@ -569,10 +382,10 @@ async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
     // A symlinked staging path is refused like a symlinked target.
     std::fs::create_dir_all(server.path("plugins/staging")).unwrap();
     let linked = server.path("plugins/staging/linked");
-    std::os::unix::fs::symlink(server.outside(), &linked).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &linked).unwrap();
     let (c, message) = code(node.node_stage_volume(stage("vol-s", &linked)).await);
     assert_eq!(c, Code::FailedPrecondition, "{message}");
-    server.assert_outside_untouched();
+    outside.assert_untouched();
     let mut nul = stage("vol-s", &staging);
     nul.staging_target_path.push_str("\0x");
     let (c, _) = code(node.node_stage_volume(nul).await);
@@ -621,99 +434,52 @@ async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
         .unwrap();
     node.node_unstage_volume(unstage).await.unwrap();
     assert!(!is_mounted(&staging) && !is_mounted(&target));
-    assert_eq!(server.records(), 0);
-    server.assert_outside_untouched();
+    assert!(server.records().is_empty());
+    outside.assert_untouched();
 }
 
 /// `flexd volume mount` goes through the same lifecycle: a symlinked target is refused, and an
 /// error is printed once.
 #[test]
 fn the_cli_refuses_a_symlinked_target_and_prints_each_error_once() {
-    if !is_root() {
-        return;
-    }
-    let sandbox = tempfile::tempdir().unwrap();
-    let outside = tempfile::tempdir().unwrap();
-    std::fs::write(outside.path().join("marker"), MARKER).unwrap();
-    let plugin = sandbox.path().join("exec/acme~tmpfs");
-    std::fs::create_dir_all(&plugin).unwrap();
-    let log = sandbox.path().join("calls.log");
-    let script = format!(
-        "#!/bin/sh\necho \"$1\" >> '{}'\ncase \"$1\" in\n{TMPFS}\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1;;\nesac\n",
-        log.display()
-    );
-    std::fs::write(plugin.join("tmpfs"), script).unwrap();
-    std::fs::set_permissions(plugin.join("tmpfs"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let link = sandbox.path().join("letc");
+    common::require_root!();
+    let sandbox = Sandbox::with_driver("acme~tmpfs", TMPFS);
+    let outside = Outside::new();
+    let link = sandbox.target("letc");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(outside.path(), &link).unwrap();
-    let flexd = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(sandbox.path().join("exec"))
-            .args(["volume", "--node", "node-1", "--state-dir"])
-            .arg(sandbox.path().join("state"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let cleanup = || {
-        for m in mount_points() {
-            if m.starts_with(outside.path()) || m.starts_with(sandbox.path()) {
-                let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-            }
-        }
-    };
-    let out = flexd(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        link.to_str().unwrap(),
-    ]);
+
+    let out = sandbox.volume_mount("acme/tmpfs", &link, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let outside_mounted = mount_points().iter().any(|m| m.starts_with(outside.path()));
-    cleanup();
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("symbolic link"), "{stderr}");
-    assert!(!outside_mounted, "mounted over the outside dir");
-    assert_eq!(
-        std::fs::read_to_string(outside.path().join("marker")).unwrap(),
-        MARKER
-    );
-    let through = link.join("vol");
-    let out = flexd(&[
-        "mount",
-        "--driver",
-        "acme/tmpfs",
-        "--target",
-        through.to_str().unwrap(),
-    ]);
-    cleanup();
+    outside.assert_untouched();
+    let out = sandbox.volume_mount("acme/tmpfs", link.join("vol"), &[]);
     assert!(!out.status.success());
     assert!(!outside.path().join("vol").exists());
-    let out = flexd(&["unmount", "--target", link.to_str().unwrap()]);
+    outside.assert_untouched();
+    let out = sandbox.volume_unmount(&link);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        sandbox.ops().is_empty(),
+        "the driver was called: {:?}",
+        sandbox.ops()
+    );
 
-    // Options beyond what one argv string can carry: refused before exec, said once.
-    let target = sandbox.path().join("big");
+    // Options beyond what one argv string can carry (two 100 KiB secrets, base64 in the one
+    // options JSON): refused before exec, said once, never "Argument list too long".
     let big = format!("a={}", "s".repeat(100 * 1024));
     let big2 = format!("b={}", "s".repeat(100 * 1024));
-    let out = flexd(&[
-        "mount",
-        "--driver",
+    let target = sandbox.target("big");
+    let out = sandbox.volume_mount(
         "acme/tmpfs",
-        "--target",
-        target.to_str().unwrap(),
-        "--secret",
-        &big,
-        "--secret",
-        &big2,
-    ]);
-    cleanup();
+        &target,
+        &["--secret", &big, "--secret", &big2],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success());
     assert!(stderr.contains("MAX_ARG_STRLEN"), "{stderr}");
@@ -723,9 +489,9 @@ fn the_cli_refuses_a_symlinked_target_and_prints_each_error_once() {
         1,
         "said once: {stderr}"
     );
-    let calls = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
-        !calls.lines().any(|l| l == "mount"),
-        "the driver's mount ran: {calls}"
+        sandbox.calls_of("mount").is_empty(),
+        "the driver's mount ran"
     );
+    assert!(!is_mounted(&target));
 }
