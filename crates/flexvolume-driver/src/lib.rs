@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub use flexvolume_protocol::options::{self, Options, OptionsError};
-pub use flexvolume_protocol::protocol::{CallOutKind, Capabilities, Reply, Status};
+pub use flexvolume_protocol::protocol::{CallOutKind, Capabilities, ErrorCode, Reply, Status};
 pub use flexvolume_protocol::PodInfo;
 
 /// An answer other than `Success`.
@@ -56,11 +56,40 @@ pub enum DriverError {
     /// `{"status":"Not supported"}`: the host applies Kubernetes' default for this call-out.
     #[error("{0}")]
     NotSupported(String),
+    /// `{"status":"Failure","message":…,"code":…}`: a failure the driver can name (the volume
+    /// or node does not exist, the name is taken, no room), which flexd answers with the
+    /// matching CSI code instead of retrying. kubelet sees a plain `Failure`.
+    #[error("{message}")]
+    Named { code: ErrorCode, message: String },
 }
 
 impl DriverError {
     pub fn failure(message: impl fmt::Display) -> Self {
         Self::Failure(message.to_string())
+    }
+
+    /// The volume (or the node) does not exist.
+    pub fn not_found(message: impl fmt::Display) -> Self {
+        Self::Named {
+            code: ErrorCode::NotFound,
+            message: message.to_string(),
+        }
+    }
+
+    /// Another volume already has that name.
+    pub fn already_exists(message: impl fmt::Display) -> Self {
+        Self::Named {
+            code: ErrorCode::AlreadyExists,
+            message: message.to_string(),
+        }
+    }
+
+    /// The storage has no room for the volume.
+    pub fn out_of_capacity(message: impl fmt::Display) -> Self {
+        Self::Named {
+            code: ErrorCode::OutOfCapacity,
+            message: message.to_string(),
+        }
     }
 
     /// What every call-out a driver does not implement answers.
@@ -170,7 +199,29 @@ pub trait Driver {
         let _ = (options, device, dir, new_bytes, old_bytes);
         Err(DriverError::not_supported(CallOutKind::ExpandFs))
     }
+
+    /// `provision <json>` (dynamic provisioning; say `provision: true` in `init`'s
+    /// capabilities): create the volume. The options are the StorageClass parameters,
+    /// `kubernetes.io/pvOrVolumeName` and the requested size ([`VolumeOptions::request_bytes`]).
+    /// Returns options the volume keeps besides the parameters (what attach and mount need to
+    /// find it). Must be idempotent: the host repeats it after a crash.
+    fn provision(&self, options: &VolumeOptions) -> DriverResult<Provisioned> {
+        let _ = options;
+        Err(DriverError::not_supported(CallOutKind::Provision))
+    }
+
+    /// `delete <json>`: delete a volume `provision` created; the options are the volume's.
+    /// A volume that is not there is deleted already: answer success (or
+    /// [`DriverError::not_found`]).
+    fn delete(&self, options: &VolumeOptions) -> DriverResult<()> {
+        let _ = options;
+        Err(DriverError::not_supported(CallOutKind::Delete))
+    }
 }
+
+/// What `provision` created: options the volume keeps (its PV's flexVolume `options`, its CSI
+/// volume context) besides the StorageClass parameters.
+pub type Provisioned = std::collections::BTreeMap<String, String>;
 
 /// A secret value from the options. Its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -251,6 +302,13 @@ impl VolumeOptions {
     /// `kubernetes.io/mounterArgs.FsGroup` (mount only, when the pod sets one).
     pub fn fs_group(&self) -> Option<u32> {
         self.fs_group
+    }
+
+    /// `requestBytes` (provision only): the size asked for; `None` when the CO asked for none.
+    pub fn request_bytes(&self) -> Option<u64> {
+        self.options
+            .get(options::REQUEST_BYTES)
+            .and_then(|b| b.parse().ok())
     }
 
     /// Any option, e.g. one of the volume's own (`flexVolume.options`).
@@ -337,6 +395,12 @@ pub enum Request {
         dir: PathBuf,
         new_bytes: u64,
         old_bytes: u64,
+    },
+    Provision {
+        options: VolumeOptions,
+    },
+    Delete {
+        options: VolumeOptions,
     },
 }
 
@@ -446,6 +510,12 @@ impl Request {
                 new_bytes: bytes(3, "new-bytes")?,
                 old_bytes: bytes(4, "old-bytes")?,
             },
+            CallOutKind::Provision => Self::Provision {
+                options: options(0)?,
+            },
+            CallOutKind::Delete => Self::Delete {
+                options: options(0)?,
+            },
         })
     }
 
@@ -463,6 +533,8 @@ impl Request {
             Self::Unmount { .. } => CallOutKind::Unmount,
             Self::ExpandVolume { .. } => CallOutKind::ExpandVolume,
             Self::ExpandFs { .. } => CallOutKind::ExpandFs,
+            Self::Provision { .. } => CallOutKind::Provision,
+            Self::Delete { .. } => CallOutKind::Delete,
         }
     }
 
@@ -475,7 +547,9 @@ impl Request {
             | Self::MountDevice { options, .. }
             | Self::Mount { options, .. }
             | Self::ExpandVolume { options, .. }
-            | Self::ExpandFs { options, .. } => Some(options),
+            | Self::ExpandFs { options, .. }
+            | Self::Provision { options }
+            | Self::Delete { options } => Some(options),
             Self::Init
             | Self::Detach { .. }
             | Self::UnmountDevice { .. }
@@ -503,12 +577,14 @@ impl Response {
     }
 
     fn error(error: DriverError) -> Self {
-        let (status, message) = match error {
-            DriverError::Failure(m) => (Status::Failure, m),
-            DriverError::NotSupported(m) => (Status::NotSupported, m),
+        let (status, message, code) = match error {
+            DriverError::Failure(m) => (Status::Failure, m, None),
+            DriverError::NotSupported(m) => (Status::NotSupported, m, None),
+            DriverError::Named { code, message } => (Status::Failure, message, Some(code)),
         };
         Self::new(Reply {
             message,
+            code,
             ..reply(status)
         })
     }
@@ -529,6 +605,8 @@ fn reply(status: Status) -> Reply {
         attached: None,
         capabilities: None,
         volume_new_size: None,
+        code: None,
+        options: None,
     }
 }
 
@@ -634,6 +712,14 @@ fn dispatch<D: Driver + ?Sized>(driver: &D, request: &Request) -> DriverResult<R
             old_bytes,
         } => {
             driver.expand_fs(options, device, dir, *new_bytes, *old_bytes)?;
+            ok()
+        }
+        Request::Provision { options } => Reply {
+            options: Some(driver.provision(options)?),
+            ..ok()
+        },
+        Request::Delete { options } => {
+            driver.delete(options)?;
             ok()
         }
     })

@@ -124,6 +124,22 @@ impl Driver for Recorder {
         self.saw(format!("expandfs {device} {} {new} {old}", dir.display()));
         Ok(())
     }
+    fn provision(&self, o: &VolumeOptions) -> DriverResult<Provisioned> {
+        self.saw(format!(
+            "provision {} {:?} {}",
+            o.pv_or_volume_name().unwrap_or("?"),
+            o.request_bytes(),
+            o.get("requestGiB").unwrap_or("?")
+        ));
+        Ok(Provisioned::from([("volumeID".to_owned(), "v-1".to_owned())]))
+    }
+    fn delete(&self, o: &VolumeOptions) -> DriverResult<()> {
+        if o.get("volumeID") == Some("gone") {
+            return Err(DriverError::not_found("no volume gone"));
+        }
+        self.saw(format!("delete {}", o.get("volumeID").unwrap_or("?")));
+        Ok(())
+    }
 }
 
 /// Only init: everything else must answer Not supported, exit 1.
@@ -201,7 +217,42 @@ fn every_call_out() -> Vec<(CallOut, &'static str, Option<&'static str>)> {
             r#"{"status":"Success"}"#,
             Some("expandfs /dev/loop7 /var/lib/flexd/devices/flexd~loop/pv-1 2147483648 1073741824"),
         ),
+        (
+            CallOut::provision(&Options::for_provision(&spec(), Some((1 << 30) + 1))),
+            r#"{"status":"Success","options":{"volumeID":"v-1"}}"#,
+            Some("provision pv-1 Some(1073741825) 2"),
+        ),
+        (
+            CallOut::delete(&Options::for_provision(&provisioned(), None)),
+            r#"{"status":"Success"}"#,
+            Some("delete v-1"),
+        ),
     ]
+}
+
+fn provisioned() -> VolumeSpec {
+    let mut spec = spec();
+    spec.options.insert("volumeID".into(), "v-1".into());
+    spec
+}
+
+#[test]
+fn a_named_failure_carries_its_code_and_the_host_reads_it() {
+    let mut spec = spec();
+    spec.options.insert("volumeID".into(), "gone".into());
+    let call = CallOut::delete(&Options::for_provision(&spec, None));
+    let response = handle(&Recorder::default(), &argv(&call));
+    assert_eq!(
+        response.to_json(),
+        r#"{"status":"Failure","message":"no volume gone","code":"NotFound"}"#
+    );
+    assert_eq!(response.exit_code, 1);
+    let back = flexvolume::protocol::find_reply(response.to_json().as_bytes()).unwrap();
+    assert_eq!(back.code, Some(ErrorCode::NotFound));
+    // A driver that does not provision says so, and the host falls back to static volumes.
+    let call = CallOut::provision(&Options::for_provision(&spec, None));
+    let response = handle(&Minimal, &argv(&call));
+    assert_eq!(response.reply.status, Status::NotSupported);
 }
 
 #[test]

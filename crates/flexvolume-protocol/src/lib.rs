@@ -23,5 +23,5 @@ pub mod spec;
 
 pub use name::DriverName;
 pub use options::Options;
-pub use protocol::{CallOut, CallOutKind, Capabilities, Reply, Status};
+pub use protocol::{CallOut, CallOutKind, Capabilities, ErrorCode, Reply, Status};
 pub use spec::{PodInfo, VolumeSpec};

@@ -20,6 +20,11 @@ pub const POD_UID: &str = "kubernetes.io/pod.uid";
 pub const SERVICE_ACCOUNT_NAME: &str = "kubernetes.io/serviceAccount.name";
 pub const FS_GROUP: &str = "kubernetes.io/mounterArgs.FsGroup";
 pub const SECRET_PREFIX: &str = "kubernetes.io/secret/";
+/// `provision`: the requested size in bytes, and rounded up to whole MiB and GiB (the flex
+/// provisioner's convention, so a shell driver need not do arithmetic).
+pub const REQUEST_BYTES: &str = "requestBytes";
+pub const REQUEST_MIB: &str = "requestMiB";
+pub const REQUEST_GIB: &str = "requestGiB";
 
 /// What is shown in place of a secret value.
 pub const REDACTED: &str = "<redacted>";
@@ -53,6 +58,27 @@ impl Options {
         }
         if let Some(gid) = fs_group {
             extra.insert(FS_GROUP.to_owned(), gid.to_string());
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut secret_values = Vec::new();
+        for (key, value) in &spec.secrets {
+            extra.insert(format!("{SECRET_PREFIX}{key}"), b64.encode(value));
+            secret_values.push(String::from_utf8_lossy(value).into_owned());
+        }
+        let mut options = Self::build(spec, extra);
+        options.secret_values = secret_values;
+        options
+    }
+
+    /// Options for `provision` and `delete`: the volume's options (a StorageClass's parameters
+    /// for provision), `kubernetes.io/pvOrVolumeName`, the requested size when there is one,
+    /// and the secrets (base64, as mount gets them).
+    pub fn for_provision(spec: &VolumeSpec, request_bytes: Option<u64>) -> Self {
+        let mut extra = BTreeMap::new();
+        if let Some(bytes) = request_bytes {
+            extra.insert(REQUEST_BYTES.to_owned(), bytes.to_string());
+            extra.insert(REQUEST_MIB.to_owned(), bytes.div_ceil(1 << 20).to_string());
+            extra.insert(REQUEST_GIB.to_owned(), bytes.div_ceil(1 << 30).to_string());
         }
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut secret_values = Vec::new();

@@ -31,10 +31,15 @@ pub enum CallOutKind {
     Unmount,
     ExpandVolume,
     ExpandFs,
+    /// Dynamic provisioning (the Kubernetes flex provisioner's convention; kubelet never
+    /// calls it): create the volume a StorageClass describes.
+    Provision,
+    /// Dynamic provisioning: delete a volume `provision` created.
+    Delete,
 }
 
 impl CallOutKind {
-    pub const ALL: [CallOutKind; 12] = [
+    pub const ALL: [CallOutKind; 14] = [
         Self::Init,
         Self::GetVolumeName,
         Self::Attach,
@@ -47,6 +52,8 @@ impl CallOutKind {
         Self::Unmount,
         Self::ExpandVolume,
         Self::ExpandFs,
+        Self::Provision,
+        Self::Delete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +70,8 @@ impl CallOutKind {
             Self::Unmount => "unmount",
             Self::ExpandVolume => "expandvolume",
             Self::ExpandFs => "expandfs",
+            Self::Provision => "provision",
+            Self::Delete => "delete",
         }
     }
 
@@ -70,7 +79,11 @@ impl CallOutKind {
     pub fn arity(self) -> usize {
         match self {
             Self::Init => 0,
-            Self::GetVolumeName | Self::UnmountDevice | Self::Unmount => 1,
+            Self::GetVolumeName
+            | Self::UnmountDevice
+            | Self::Unmount
+            | Self::Provision
+            | Self::Delete => 1,
             Self::Attach | Self::WaitForAttach | Self::IsAttached | Self::Detach | Self::Mount => 2,
             Self::MountDevice => 3,
             Self::ExpandVolume => 4,
@@ -93,6 +106,8 @@ impl CallOutKind {
             Self::Unmount => "unmount <target-dir>",
             Self::ExpandVolume => "expandvolume <json> <device-mount-dir> <new-bytes> <old-bytes>",
             Self::ExpandFs => "expandfs <json> <device> <device-mount-dir> <new-bytes> <old-bytes>",
+            Self::Provision => "provision <json>",
+            Self::Delete => "delete <json>",
         }
     }
 
@@ -254,6 +269,24 @@ impl CallOut {
         Self::new(CallOutKind::ExpandFs, args, Some(options))
     }
 
+    /// `provision <json>`: the StorageClass parameters, `kubernetes.io/pvOrVolumeName` and the
+    /// requested size (see [`crate::options`]'s `REQUEST_*` keys).
+    pub fn provision(options: &Options) -> Self {
+        Self::new(
+            CallOutKind::Provision,
+            vec![options.to_json().into()],
+            Some(options),
+        )
+    }
+    /// `delete <json>`: the provisioned volume's options.
+    pub fn delete(options: &Options) -> Self {
+        Self::new(
+            CallOutKind::Delete,
+            vec![options.to_json().into()],
+            Some(options),
+        )
+    }
+
     /// Secret values (and their base64 forms) that must be redacted from anything shown.
     pub fn sensitive_values(&self) -> &[String] {
         &self.sensitive
@@ -317,6 +350,11 @@ pub struct Capabilities {
     pub fs_group: bool,
     #[serde(rename = "requiresFSResize")]
     pub requires_fs_resize: bool,
+    /// The driver answers `provision` and `delete` (flexd's extension; kubelet ignores
+    /// capabilities it does not know). Off unless the driver says so, and left out of the JSON
+    /// when off, so a non-provisioning driver's `init` reply is what it always was.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub provision: bool,
 }
 
 impl Default for Capabilities {
@@ -327,6 +365,7 @@ impl Default for Capabilities {
             supports_metrics: false,
             fs_group: true,
             requires_fs_resize: true,
+            provision: false,
         }
     }
 }
@@ -344,10 +383,55 @@ impl Capabilities {
                 "supportsmetrics" => caps.supports_metrics = flag,
                 "fsgroup" => caps.fs_group = flag,
                 "requiresfsresize" => caps.requires_fs_resize = flag,
+                "provision" => caps.provision = flag,
                 _ => {}
             }
         }
         caps
+    }
+}
+
+/// What went wrong, when a driver can name it: the optional `code` of a `Failure` reply
+/// (flexd's extension; kubelet ignores fields it does not know). flexd answers CSI with the
+/// matching code instead of `INTERNAL`, and does not retry what cannot succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ErrorCode {
+    /// The volume (or the node) does not exist.
+    NotFound,
+    /// A volume of that name exists and is not the one asked for.
+    AlreadyExists,
+    /// The storage has no room for the volume.
+    OutOfCapacity,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 3] = [Self::NotFound, Self::AlreadyExists, Self::OutOfCapacity];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "NotFound",
+            Self::AlreadyExists => "AlreadyExists",
+            Self::OutOfCapacity => "OutOfCapacity",
+        }
+    }
+
+    /// Any case and spacing (`NotFound`, `not_found`, `Not found`); unknown codes are `None`,
+    /// so a driver newer than flexd degrades to a plain `Failure`.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let folded: String = raw
+            .chars()
+            .filter(|c| !c.is_whitespace() && *c != '_' && *c != '-')
+            .flat_map(char::to_lowercase)
+            .collect();
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str().to_ascii_lowercase() == folded)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -368,6 +452,13 @@ pub struct Reply {
     pub capabilities: Option<Capabilities>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_new_size: Option<u64>,
+    /// A `Failure` the driver names (see [`ErrorCode`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// `provision`: options the new volume carries besides the StorageClass parameters (what
+    /// attach and mount need to find it again), as the flexVolume `options` of its PV.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Reply {
@@ -390,6 +481,16 @@ impl Reply {
                 .and_then(Value::as_object)
                 .map(Capabilities::merged_from),
             volume_new_size: get("volumeNewSize").and_then(as_u64),
+            code: get("code").and_then(Value::as_str).and_then(ErrorCode::parse),
+            options: get("options").and_then(Value::as_object).map(|o| {
+                o.iter()
+                    .filter_map(|(k, v)| match v {
+                        Value::String(s) => Some((k.clone(), s.clone())),
+                        Value::Number(_) | Value::Bool(_) => Some((k.clone(), v.to_string())),
+                        _ => None,
+                    })
+                    .collect()
+            }),
         })
     }
 }
@@ -609,6 +710,33 @@ mod tests {
         assert_eq!((r.attached, r.volume_new_size), (Some(true), Some(1024)));
         let r = reply(r#"{"status":"Success","attached":false,"volumeNewSize":2048}"#).unwrap();
         assert_eq!((r.attached, r.volume_new_size), (Some(false), Some(2048)));
+    }
+
+    #[test]
+    fn named_errors_provision_capability_and_options() {
+        let r = reply(r#"{"status":"Failure","message":"gone","code":"NotFound"}"#).unwrap();
+        assert_eq!(r.code, Some(ErrorCode::NotFound));
+        for (raw, want) in [
+            ("not_found", Some(ErrorCode::NotFound)),
+            ("Already Exists", Some(ErrorCode::AlreadyExists)),
+            ("outofcapacity", Some(ErrorCode::OutOfCapacity)),
+            ("Busy", None),
+        ] {
+            assert_eq!(ErrorCode::parse(raw), want, "{raw}");
+        }
+        let r = reply(r#"{"status":"Failure","code":7}"#).unwrap();
+        assert_eq!(r.code, None);
+        let r = reply(r#"{"status":"Success","capabilities":{"provision":true}}"#).unwrap();
+        assert!(r.capabilities.unwrap().provision);
+        assert!(!Capabilities::default().provision);
+        let json = serde_json::to_string(&Capabilities::default()).unwrap();
+        assert!(!json.contains("provision"), "{json}");
+        let r = reply(r#"{"status":"Success","options":{"volumeID":"v","size":5,"x":{}}}"#)
+            .unwrap();
+        let options = r.options.unwrap();
+        assert_eq!(options["volumeID"], "v");
+        assert_eq!(options["size"], "5");
+        assert!(!options.contains_key("x"));
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub type Driver = InstalledDriver;
 pub use name::DriverName;
 pub use options::Options;
 pub use plugin::Plugin;
-pub use protocol::{CallOut, CallOutKind, Capabilities, Reply, Status};
+pub use protocol::{CallOut, CallOutKind, Capabilities, ErrorCode, Reply, Status};
 pub use registry::Registry;
 pub use resolver::Resolver;
 pub use runner::{CallError, RunnerConfig};

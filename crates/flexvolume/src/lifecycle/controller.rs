@@ -64,7 +64,18 @@ impl Lifecycle {
         };
         // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
         lc.state.save(&record)?;
-        let device = lc.attach(plugin, spec, node)?;
+        let device = match lc.attach(plugin, spec, node) {
+            Ok(device) => device,
+            // The driver named the volume or the node unknown: nothing is attached, so there
+            // is nothing for a detach to undo.
+            Err(LifecycleError::Call(e))
+                if e.code() == Some(crate::protocol::ErrorCode::NotFound) =>
+            {
+                lc.state.remove(&key)?;
+                return Err(e.into());
+            }
+            Err(e) => return Err(e),
+        };
         record.device = Some(device.clone()).filter(|d| !d.is_empty());
         record.stage = Stage::Mounted;
         lc.state.save(&record)?;

@@ -28,6 +28,7 @@ mod attacher;
 mod controller;
 mod expander;
 mod mounter;
+mod provisioner;
 mod reconcile;
 mod stager;
 mod target;
@@ -44,6 +45,7 @@ use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{Role, StateDir, StateError};
 
 pub use expander::ExpandOutcome;
+pub use provisioner::{ProvisionError, ProvisionOutcome, ProvisionRequest, ProvisionedVolume};
 pub use reconcile::ReconcileReport;
 pub use unmounter::DriverResolver;
 

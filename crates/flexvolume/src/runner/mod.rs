@@ -200,12 +200,14 @@ pub enum CallError {
         #[source]
         source: ProtocolError,
     },
-    #[error("driver {path}: {kind} failed: {message}")]
+    #[error("driver {path}: {kind} failed: {message}{}", code.map(|c| format!(" ({c})")).unwrap_or_default())]
     Failure {
         path: PathBuf,
         kind: CallOutKind,
         /// The driver's message, redacted.
         message: String,
+        /// What went wrong, when the driver names it.
+        code: Option<protocol::ErrorCode>,
     },
     #[error("driver {path}: {kind} is not supported")]
     NotSupported { path: PathBuf, kind: CallOutKind },
@@ -221,6 +223,14 @@ pub enum CallError {
 impl CallError {
     pub fn is_not_supported(&self) -> bool {
         matches!(self, Self::NotSupported { .. })
+    }
+
+    /// The code of a `Failure` the driver named.
+    pub fn code(&self) -> Option<protocol::ErrorCode> {
+        match self {
+            Self::Failure { code, .. } => *code,
+            _ => None,
+        }
     }
 }
 
@@ -247,6 +257,7 @@ pub fn call(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<Rep
             path: path(),
             kind: call.kind,
             message: call.redact(&reply.message),
+            code: reply.code,
         }),
         Status::NotSupported => Err(CallError::NotSupported {
             path: path(),
