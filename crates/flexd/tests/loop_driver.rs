@@ -175,7 +175,7 @@ fn installed_builtin_answers_exact_json(build: Build) {
     assert_eq!(init.status.code(), Some(0));
     assert_eq!(
         String::from_utf8(init.stdout).unwrap(),
-        "{\"status\":\"Success\",\"capabilities\":{\"attach\":true,\"selinuxRelabel\":true,\"supportsMetrics\":true,\"fsGroup\":true,\"requiresFSResize\":true}}\n"
+        "{\"status\":\"Success\",\"capabilities\":{\"attach\":true,\"selinuxRelabel\":true,\"supportsMetrics\":true,\"fsGroup\":true,\"requiresFSResize\":true,\"provision\":true}}\n"
     );
     assert!(init.stderr.is_empty(), "{:?}", init.stderr);
     let unknown = s.call(&["frobnicate", "x"]);

@@ -7,7 +7,9 @@
 //!
 //! | call-out | what it does |
 //! |---|---|
-//! | attach | creates the image (sparse, `size`) or reuses it; sets up a loop device or reuses the one already backing it |
+//! | provision | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) |
+//! | delete | removes the image (refused while a loop device backs it, i.e. attached or mounted) |
+//! | attach | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); sets up a loop device or reuses the one already backing it |
 //! | waitforattach, isattached | the loop device backing the image |
 //! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
 //! | unmountdevice | unmounts, and releases the loop device when nothing else mounts it |
@@ -17,7 +19,10 @@
 //! | mount, unmount | Not supported: the host bind-mounts the device mount |
 //!
 //! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`), `size` (default 1Gi; bytes
-//! or 512Mi, 10Gi, 1G …), `imageDir` (default [`DEFAULT_IMAGE_DIR`]).
+//! or 512Mi, 10Gi, 1G …), `imageDir` (default [`DEFAULT_IMAGE_DIR`]). A static volume with a
+//! `size` is created on first attach (the quick start's `flexd volume mount --options
+//! '{"size":…}'`); a provisioned one carries no `size`, so a deleted or missing image is a
+//! `NotFound` error, never a fresh empty volume.
 //!
 //! Every step is idempotent, and steps on one volume are serialised by an exclusive `flock`
 //! on `<imageDir>/.<volume>.lock`, so concurrent calls (kubelet retries, two pods) are safe.
@@ -33,7 +38,7 @@ use std::process::Command;
 
 use flexvolume::mount;
 use flexvolume_driver::{
-    Capabilities, Driver, DriverError, DriverResult, ResultExt as _, VolumeOptions,
+    Capabilities, Driver, DriverError, DriverResult, Provisioned, ResultExt as _, VolumeOptions,
 };
 
 /// Where images live unless the volume's `imageDir` option says otherwise.
@@ -432,6 +437,7 @@ impl Driver for LoopDriver {
             attach: true,
             supports_metrics: true,
             requires_fs_resize: true,
+            provision: true,
             ..Capabilities::default()
         })
     }
@@ -441,11 +447,21 @@ impl Driver for LoopDriver {
     }
 
     /// The node is ignored: loop devices are local, so this driver attaches where it runs.
+    /// Only a `size` option creates the image; otherwise it must be there.
     fn attach(&self, options: &VolumeOptions, _node: &str) -> DriverResult<String> {
         let volume = Volume::from_options(options)?;
+        let create = options.get(SIZE_OPTION).is_some_and(|s| !s.is_empty());
         let size = size_of(options)?;
         let _lock = volume.lock()?;
-        volume.create_or_reuse_image(size)?;
+        if create {
+            volume.create_or_reuse_image(size)?;
+        } else if !volume.image().exists() {
+            return Err(DriverError::not_found(format!(
+                "volume {} does not exist (no image {}); give a {SIZE_OPTION} option to create it on attach",
+                volume.name,
+                volume.image().display()
+            )));
+        }
         match volume.device()? {
             Some(device) => Ok(device),
             None => losetup::attach(&volume.image()),
@@ -516,6 +532,59 @@ impl Driver for LoopDriver {
         if volume.is_some() && mounts_of(&device)?.is_empty() {
             losetup::detach(&device)?;
         }
+        Ok(())
+    }
+
+    /// The image, of the requested size (or `size`, or 1Gi). An image already there from an
+    /// interrupted provision of this name is reused when it is at least that big.
+    fn provision(&self, options: &VolumeOptions) -> DriverResult<Provisioned> {
+        let volume = Volume::from_options(options)?;
+        let size = match options.request_bytes().filter(|b| *b > 0) {
+            Some(bytes) => bytes,
+            None => size_of(options)?,
+        };
+        let _lock = volume.lock()?;
+        if !volume.create_or_reuse_image(size)? {
+            let existing = fs::metadata(volume.image())
+                .context(format_args!("cannot stat {}", volume.image().display()))?
+                .len();
+            if existing < size {
+                return Err(DriverError::already_exists(format!(
+                    "image {} exists with {existing} bytes, less than the {size} asked for",
+                    volume.image().display()
+                )));
+            }
+        }
+        Ok(Provisioned::from([(
+            VOLUME_ID_OPTION.to_owned(),
+            volume.name.clone(),
+        )]))
+    }
+
+    /// Removes the image; refused while a loop device backs it (attached, maybe mounted).
+    fn delete(&self, options: &VolumeOptions) -> DriverResult<()> {
+        let volume = Volume::from_options(options)?;
+        if !volume.image().exists() {
+            return Ok(());
+        }
+        let _lock = volume.lock()?;
+        if let Some(device) = volume.device()? {
+            return Err(DriverError::failure(format!(
+                "volume {} is still attached as {device}; detach it first",
+                volume.name
+            )));
+        }
+        match fs::remove_file(volume.image()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(DriverError::failure(format!(
+                    "cannot remove {}: {e}",
+                    volume.image().display()
+                )))
+            }
+        }
+        let _ = fs::remove_file(volume.lock_path());
         Ok(())
     }
 
@@ -705,8 +774,55 @@ mod tests {
     }
 
     #[test]
+    fn provision_sizes_the_image_delete_removes_it_and_attach_without_size_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().display().to_string();
+        let json = |extra: &str| {
+            options(&format!(
+                r#"{{"imageDir":"{images}","kubernetes.io/pvOrVolumeName":"pvc-1"{extra}}}"#
+            ))
+        };
+        let image = dir.path().join("pvc-1.img");
+        // Attaching a volume that was never created names the error, and creates nothing.
+        let err = LoopDriver.attach(&json(""), "node-1").unwrap_err();
+        assert!(
+            matches!(&err, DriverError::Named { code: flexvolume_driver::ErrorCode::NotFound, .. }),
+            "{err:?}"
+        );
+        assert!(!image.exists());
+        let made = LoopDriver
+            .provision(&json(r#","requestBytes":"5242880""#))
+            .unwrap();
+        assert_eq!(made.get(VOLUME_ID_OPTION).map(String::as_str), Some("pvc-1"));
+        assert_eq!(fs::metadata(&image).unwrap().len(), 5 << 20);
+        // Repeated (a retry after a crash): the same image.
+        LoopDriver
+            .provision(&json(r#","requestBytes":"5242880""#))
+            .unwrap();
+        let bigger = LoopDriver
+            .provision(&json(r#","requestBytes":"10485760""#))
+            .unwrap_err();
+        assert!(matches!(bigger, DriverError::Named { code: flexvolume_driver::ErrorCode::AlreadyExists, .. }));
+        if which("losetup") {
+            LoopDriver.delete(&json("")).unwrap();
+            assert!(!image.exists());
+        }
+        // Deleting what is not there is done already.
+        fs::remove_file(&image).ok();
+        LoopDriver.delete(&json("")).unwrap();
+    }
+
+    fn which(tool: &str) -> bool {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    #[test]
     fn init_reports_attach_and_metrics() {
         let caps = LoopDriver.init().unwrap();
         assert!(caps.attach && caps.supports_metrics && caps.requires_fs_resize);
+        assert!(caps.provision);
     }
 }

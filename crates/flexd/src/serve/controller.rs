@@ -1,7 +1,8 @@
-//! CSI Controller for one attaching FlexVolume driver: ControllerPublish = attach (the device
-//! goes to the node in the publish context), ControllerUnpublish = detach. Volumes are static
-//! (PVs written by the admin): CreateVolume and DeleteVolume are not offered, and gRPC answers
-//! UNIMPLEMENTED for them.
+//! CSI Controller for one FlexVolume driver: ControllerPublish = attach (the device goes to the
+//! node in the publish context), ControllerUnpublish = detach, for drivers that attach;
+//! CreateVolume = provision, DeleteVolume = delete, for drivers that provision (see
+//! [`super::provision`]). Served for every driver in controller and both modes; a driver that
+//! does neither has a controller with no capabilities.
 
 use std::sync::Arc;
 
@@ -14,22 +15,46 @@ use super::locks::VolumeLocks;
 use super::node::{ready_plugin, run_locked, DEVICE_KEY};
 use super::proto::csi::controller_server::Controller;
 use super::proto::csi::{
-    controller_service_capability, validate_volume_capabilities_response,
+    controller_service_capability, validate_volume_capabilities_response, CreateVolumeRequest,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
     ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
 };
+use super::provision;
 use super::request;
 
 pub struct ControllerService {
     pub driver: Arc<ServedDriver>,
     pub lifecycle: Arc<Lifecycle>,
     pub locks: VolumeLocks,
+    /// `--mode both`: this flexd is one node's whole plugin, and the only node it can publish
+    /// to is its own (any other node id is NOT_FOUND). In controller mode every node id goes
+    /// to the driver, which may answer `NotFound` itself.
+    pub own_node_only: bool,
 }
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        provision::create_volume(&self.driver, &self.lifecycle, &self.locks, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        provision::delete_volume(&self.driver, &self.lifecycle, &self.locks, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn controller_publish_volume(
         &self,
         request: Request<ControllerPublishVolumeRequest>,
@@ -37,12 +62,22 @@ impl Controller for ControllerService {
         let req = request.into_inner();
         let volume_id = request::volume_id(&req.volume_id)?.to_owned();
         let node = request::node_id(&req.node_id)?.to_owned();
+        request::mount_capability(req.volume_capability.as_ref())?;
+        let context =
+            provision::volume_context(&self.driver, &self.lifecycle, &volume_id, &req.volume_context)
+                .await?;
+        if self.own_node_only && node != self.lifecycle.node {
+            return Err(Status::not_found(format!(
+                "node {node} is not known here: flexd serves both modes for node {} only (run --mode controller to publish to any node)",
+                self.lifecycle.node
+            )));
+        }
         let spec = request::spec(
             &self.driver.name,
             &volume_id,
             req.volume_capability.as_ref(),
             req.readonly,
-            &req.volume_context,
+            &context,
             // attach receives no secrets (FlexVolume gives them to mount only).
             &Default::default(),
         )?;
@@ -115,9 +150,21 @@ impl Controller for ControllerService {
         request: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
         let req = request.into_inner();
-        request::volume_id(&req.volume_id)?;
+        let volume_id = request::volume_id(&req.volume_id)?;
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
+        // A volume exists when flexd provisioned it, or when the request describes it (a static
+        // PV's attributes are its FlexVolume options).
+        if req.volume_context.is_empty()
+            && provision::provisioned(&self.lifecycle, &self.driver.name, volume_id)
+                .await?
+                .is_none()
+        {
+            return Err(Status::not_found(format!(
+                "volume {volume_id} does not exist: driver {} has no provisioned volume of that id, and no volume_context describes one",
+                self.driver.name
+            )));
         }
         // Every mount capability is one a FlexVolume driver can serve; block is not.
         if let Some(refused) = req
@@ -145,15 +192,21 @@ impl Controller for ControllerService {
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         use controller_service_capability::rpc::Type;
+        let capability = |kind: Type| ControllerServiceCapability {
+            r#type: Some(controller_service_capability::Type::Rpc(
+                controller_service_capability::Rpc {
+                    r#type: kind as i32,
+                },
+            )),
+        };
         let mut capabilities = Vec::new();
-        if self.driver.plugin().is_some_and(|p| p.capabilities.attach) {
-            capabilities.push(ControllerServiceCapability {
-                r#type: Some(controller_service_capability::Type::Rpc(
-                    controller_service_capability::Rpc {
-                        r#type: Type::PublishUnpublishVolume as i32,
-                    },
-                )),
-            });
+        if let Some(caps) = self.driver.plugin().map(|p| p.capabilities) {
+            if caps.provision {
+                capabilities.push(capability(Type::CreateDeleteVolume));
+            }
+            if caps.attach {
+                capabilities.push(capability(Type::PublishUnpublishVolume));
+            }
         }
         Ok(Response::new(ControllerGetCapabilitiesResponse {
             capabilities,

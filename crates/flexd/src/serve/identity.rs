@@ -35,7 +35,12 @@ impl Identity for IdentityService {
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         let mut capabilities = Vec::new();
-        if self.driver.plugin().is_some_and(|p| p.capabilities.attach) {
+        // The controller service has something to offer: attach or provisioning.
+        if self
+            .driver
+            .plugin()
+            .is_some_and(|p| p.capabilities.attach || p.capabilities.provision)
+        {
             capabilities.push(PluginCapability {
                 r#type: Some(plugin_capability::Type::Service(
                     plugin_capability::Service {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod naming;
 pub mod node;
 pub mod proto;
+pub mod provision;
 pub mod registration;
 pub mod request;
 pub mod status;
@@ -127,6 +128,7 @@ impl Served {
                         driver: driver.clone(),
                         lifecycle,
                         locks,
+                        own_node_only: node,
                     },
                 )
             }))

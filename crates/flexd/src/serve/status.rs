@@ -7,6 +7,7 @@ use flexvolume::lifecycle::LifecycleError;
 use flexvolume::mount::safe_path::PathError;
 use flexvolume::mount::MountError;
 use flexvolume::runner::CallError;
+use flexvolume::ErrorCode;
 use tonic::{Code, Status};
 
 /// The CSI code for a lifecycle error.
@@ -36,6 +37,13 @@ pub fn code_of(error: &LifecycleError) -> Code {
         | LifecycleError::WrongRole { .. }
         | LifecycleError::NoDriver { .. }
         | LifecycleError::NoDevice { .. } => Code::FailedPrecondition,
+        // A failure the driver named (`"code"` in its reply).
+        LifecycleError::Call(e) if e.code().is_some() => match e.code() {
+            Some(ErrorCode::NotFound) => Code::NotFound,
+            Some(ErrorCode::AlreadyExists) => Code::AlreadyExists,
+            Some(ErrorCode::OutOfCapacity) => Code::ResourceExhausted,
+            None => Code::Internal,
+        },
         LifecycleError::Call(CallError::Timeout { .. }) => Code::DeadlineExceeded,
         LifecycleError::Call(CallError::NotSupported { .. }) => Code::Unimplemented,
         // The driver failed or misbehaved, a mount or the state dir failed: the CO retries.
@@ -137,8 +145,27 @@ mod tests {
                     path: PathBuf::from("/d"),
                     kind: flexvolume::protocol::CallOutKind::Mount,
                     message: "no such share".into(),
+                    code: None,
                 }),
                 Code::Internal,
+            ),
+            (
+                LifecycleError::Call(CallError::Failure {
+                    path: PathBuf::from("/d"),
+                    kind: flexvolume::protocol::CallOutKind::Attach,
+                    message: "no such volume".into(),
+                    code: Some(ErrorCode::NotFound),
+                }),
+                Code::NotFound,
+            ),
+            (
+                LifecycleError::Call(CallError::Failure {
+                    path: PathBuf::from("/d"),
+                    kind: flexvolume::protocol::CallOutKind::Provision,
+                    message: "pool full".into(),
+                    code: Some(ErrorCode::OutOfCapacity),
+                }),
+                Code::ResourceExhausted,
             ),
         ];
         let more = [

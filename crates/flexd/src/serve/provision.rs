@@ -1,0 +1,200 @@
+//! CSI CreateVolume / DeleteVolume for drivers that provision (`provision: true` in `init`'s
+//! capabilities), and what the rest of the controller learns from provisioned volumes: their
+//! options when the CO sends none, and whether a volume exists at all.
+//!
+//! The volume id is the CreateVolume name, so the node side (where the volume id is
+//! `kubernetes.io/pvOrVolumeName`) sees the same name the driver provisioned.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use flexvolume::lifecycle::{Lifecycle, ProvisionError, ProvisionRequest, ProvisionedVolume};
+use flexvolume::{DriverName, Plugin};
+use tonic::Status;
+
+use super::driver::ServedDriver;
+use super::locks::VolumeLocks;
+use super::node::ready_plugin;
+use super::proto::csi::{
+    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
+};
+use super::request::{self, required};
+use super::status;
+
+/// The plugin of a driver that provisions, or UNIMPLEMENTED (CREATE_DELETE_VOLUME is not
+/// offered for it).
+fn provisioning_plugin(driver: &ServedDriver) -> Result<Arc<Plugin>, Status> {
+    let plugin = ready_plugin(driver)?;
+    if !plugin.capabilities.provision {
+        return Err(Status::unimplemented(format!(
+            "driver {} does not provision (no \"provision\": true in its init capabilities): its volumes are static PVs",
+            driver.name
+        )));
+    }
+    Ok(plugin)
+}
+
+fn status_of(error: &ProvisionError) -> Status {
+    match error {
+        ProvisionError::Lifecycle(e) => status::from_lifecycle(e),
+        ProvisionError::Conflict { .. } => Status::already_exists(error.to_string()),
+        ProvisionError::InUse { .. } => Status::failed_precondition(error.to_string()),
+    }
+}
+
+fn bytes(value: i64, field: &str) -> Result<u64, Status> {
+    u64::try_from(value).map_err(|_| Status::invalid_argument(format!("{field} is negative")))
+}
+
+/// Runs a blocking provisioning operation under the volume's lock.
+async fn run_locked<T: Send + 'static>(
+    locks: &VolumeLocks,
+    name: &str,
+    operation: impl FnOnce() -> Result<T, ProvisionError> + Send + 'static,
+) -> Result<T, Status> {
+    let guard = locks.lock(name).await;
+    tokio::task::spawn_blocking(move || {
+        let result = operation();
+        drop(guard);
+        result
+    })
+    .await
+    .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
+    .map_err(|e| status_of(&e))
+}
+
+pub async fn create_volume(
+    driver: &Arc<ServedDriver>,
+    lifecycle: &Arc<Lifecycle>,
+    locks: &VolumeLocks,
+    req: CreateVolumeRequest,
+) -> Result<CreateVolumeResponse, Status> {
+    let name = required(&req.name, "name")?.to_owned();
+    if req.volume_capabilities.is_empty() {
+        return Err(Status::invalid_argument("volume_capabilities is required"));
+    }
+    let mut fs_type = String::new();
+    for capability in &req.volume_capabilities {
+        let (_, mount) = request::mount_capability(Some(capability))?;
+        if !mount.fs_type.is_empty() {
+            if !fs_type.is_empty() && fs_type != mount.fs_type {
+                return Err(Status::invalid_argument(format!(
+                    "volume_capabilities ask for two filesystems ({fs_type} and {})",
+                    mount.fs_type
+                )));
+            }
+            fs_type = mount.fs_type.clone();
+        }
+    }
+    if req.volume_content_source.is_some() {
+        return Err(Status::invalid_argument(
+            "volume_content_source: FlexVolume drivers cannot create a volume from a snapshot or another volume",
+        ));
+    }
+    let (required_bytes, limit_bytes) = match &req.capacity_range {
+        Some(range) => (
+            bytes(range.required_bytes, "capacity_range.required_bytes")?,
+            bytes(range.limit_bytes, "capacity_range.limit_bytes")?,
+        ),
+        None => (0, 0),
+    };
+    if limit_bytes != 0 && required_bytes > limit_bytes {
+        return Err(Status::out_of_range(format!(
+            "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
+        )));
+    }
+    let plugin = provisioning_plugin(driver)?;
+    let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
+    let secrets: BTreeMap<String, Vec<u8>> = req
+        .secrets
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    let lc = lifecycle.clone();
+    let id = name.clone();
+    let outcome = run_locked(locks, &name, move || {
+        lc.provision(&ProvisionRequest {
+            plugin: &plugin,
+            name: &id,
+            required_bytes,
+            limit_bytes,
+            fs_type: &fs_type,
+            parameters: &parameters,
+            secrets: &secrets,
+        })
+    })
+    .await?;
+    tracing::info!(driver = %driver.name, volume = %name, bytes = outcome.volume.capacity_bytes, provisioned_now = outcome.provisioned_now, "CreateVolume");
+    Ok(CreateVolumeResponse {
+        volume: Some(Volume {
+            capacity_bytes: i64::try_from(outcome.volume.capacity_bytes).unwrap_or(i64::MAX),
+            volume_id: outcome.volume.name.clone(),
+            volume_context: outcome.volume.options.into_iter().collect(),
+        }),
+    })
+}
+
+pub async fn delete_volume(
+    driver: &Arc<ServedDriver>,
+    lifecycle: &Arc<Lifecycle>,
+    locks: &VolumeLocks,
+    req: DeleteVolumeRequest,
+) -> Result<DeleteVolumeResponse, Status> {
+    let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+    let plugin = provisioning_plugin(driver)?;
+    let secrets: BTreeMap<String, Vec<u8>> = req
+        .secrets
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    let lc = lifecycle.clone();
+    let id = volume_id.clone();
+    let deleted = run_locked(locks, &volume_id, move || {
+        lc.delete_provisioned(&plugin, &id, &secrets)
+    })
+    .await?;
+    tracing::info!(driver = %driver.name, volume = %volume_id, deleted, "DeleteVolume");
+    Ok(DeleteVolumeResponse {})
+}
+
+/// The record of a volume flexd provisioned for this driver, if any.
+pub async fn provisioned(
+    lifecycle: &Arc<Lifecycle>,
+    driver: &DriverName,
+    volume_id: &str,
+) -> Result<Option<ProvisionedVolume>, Status> {
+    let lc = lifecycle.clone();
+    let driver = driver.clone();
+    let id = volume_id.to_owned();
+    tokio::task::spawn_blocking(move || lc.provisioned(&driver, &id))
+        .await
+        .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
+        .map_err(|e| status::from_lifecycle(&e))
+}
+
+/// The volume context a controller call works with: the request's, over the options of the
+/// provisioned volume (external-attacher sends the PV's attributes, which are those options;
+/// csi-sanity and hand-made calls may send none). NOT_FOUND for a volume that cannot exist:
+/// no context, nothing provisioned under that id, and a driver that provisions (a static
+/// volume of such a driver is described by its context).
+pub async fn volume_context(
+    driver: &ServedDriver,
+    lifecycle: &Arc<Lifecycle>,
+    volume_id: &str,
+    context: &HashMap<String, String>,
+) -> Result<HashMap<String, String>, Status> {
+    let record = provisioned(lifecycle, &driver.name, volume_id).await?;
+    let provisions = driver.plugin().is_some_and(|p| p.capabilities.provision);
+    match record {
+        Some(volume) => {
+            let mut merged: HashMap<String, String> = volume.options.into_iter().collect();
+            merged.extend(context.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Ok(merged)
+        }
+        None if provisions && context.is_empty() => Err(Status::not_found(format!(
+            "volume {volume_id} does not exist: driver {} did not provision it and the request describes no static volume (no volume_context)",
+            driver.name
+        ))),
+        None => Ok(context.clone()),
+    }
+}
