@@ -247,7 +247,7 @@ fn a_named_failure_carries_its_code_and_the_host_reads_it() {
         r#"{"status":"Failure","message":"no volume gone","code":"NotFound"}"#
     );
     assert_eq!(response.exit_code, 1);
-    let back = flexvolume::protocol::find_reply(response.to_json().as_bytes()).unwrap();
+    let back = flexvolume_protocol::protocol::find_reply(response.to_json().as_bytes()).unwrap();
     assert_eq!(back.code, Some(ErrorCode::NotFound));
     // A driver that does not provision says so, and the host falls back to static volumes.
     let call = CallOut::provision(&Options::for_provision(&spec, None));
