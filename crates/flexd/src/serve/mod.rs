@@ -16,6 +16,7 @@ pub mod naming;
 pub mod node;
 pub mod proto;
 pub mod provision;
+pub mod authority;
 pub mod registration;
 pub mod request;
 pub mod status;
