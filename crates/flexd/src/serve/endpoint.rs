@@ -37,6 +37,7 @@ use tokio_stream::StreamExt as _;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tonic::transport::Server;
 
+use super::authority::AuthorityFix;
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
 use super::proto::csi::identity_server::IdentityServer;
@@ -218,7 +219,7 @@ fn admitted(
     listener: UnixListener,
     socket: PathBuf,
     limits: Limits,
-) -> impl tokio_stream::Stream<Item = io::Result<Admitted>> {
+) -> impl tokio_stream::Stream<Item = io::Result<AuthorityFix<Admitted>>> {
     let (admit, incoming) = mpsc::channel::<Admitted>(16);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
@@ -278,7 +279,8 @@ fn admitted(
             });
         }
     });
-    ReceiverStream::new(incoming).map(Ok)
+    // Every gRPC client's authority, whatever it sends over a Unix socket (see `authority`).
+    ReceiverStream::new(incoming).map(|admitted| Ok(AuthorityFix::new(admitted)))
 }
 
 fn spawn_server(
