@@ -114,6 +114,14 @@ pub fn mount_capability(
     let capability =
         capability.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
     match &capability.access_type {
+        // Kubernetes refuses mountOptions for flexVolume (the plugin supports none, and its
+        // default mountdevice and bind use none), so flexd refuses them rather than drop them.
+        Some(volume_capability::AccessType::Mount(mount)) if !mount.mount_flags.is_empty() => {
+            Err(Status::invalid_argument(format!(
+                "volume_capability.mount_flags {:?}: FlexVolume drivers take no mount options (Kubernetes refuses mountOptions for flexVolume too); give them to the driver through its own options",
+                mount.mount_flags
+            )))
+        }
         Some(volume_capability::AccessType::Mount(mount)) => Ok((capability, mount)),
         Some(volume_capability::AccessType::Block(_)) => Err(Status::invalid_argument(
             "volume_capability: block access is not supported (FlexVolume drivers mount filesystems)",
@@ -264,6 +272,13 @@ mod tests {
         };
         let err = spec(&driver, "v", Some(&block), false, &none, &none).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let mut flagged = mount_cap("");
+        if let Some(volume_capability::AccessType::Mount(m)) = &mut flagged.access_type {
+            m.mount_flags = vec!["noatime".into()];
+        }
+        let err = spec(&driver, "v", Some(&flagged), false, &none, &none).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("noatime"), "{}", err.message());
         assert_eq!(
             required("", "volume_id").unwrap_err().code(),
             tonic::Code::InvalidArgument
