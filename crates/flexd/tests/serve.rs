@@ -76,9 +76,15 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
         .await
         .unwrap()
         .into_inner();
+    // tmpfs does not attach but provisions ("provision": true): its controller service has
+    // CreateVolume/DeleteVolume to offer.
+    let controller = csi::plugin_capability::service::Type::ControllerService as i32;
     assert!(
-        caps.capabilities.is_empty(),
-        "a non-attaching driver has no controller service"
+        caps.capabilities.iter().all(|c| matches!(
+            &c.r#type,
+            Some(csi::plugin_capability::Type::Service(s)) if s.r#type == controller
+        )) && caps.capabilities.len() == 1,
+        "a provisioning, non-attaching driver advertises only the controller service: {caps:?}"
     );
 
     let mut identity = identity_client(&block_sock).await;
