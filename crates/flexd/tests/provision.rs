@@ -1,0 +1,328 @@
+//! Dynamic provisioning through a real `flexd serve --mode controller` and a real driver
+//! process: CreateVolume/DeleteVolume as `provision`/`delete` call-outs with the flex
+//! provisioner's JSON, idempotent across a restart, named driver errors as CSI codes, and a
+//! provisioned volume attaching with the options its provision returned.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::Code;
+
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+}
+
+use csi::controller_client::ControllerClient;
+
+/// Records every call in `calls.log` beside itself. `provision` refuses the "full" tier by
+/// name; attach knows only the volume provision made.
+const DRIVER: &str = r#"#!/bin/sh
+echo "$*" >> "$(dirname "$0")/calls.log"
+case "$1" in
+init) echo '{"status":"Success","capabilities":{"attach":true,"provision":true}}' ;;
+provision)
+  case "$2" in
+    *'"tier":"full"'*) echo '{"status":"Failure","message":"pool full","code":"OutOfCapacity"}'; exit 1 ;;
+  esac
+  echo '{"status":"Success","options":{"volumeID":"vol-made"}}' ;;
+delete) echo '{"status":"Success"}' ;;
+attach)
+  case "$2" in
+    *'"volumeID":"vol-made"'*) echo '{"status":"Success","device":"/dev/fake-made"}' ;;
+    *) echo '{"status":"Failure","message":"no such volume","code":"NotFound"}'; exit 1 ;;
+  esac ;;
+detach) echo '{"status":"Success"}' ;;
+*) echo '{"status":"Not supported"}'; exit 1 ;;
+esac
+"#;
+
+struct Server {
+    child: Child,
+    root: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("exec/acme~prov");
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("prov");
+        std::fs::write(&exe, DRIVER).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let child = Self::spawn(root.path());
+        Self { child, root }
+    }
+
+    fn spawn(root: &Path) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(root.join("exec"))
+            .args(["serve", "--mode", "controller", "--metrics-address", "127.0.0.1:0"])
+            .arg("--csi-dir")
+            .arg(root.join("plugins"))
+            .arg("--registration-dir")
+            .arg(root.join("registry"))
+            .arg("--state-dir")
+            .arg(root.join("state"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    fn restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = Self::spawn(self.root.path());
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.root
+            .path()
+            .join("plugins/flexvolume-acme--prov/csi.sock")
+    }
+
+    fn calls(&self, kind: &str) -> Vec<String> {
+        std::fs::read_to_string(self.root.path().join("exec/acme~prov/calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(kind))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn client(&self) -> ControllerClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let path = self.socket();
+            let connected = Endpoint::try_from("http://[::]:50051")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await;
+            if let Ok(channel) = connected {
+                let mut client = ControllerClient::new(channel);
+                // Served, and the driver's init done (a restarted flexd probes first).
+                if client
+                    .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                    .await
+                    .is_ok_and(|r| !r.into_inner().capabilities.is_empty())
+                {
+                    return client;
+                }
+            }
+            assert!(Instant::now() < deadline, "flexd never served acme/prov");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn capability() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn create(name: &str, bytes: i64, tier: &str) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability()],
+        parameters: HashMap::from([("tier".to_owned(), tier.to_owned())]),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() {
+    let mut server = Server::start();
+    let mut c = server.client().await;
+    use csi::controller_service_capability::rpc::Type;
+    let caps: Vec<i32> = c
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|cap| match cap.r#type {
+            Some(csi::controller_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
+            None => None,
+        })
+        .collect();
+    assert_eq!(
+        caps,
+        vec![
+            Type::CreateDeleteVolume as i32,
+            Type::PublishUnpublishVolume as i32
+        ]
+    );
+
+    let made = c
+        .create_volume(create("pvc-1", 3 << 20, "gold"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(made.volume_id, "pvc-1");
+    assert_eq!(made.capacity_bytes, 3 << 20);
+    assert_eq!(
+        made.volume_context,
+        HashMap::from([
+            ("tier".to_owned(), "gold".to_owned()),
+            ("volumeID".to_owned(), "vol-made".to_owned())
+        ])
+    );
+    let provision = server.calls("provision");
+    assert_eq!(provision.len(), 1);
+    let json: serde_json::Value =
+        serde_json::from_str(provision[0].trim_start_matches("provision ")).unwrap();
+    assert_eq!(json["kubernetes.io/pvOrVolumeName"], "pvc-1");
+    assert_eq!(json["requestBytes"], "3145728");
+    assert_eq!(json["requestMiB"], "3");
+    assert_eq!(json["requestGiB"], "1");
+    assert_eq!(json["tier"], "gold");
+
+    // The same request is the same volume; the driver is not asked again, even by a
+    // restarted flexd.
+    let again = c.create_volume(create("pvc-1", 3 << 20, "gold")).await.unwrap();
+    assert_eq!(again.into_inner().volume.unwrap(), made);
+    server.restart();
+    let mut c = server.client().await;
+    let again = c.create_volume(create("pvc-1", 3 << 20, "gold")).await.unwrap();
+    assert_eq!(again.into_inner().volume.unwrap(), made);
+    assert_eq!(server.calls("provision").len(), 1);
+    // The same name for something else is a conflict.
+    let err = c
+        .create_volume(create("pvc-1", 6 << 20, "gold"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    let err = c
+        .create_volume(create("pvc-1", 3 << 20, "silver"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+
+    // A failure the driver names keeps its meaning.
+    let err = c
+        .create_volume(create("pvc-2", 1 << 20, "full"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("pool full"), "{}", err.message());
+
+    // Published without a volume context (csi-sanity does that): attach gets the options
+    // provision returned.
+    let published = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "pvc-1".into(),
+            node_id: "node-7".into(),
+            volume_capability: Some(capability()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(published.publish_context["device"], "/dev/fake-made");
+    let err = c
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("node-7"), "{}", err.message());
+    assert!(server.calls("delete").is_empty());
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: "pvc-1".into(),
+        node_id: "node-7".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let delete = server.calls("delete");
+    assert_eq!(delete.len(), 1, "a deleted volume is not deleted twice");
+    assert!(delete[0].contains(r#""volumeID":"vol-made""#), "{}", delete[0]);
+
+    // A volume that was never provisioned and that no context describes does not exist, and
+    // the driver is not asked; a static one the driver does not know is the driver's NotFound.
+    let attaches = server.calls("attach").len();
+    let err = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "made-up".into(),
+            node_id: "node-7".into(),
+            volume_capability: Some(capability()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(server.calls("attach").len(), attaches);
+    let err = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "static-1".into(),
+            node_id: "node-7".into(),
+            volume_capability: Some(capability()),
+            volume_context: HashMap::from([("volumeID".to_owned(), "gone".to_owned())]),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(server.calls("attach").len(), attaches + 1);
+    // Nothing was attached, so there is nothing to detach.
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: "static-1".into(),
+        node_id: "node-7".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(server.calls("detach").len(), 1);
+    let err = c
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: "made-up".into(),
+            volume_capabilities: vec![capability()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+}
