@@ -85,10 +85,7 @@ struct Counts {
 
 /// `… 48 Passed | 0 Failed | 1 Pending | 42 Skipped` from ginkgo's summary.
 fn counts(output: &str) -> Option<Counts> {
-    let line = output
-        .lines()
-        .rev()
-        .find(|l| l.contains(" Passed | "))?;
+    let line = output.lines().rev().find(|l| l.contains(" Passed | "))?;
     let number = |label: &str| -> Option<u32> {
         let before = &line[..line.find(label)?];
         before.split_whitespace().last()?.parse().ok()

@@ -62,7 +62,13 @@ impl Server {
         Command::new(env!("CARGO_BIN_EXE_flexd"))
             .arg("--plugin-dir")
             .arg(root.join("exec"))
-            .args(["serve", "--mode", "controller", "--metrics-address", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--mode",
+                "controller",
+                "--metrics-address",
+                "127.0.0.1:0",
+            ])
             .arg("--csi-dir")
             .arg(root.join("plugins"))
             .arg("--registration-dir")
@@ -171,9 +177,9 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
         .into_inner()
         .capabilities
         .into_iter()
-        .filter_map(|cap| match cap.r#type {
-            Some(csi::controller_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
-            None => None,
+        .filter_map(|cap| {
+            cap.r#type
+                .map(|csi::controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
         })
         .collect();
     assert_eq!(
@@ -212,11 +218,17 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
 
     // The same request is the same volume; the driver is not asked again, even by a
     // restarted flexd.
-    let again = c.create_volume(create("pvc-1", 3 << 20, "gold")).await.unwrap();
+    let again = c
+        .create_volume(create("pvc-1", 3 << 20, "gold"))
+        .await
+        .unwrap();
     assert_eq!(again.into_inner().volume.unwrap(), made);
     server.restart();
     let mut c = server.client().await;
-    let again = c.create_volume(create("pvc-1", 3 << 20, "gold")).await.unwrap();
+    let again = c
+        .create_volume(create("pvc-1", 3 << 20, "gold"))
+        .await
+        .unwrap();
     assert_eq!(again.into_inner().volume.unwrap(), made);
     assert_eq!(server.calls("provision").len(), 1);
     // The same name for something else is a conflict.
@@ -279,7 +291,11 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     }
     let delete = server.calls("delete");
     assert_eq!(delete.len(), 1, "a deleted volume is not deleted twice");
-    assert!(delete[0].contains(r#""volumeID":"vol-made""#), "{}", delete[0]);
+    assert!(
+        delete[0].contains(r#""volumeID":"vol-made""#),
+        "{}",
+        delete[0]
+    );
 
     // A volume that was never provisioned and that no context describes does not exist, and
     // the driver is not asked; a static one the driver does not know is the driver's NotFound.

@@ -131,7 +131,10 @@ impl Driver for Recorder {
             o.request_bytes(),
             o.get("requestGiB").unwrap_or("?")
         ));
-        Ok(Provisioned::from([("volumeID".to_owned(), "v-1".to_owned())]))
+        Ok(Provisioned::from([(
+            "volumeID".to_owned(),
+            "v-1".to_owned(),
+        )]))
     }
     fn delete(&self, o: &VolumeOptions) -> DriverResult<()> {
         if o.get("volumeID") == Some("gone") {

@@ -786,14 +786,23 @@ mod tests {
         // Attaching a volume that was never created names the error, and creates nothing.
         let err = LoopDriver.attach(&json(""), "node-1").unwrap_err();
         assert!(
-            matches!(&err, DriverError::Named { code: flexvolume_driver::ErrorCode::NotFound, .. }),
+            matches!(
+                &err,
+                DriverError::Named {
+                    code: flexvolume_driver::ErrorCode::NotFound,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert!(!image.exists());
         let made = LoopDriver
             .provision(&json(r#","requestBytes":"5242880""#))
             .unwrap();
-        assert_eq!(made.get(VOLUME_ID_OPTION).map(String::as_str), Some("pvc-1"));
+        assert_eq!(
+            made.get(VOLUME_ID_OPTION).map(String::as_str),
+            Some("pvc-1")
+        );
         assert_eq!(fs::metadata(&image).unwrap().len(), 5 << 20);
         // Repeated (a retry after a crash): the same image.
         LoopDriver
@@ -802,7 +811,13 @@ mod tests {
         let bigger = LoopDriver
             .provision(&json(r#","requestBytes":"10485760""#))
             .unwrap_err();
-        assert!(matches!(bigger, DriverError::Named { code: flexvolume_driver::ErrorCode::AlreadyExists, .. }));
+        assert!(matches!(
+            bigger,
+            DriverError::Named {
+                code: flexvolume_driver::ErrorCode::AlreadyExists,
+                ..
+            }
+        ));
         if which("losetup") {
             LoopDriver.delete(&json("")).unwrap();
             assert!(!image.exists());

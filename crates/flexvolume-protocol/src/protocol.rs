@@ -481,7 +481,9 @@ impl Reply {
                 .and_then(Value::as_object)
                 .map(Capabilities::merged_from),
             volume_new_size: get("volumeNewSize").and_then(as_u64),
-            code: get("code").and_then(Value::as_str).and_then(ErrorCode::parse),
+            code: get("code")
+                .and_then(Value::as_str)
+                .and_then(ErrorCode::parse),
             options: get("options").and_then(Value::as_object).map(|o| {
                 o.iter()
                     .filter_map(|(k, v)| match v {
@@ -731,8 +733,8 @@ mod tests {
         assert!(!Capabilities::default().provision);
         let json = serde_json::to_string(&Capabilities::default()).unwrap();
         assert!(!json.contains("provision"), "{json}");
-        let r = reply(r#"{"status":"Success","options":{"volumeID":"v","size":5,"x":{}}}"#)
-            .unwrap();
+        let r =
+            reply(r#"{"status":"Success","options":{"volumeID":"v","size":5,"x":{}}}"#).unwrap();
         let options = r.options.unwrap();
         assert_eq!(options["volumeID"], "v");
         assert_eq!(options["size"], "5");

@@ -687,7 +687,10 @@ mod tests {
         let second = hex("828684be5886a8eb10649cbf");
         assert_eq!(
             d.decode(&second).unwrap()[3..],
-            [field(":authority", "www.example.com"), field("cache-control", "no-cache")]
+            [
+                field(":authority", "www.example.com"),
+                field("cache-control", "no-cache")
+            ]
         );
         // An index past the table, a truncated string: errors, not panics.
         assert!(Decoder::default().decode(&[0xff, 0x80]).is_err());
@@ -735,7 +738,10 @@ mod tests {
     async fn header_blocks_are_rewritten_and_other_frames_pass_untouched() {
         let mut input = PREFACE.to_vec();
         write_frame(&mut input, 0x4, 0, 0, &[]); // SETTINGS
-        let block = encode(&[field(":method", "POST"), field(":authority", "/run/csi.sock")]);
+        let block = encode(&[
+            field(":method", "POST"),
+            field(":authority", "/run/csi.sock"),
+        ]);
         // Split across HEADERS + CONTINUATION, padded.
         let mut headers = vec![2u8];
         headers.extend_from_slice(&block[..4]);
@@ -749,7 +755,11 @@ mod tests {
         let mut pos = PREFACE.len();
         while pos < out.len() {
             let len = u32::from_be_bytes([0, out[pos], out[pos + 1], out[pos + 2]]) as usize;
-            frames.push((out[pos + 3], out[pos + 4], out[pos + 9..pos + 9 + len].to_vec()));
+            frames.push((
+                out[pos + 3],
+                out[pos + 4],
+                out[pos + 9..pos + 9 + len].to_vec(),
+            ));
             pos += 9 + len;
         }
         assert_eq!(frames.len(), 3, "{frames:?}");

@@ -15,11 +15,11 @@ use super::locks::VolumeLocks;
 use super::node::{ready_plugin, run_locked, DEVICE_KEY};
 use super::proto::csi::controller_server::Controller;
 use super::proto::csi::{
-    controller_service_capability, validate_volume_capabilities_response, CreateVolumeRequest,
-    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse,
+    controller_service_capability, validate_volume_capabilities_response,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
-    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse,
+    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
 };
 use super::provision;
@@ -41,18 +41,28 @@ impl Controller for ControllerService {
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        provision::create_volume(&self.driver, &self.lifecycle, &self.locks, request.into_inner())
-            .await
-            .map(Response::new)
+        provision::create_volume(
+            &self.driver,
+            &self.lifecycle,
+            &self.locks,
+            request.into_inner(),
+        )
+        .await
+        .map(Response::new)
     }
 
     async fn delete_volume(
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        provision::delete_volume(&self.driver, &self.lifecycle, &self.locks, request.into_inner())
-            .await
-            .map(Response::new)
+        provision::delete_volume(
+            &self.driver,
+            &self.lifecycle,
+            &self.locks,
+            request.into_inner(),
+        )
+        .await
+        .map(Response::new)
     }
 
     async fn controller_publish_volume(
@@ -63,9 +73,13 @@ impl Controller for ControllerService {
         let volume_id = request::volume_id(&req.volume_id)?.to_owned();
         let node = request::node_id(&req.node_id)?.to_owned();
         request::mount_capability(req.volume_capability.as_ref())?;
-        let context =
-            provision::volume_context(&self.driver, &self.lifecycle, &volume_id, &req.volume_context)
-                .await?;
+        let context = provision::volume_context(
+            &self.driver,
+            &self.lifecycle,
+            &volume_id,
+            &req.volume_context,
+        )
+        .await?;
         if self.own_node_only && node != self.lifecycle.node {
             return Err(Status::not_found(format!(
                 "node {node} is not known here: flexd serves both modes for node {} only (run --mode controller to publish to any node)",

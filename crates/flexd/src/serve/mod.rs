@@ -6,6 +6,7 @@
 //! drivers lose them. What each driver is (ready with its plugin, failed, removed) is the
 //! library's [`Registry`]'s, fed by the same events: this module keeps only what is CSI's.
 
+pub mod authority;
 pub mod controller;
 pub mod driver;
 pub mod endpoint;
@@ -16,7 +17,6 @@ pub mod naming;
 pub mod node;
 pub mod proto;
 pub mod provision;
-pub mod authority;
 pub mod registration;
 pub mod request;
 pub mod status;

@@ -223,7 +223,8 @@ impl Lifecycle {
         save(&path, &volume)?;
         let mut spec = volume.spec(driver);
         spec.secrets = request.secrets.clone();
-        let options = Options::for_provision(&spec, Some(request.required_bytes).filter(|b| *b > 0));
+        let options =
+            Options::for_provision(&spec, Some(request.required_bytes).filter(|b| *b > 0));
         let reply = request
             .plugin
             .call(&lc.runner, &CallOut::provision(&options))
@@ -351,12 +352,22 @@ mod tests {
             &crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap(),
         );
         let none = BTreeMap::new();
-        assert!(volume.matches(&request(&plugin, &params, &none, 1 << 30, 0)).is_ok());
-        assert!(volume.matches(&request(&plugin, &params, &none, 0, 0)).is_ok());
-        assert!(volume.matches(&request(&plugin, &params, &none, 2 << 30, 0)).is_err());
-        assert!(volume.matches(&request(&plugin, &params, &none, 0, 1 << 20)).is_err());
+        assert!(volume
+            .matches(&request(&plugin, &params, &none, 1 << 30, 0))
+            .is_ok());
+        assert!(volume
+            .matches(&request(&plugin, &params, &none, 0, 0))
+            .is_ok());
+        assert!(volume
+            .matches(&request(&plugin, &params, &none, 2 << 30, 0))
+            .is_err());
+        assert!(volume
+            .matches(&request(&plugin, &params, &none, 0, 1 << 20))
+            .is_err());
         let other = BTreeMap::new();
-        assert!(volume.matches(&request(&plugin, &other, &none, 1 << 30, 0)).is_err());
+        assert!(volume
+            .matches(&request(&plugin, &other, &none, 1 << 30, 0))
+            .is_err());
     }
 
     #[test]
