@@ -342,3 +342,81 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 }
+
+/// A driver that neither attaches nor provisions still has a controller in both mode (the
+/// suite and the sidecars ask it), with no capabilities, and CreateVolume is UNIMPLEMENTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("exec/acme~plain");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("plain");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{\"status\":\"Success\",\"capabilities\":{\"attach\":false}}' ;;\n*) echo '{\"status\":\"Not supported\"}'; exit 1 ;;\nesac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(root.path().join("exec"))
+        .args([
+            "serve",
+            "--mode",
+            "both",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ])
+        .arg("--csi-dir")
+        .arg(root.path().join("plugins"))
+        .arg("--registration-dir")
+        .arg(root.path().join("registry"))
+        .arg("--state-dir")
+        .arg(root.path().join("state"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = root.path().join("plugins/flexvolume-acme--plain/csi.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let channel = loop {
+        let path = socket.clone();
+        let connected = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        if let Ok(channel) = connected {
+            break channel;
+        }
+        assert!(Instant::now() < deadline, "flexd never served acme/plain");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
+    let plugin = identity
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(plugin.capabilities.is_empty(), "{plugin:?}");
+    let mut c = ControllerClient::new(channel);
+    let caps = c
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(caps.capabilities.is_empty(), "{caps:?}");
+    let err = c
+        .create_volume(create("pvc-1", 1 << 20, "gold"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
