@@ -6,6 +6,7 @@
 //! cannot parse). A check that cannot run (its prerequisite failed, or mounting needs root) is
 //! reported as skipped, with why.
 
+mod provision;
 mod scratch;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ pub const INIT_CHECK: &str = "init answers Success with capabilities";
 pub const STRICT_JSON_CHECK: &str = "init output is strict JSON (kubelet-compatible)";
 pub const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
 pub const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
+pub const PROVISION_CHECK: &str = "provision creates a volume, delete removes it (provision: true)";
 pub const MOUNT_CHECK: &str = "mount through the whole flow (attach path too) on a scratch target";
 pub const ISATTACHED_CHECK: &str = "isattached answers attached (or Not supported) while attached";
 pub const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
@@ -126,6 +128,16 @@ pub fn run(
             "not run: init failed",
         ),
     }
+    match &plugin {
+        Some(plugin) if plugin.capabilities.provision => {
+            provision::check_provision(&mut report, plugin, &spec, config)
+        }
+        _ => report.skip(
+            &[PROVISION_CHECK],
+            false,
+            "not run: the driver does not provision",
+        ),
+    }
     match plugin {
         Some(plugin) if rustix::process::geteuid().is_root() => {
             scratch::lifecycle_checks(&mut report, plugin, &spec, config)
@@ -178,22 +190,19 @@ fn check_init(
         Ok(reply) if reply.status == Status::Success => {
             let caps = reply.capabilities.unwrap_or_default();
             let detail = format!(
-                "capabilities: attach={} fsGroup={} supportsMetrics={} requiresFSResize={} selinuxRelabel={}{}",
+                "capabilities: attach={} fsGroup={} supportsMetrics={} requiresFSResize={} selinuxRelabel={} provision={}{}",
                 caps.attach,
                 caps.fs_group,
                 caps.supports_metrics,
                 caps.requires_fs_resize,
                 caps.selinux_relabel,
+                caps.provision,
                 if reply.capabilities.is_none() { " (none in the reply: defaults)" } else { "" }
             );
             let plugin = Plugin::from_init_reply(driver.clone(), &reply);
             (Verdict::Pass, detail, Some(plugin))
         }
-        Ok(reply) => (
-            Verdict::Fail,
-            format!("answered {:?}: {}", reply.status, reply.message),
-            None,
-        ),
+        Ok(reply) => (Verdict::Fail, provision::answered(&reply), None),
         Err(e) => (Verdict::Fail, e, None),
     };
     report.push(INIT_CHECK, true, verdict, elapsed, detail);
@@ -260,7 +269,7 @@ fn check_getvolumename(
             Verdict::Pass,
             "Not supported (the volume's name is used)".to_owned(),
         ),
-        Ok(r) => (Verdict::Warn, format!("Failure: {}", r.message)),
+        Ok(r) => (Verdict::Warn, provision::answered(&r)),
         Err(e) => (Verdict::Fail, e),
     };
     report.push(GETVOLUMENAME_CHECK, true, verdict, elapsed, detail);

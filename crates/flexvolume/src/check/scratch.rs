@@ -173,10 +173,7 @@ fn check_isattached(report: &mut Report, bench: &Bench<'_>) {
             Verdict::Pass,
             "Not supported (treated as attached)".to_owned(),
         ),
-        Ok(r) => (
-            Verdict::Fail,
-            format!("answered {:?}: {}", r.status, r.message),
-        ),
+        Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
         Err(e) => (Verdict::Fail, e),
     };
     report.push(ISATTACHED_CHECK, true, verdict, elapsed, detail);
@@ -201,10 +198,7 @@ fn check_mount_again(report: &mut Report, bench: &Bench<'_>) {
             Verdict::Pass,
             "Not supported (flexd bind-mounts the device)".to_owned(),
         ),
-        Ok(r) => (
-            Verdict::Fail,
-            format!("answered {:?}: {}", r.status, r.message),
-        ),
+        Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
         Err(e) => (Verdict::Fail, e),
     };
     report.push(MOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
@@ -252,10 +246,7 @@ fn check_unmount_again(report: &mut Report, bench: &Bench<'_>) {
             Verdict::Pass,
             "Not supported (flexd unmounts itself)".to_owned(),
         ),
-        Ok(r) => (
-            Verdict::Fail,
-            format!("answered {:?}: {}", r.status, r.message),
-        ),
+        Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
         Err(e) => (Verdict::Fail, e),
     };
     report.push(UNMOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);

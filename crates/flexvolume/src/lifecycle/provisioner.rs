@@ -260,7 +260,7 @@ impl Lifecycle {
             .list()?
             .into_iter()
             .flatten()
-            .filter(|r| r.driver == driver.as_str() && r.volume_name == name)
+            .filter(|r| r.driver == *driver && r.volume_name == name)
             .map(|r| match r.role {
                 Role::Attach => format!("attached to node {}", r.node),
                 _ => format!("{:?} at {}", r.role, r.target.display()).to_lowercase(),
@@ -342,7 +342,7 @@ mod tests {
             options: params.clone(),
             done: true,
         };
-        let driver = crate::layout::Driver {
+        let driver = crate::layout::InstalledDriver {
             name: DriverName::parse("acme/x").unwrap(),
             path: PathBuf::from("/nonexistent"),
             dir: PathBuf::from("/nonexistent"),
