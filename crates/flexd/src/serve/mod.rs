@@ -12,6 +12,7 @@ pub mod driver;
 pub mod endpoint;
 pub mod identity;
 pub mod locks;
+pub mod lookup;
 pub mod metrics;
 pub mod naming;
 pub mod node;

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::driver::{ServedDriver, ServedResolver};
 use super::locks::VolumeLocks;
+use super::lookup;
 use super::proto::csi::node_server::Node;
 use super::proto::csi::{
     node_service_capability, volume_usage, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
@@ -208,14 +209,25 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        request::volume_id(&req.volume_id)?;
-        let path = request::path(&req.volume_path, "volume_path")?.to_owned();
+        let volume_id = request::volume_id(&req.volume_id)?;
+        request::required(&req.volume_path, "volume_path")?;
         if !ready_plugin(&self.driver)?.capabilities.supports_metrics {
             return Err(Status::unimplemented(format!(
                 "driver {} does not support metrics (supportsMetrics: false)",
                 self.driver.name
             )));
         }
+        // Only a path the volume is recorded at is measured.
+        let path = lookup::volume_at(
+            &self.lifecycle,
+            &self.driver.name,
+            volume_id,
+            &req.volume_path,
+        )
+        .await?
+        .target
+        .display()
+        .to_string();
         let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(path.as_str()))
             .await
             .map_err(|e| Status::internal(format!("statvfs did not finish: {e}")))?
@@ -257,7 +269,18 @@ impl Node for NodeService {
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         let volume_id = request::volume_id(&req.volume_id)?.to_owned();
-        let volume_path = request::path(&req.volume_path, "volume_path")?;
+        request::required(&req.volume_path, "volume_path")?;
+        // The volume must be where the request says, before anything else about it is asked.
+        let volume_path = lookup::volume_at(
+            &self.lifecycle,
+            &self.driver.name,
+            &volume_id,
+            &req.volume_path,
+        )
+        .await?
+        .target
+        .display()
+        .to_string();
         let new_bytes = req
             .capacity_range
             .as_ref()
