@@ -52,7 +52,13 @@ async fn run_locked<T: Send + 'static>(
     name: &str,
     operation: impl FnOnce() -> Result<T, ProvisionError> + Send + 'static,
 ) -> Result<T, Status> {
-    let guard = locks.lock(name).await;
+    // One call at a time per volume, as for every other call: a repeat while the first
+    // still runs is ABORTED (the CO retries), not queued behind a call-out.
+    let guard = locks.try_lock(name).ok_or_else(|| {
+        Status::aborted(format!(
+            "an operation is pending for volume {name}: retry when it has finished"
+        ))
+    })?;
     tokio::task::spawn_blocking(move || {
         let result = operation();
         drop(guard);
@@ -69,7 +75,9 @@ pub async fn create_volume(
     locks: &VolumeLocks,
     req: CreateVolumeRequest,
 ) -> Result<CreateVolumeResponse, Status> {
-    let name = required(&req.name, "name")?.to_owned();
+    required(&req.name, "name")?;
+    // The name is the volume id every later call carries: the same rules.
+    let name = request::volume_id(&req.name)?.to_owned();
     if req.volume_capabilities.is_empty() {
         return Err(Status::invalid_argument("volume_capabilities is required"));
     }
@@ -140,7 +148,7 @@ pub async fn delete_volume(
     locks: &VolumeLocks,
     req: DeleteVolumeRequest,
 ) -> Result<DeleteVolumeResponse, Status> {
-    let volume_id = required(&req.volume_id, "volume_id")?.to_owned();
+    let volume_id = request::volume_id(&req.volume_id)?.to_owned();
     let plugin = provisioning_plugin(driver)?;
     let secrets: BTreeMap<String, Vec<u8>> = req
         .secrets
