@@ -6,6 +6,7 @@ pub mod check;
 pub mod completions;
 pub mod drivers;
 pub mod install;
+pub mod migrate;
 pub mod ownership;
 pub mod volume;
 pub mod watch;
@@ -64,6 +65,9 @@ pub enum Command {
     /// Serve every discovered driver to Kubernetes through CSI.
     #[command(after_help = exit::UNTIL_SIGNAL)]
     Serve(crate::serve::ServeArgs),
+    /// Print the CSI equivalents of FlexVolume PersistentVolumes, Pods and workloads.
+    #[command(after_help = migrate::EXIT)]
+    Migrate(migrate::MigrateArgs),
     /// Print a shell completion script for flexd on stdout.
     #[command(after_help = exit::PLAIN)]
     Completions(completions::CompletionsArgs),
@@ -80,6 +84,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(&cli.global, args),
         Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
+        Command::Migrate(args) => migrate::run(&cli.global, args),
         Command::Completions(args) => completions::run(args),
     }
 }

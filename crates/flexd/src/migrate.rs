@@ -1,0 +1,677 @@
+//! FlexVolume objects as their CSI equivalents served by `flexd serve` (`flexd migrate`).
+//!
+//! A PersistentVolume with `flexVolume` becomes one with `csi`, and an inline `flexVolume` in a
+//! Pod or a workload's pod template becomes an inline `csi` volume. The conversion is exact for
+//! what reaches the driver, so a migrated PV names the very volume the driver mounted before:
+//! flexd serve makes the CSI volume id the FlexVolume volume name and the volume context the
+//! options, so the `volumeHandle` is the PV's name (FlexVolume's `kubernetes.io/pvOrVolumeName`)
+//! and the `volumeAttributes` are the options, unchanged.
+//!
+//! Typed Kubernetes objects in and out (k8s-openapi), text only at the edges. Everything is
+//! converted before anything is returned: one refusal anywhere means no output at all, so a
+//! cut-over never applies half a migration.
+
+use std::collections::BTreeMap;
+
+use flexvolume::DriverName;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, CSIVolumeSource, LocalObjectReference, PersistentVolume, Pod,
+    PodSpec, SecretReference,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::naming;
+
+/// Volume-context keys flexd serve takes for kubelet's (pod information), never the driver's:
+/// an option under this prefix would not reach the driver after the migration.
+pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// The annotation `kubectl apply` keeps the last applied object in: it still describes the
+/// FlexVolume object, so a later apply would diff against the wrong thing.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Why an object, or one of its volumes, cannot be converted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Reason {
+    #[error("is not YAML or JSON: {0}")]
+    NotYaml(String),
+    #[error("is not a Kubernetes object (no apiVersion and kind)")]
+    NotAnObject,
+    #[error("is not a valid {kind}: {error}")]
+    Invalid { kind: String, error: String },
+    #[error("has no metadata.name (a migrated PersistentVolume's volumeHandle is its name)")]
+    NoName,
+    #[error("flexVolume.driver {driver:?} is not a driver name: {reason}")]
+    DriverName { driver: String, reason: String },
+    #[error("{0}")]
+    CsiName(#[from] naming::CsiNameError),
+    #[error(
+        "driver {driver} attaches, and an inline CSI volume cannot be attached (kubelet never \
+         calls ControllerPublish for it); make it a PersistentVolume and claim it"
+    )]
+    InlineAttaching { driver: String },
+    #[error(
+        "cannot tell whether driver {driver} attaches ({reason}); install it in the plugin dir \
+         or say --attaching {driver} or --not-attaching {driver}"
+    )]
+    UnknownAttach { driver: String, reason: String },
+    #[error(
+        "option {key:?} would not reach the driver: flexd serve takes csi.storage.k8s.io/ keys \
+         as kubelet's pod information"
+    )]
+    ReservedOption { key: String },
+    #[error("flexVolume.secretRef has no name")]
+    SecretWithoutName,
+    #[error(
+        "flexVolume.secretRef {name:?} has no namespace and the PersistentVolume has no \
+         claimRef: FlexVolume read it from the pod's namespace, CSI needs it named (set \
+         secretRef.namespace)"
+    )]
+    SecretNamespaceUnknown { name: String },
+    #[error("volumeMode is Block: FlexVolume drivers mount filesystems, and flexd serve refuses block access")]
+    Block,
+    #[error("has both flexVolume and csi")]
+    BothSources,
+    #[error("holds a flexVolume, and flexd migrate does not convert a {kind}; convert its owner or write the csi volume by hand")]
+    UnsupportedKind { kind: String },
+}
+
+/// One refusal: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 1-based, in input order.
+    pub document: usize,
+    /// `Kind namespace/name`, or empty when the document is not an object.
+    pub object: String,
+    /// The pod volume, for an inline volume.
+    pub volume: Option<String>,
+    pub reason: Reason,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "document {}", self.document)?;
+        if !self.object.is_empty() {
+            write!(f, ", {}", self.object)?;
+        }
+        if let Some(volume) = &self.volume {
+            write!(f, ", volume {volume:?}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// What the conversion did with a document that is not a refusal, for the operator (stderr).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub document: usize,
+    pub object: String,
+    pub text: String,
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "document {}", self.document)?;
+        if !self.object.is_empty() {
+            write!(f, ", {}", self.object)?;
+        }
+        write!(f, ": {}", self.text)
+    }
+}
+
+/// The converted objects (only those that held a flexVolume), in input order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Migration {
+    pub objects: Vec<Value>,
+    pub notes: Vec<Note>,
+}
+
+impl Migration {
+    /// The objects as YAML documents separated by `---`, every string that a YAML 1.1
+    /// reader (kubectl's) could take for something else quoted (see [`to_yaml`]).
+    pub fn to_yaml(&self) -> String {
+        let mut out = String::new();
+        for (i, object) in self.objects.iter().enumerate() {
+            if i > 0 {
+                out.push_str("---\n");
+            }
+            out.push_str(&to_yaml(object));
+        }
+        out
+    }
+
+    /// The objects as one `v1` List (what `kubectl apply -f` takes as a single JSON document).
+    pub fn to_json_list(&self) -> Value {
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": self.objects})
+    }
+}
+
+/// A value as block-style YAML. Written here rather than by a YAML library because kubectl
+/// reads YAML 1.1, where a plain `yes`, `on` or `0777` is not a string: an annotation
+/// `"yes"` printed plain would come back as a boolean and be refused. So a string is plain
+/// only when it cannot be read as anything else (a letter, then letters, digits, `.`, `_`,
+/// `/` and `-`, and no YAML 1.1 boolean or null word); every other one is JSON-quoted, which
+/// YAML reads as a double-quoted scalar.
+pub fn to_yaml(value: &Value) -> String {
+    let mut out = String::new();
+    match value {
+        Value::Object(map) if !map.is_empty() => emit_map(map, 0, &mut out),
+        Value::Array(items) if !items.is_empty() => emit_list(items, 0, &mut out),
+        scalar => {
+            out.push_str(&yaml_scalar(scalar));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn yaml_string(text: &str) -> String {
+    const WORDS: [&str; 9] = ["y", "n", "yes", "no", "true", "false", "on", "off", "null"];
+    let plain = text.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
+        && !WORDS.iter().any(|w| w.eq_ignore_ascii_case(text));
+    if plain {
+        text.to_owned()
+    } else {
+        Value::String(text.to_owned()).to_string()
+    }
+}
+
+/// A scalar, or an empty collection in flow style.
+fn yaml_scalar(value: &Value) -> String {
+    match value {
+        Value::String(text) => yaml_string(text),
+        Value::Object(_) => "{}".to_owned(),
+        Value::Array(_) => "[]".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn is_block(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => !map.is_empty(),
+        Value::Array(items) => !items.is_empty(),
+        _ => false,
+    }
+}
+
+fn emit_map(map: &serde_json::Map<String, Value>, indent: usize, out: &mut String) {
+    for (key, value) in map {
+        out.push_str(&" ".repeat(indent));
+        out.push_str(&yaml_string(key));
+        out.push(':');
+        match value {
+            Value::Object(inner) if !inner.is_empty() => {
+                out.push('\n');
+                emit_map(inner, indent + 2, out);
+            }
+            // A list sits at its key's indentation, as kubectl prints it.
+            Value::Array(items) if !items.is_empty() => {
+                out.push('\n');
+                emit_list(items, indent, out);
+            }
+            scalar => {
+                out.push(' ');
+                out.push_str(&yaml_scalar(scalar));
+                out.push('\n');
+            }
+        }
+    }
+}
+
+fn emit_list(items: &[Value], indent: usize, out: &mut String) {
+    for item in items {
+        out.push_str(&" ".repeat(indent));
+        out.push('-');
+        if is_block(item) {
+            // The item's first line goes after the dash, the rest under it.
+            let mut inner = String::new();
+            match item {
+                Value::Object(map) => emit_map(map, indent + 2, &mut inner),
+                Value::Array(list) => emit_list(list, indent + 2, &mut inner),
+                _ => {}
+            }
+            out.push(' ');
+            out.push_str(&inner[indent + 2..]);
+        } else {
+            out.push(' ');
+            out.push_str(&yaml_scalar(item));
+            out.push('\n');
+        }
+    }
+}
+
+/// Whether a driver attaches (`init`'s `attach` capability), or why that is not known. Asked
+/// only for drivers of inline volumes: a PV converts the same either way.
+pub type Attaches<'a> = dyn FnMut(&DriverName) -> Result<bool, String> + 'a;
+
+/// Converts every document of `text` (YAML or JSON, `---`-separated, `kind: List` unpacked).
+/// Either every object converts, or the refusals are returned and nothing else.
+pub fn migrate(text: &str, attaches: &mut Attaches<'_>) -> Result<Migration, Vec<Refusal>> {
+    let mut run = Run {
+        attaches,
+        migration: Migration::default(),
+        refusals: Vec::new(),
+        document: 0,
+    };
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
+        run.document += 1;
+        match Value::deserialize(document) {
+            // An empty document (a leading or trailing `---`).
+            Ok(Value::Null) => {}
+            Ok(value) => run.object(value),
+            Err(e) => {
+                run.refuse("", None, Reason::NotYaml(e.to_string()));
+                // The parser cannot resynchronise after a syntax error.
+                break;
+            }
+        }
+    }
+    if run.refusals.is_empty() {
+        Ok(run.migration)
+    } else {
+        Err(run.refusals)
+    }
+}
+
+struct Run<'a, 'b> {
+    attaches: &'a mut Attaches<'b>,
+    migration: Migration,
+    refusals: Vec<Refusal>,
+    document: usize,
+}
+
+/// `Kind namespace/name` (or `Kind name`).
+fn describe(kind: &str, meta: &ObjectMeta) -> String {
+    let name = meta.name.as_deref().unwrap_or("(no name)");
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
+        _ => format!("{kind} {name}"),
+    }
+}
+
+fn contains_flex_volume(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, v)| k == "flexVolume" || contains_flex_volume(v)),
+        Value::Array(items) => items.iter().any(contains_flex_volume),
+        _ => false,
+    }
+}
+
+/// What `kubectl get -o yaml` adds that a new object must not carry (`kubectl create` refuses
+/// a resourceVersion) or that describes the old object.
+fn fresh_metadata(meta: &mut ObjectMeta) {
+    meta.uid = None;
+    meta.resource_version = None;
+    meta.creation_timestamp = None;
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.generation = None;
+    meta.managed_fields = None;
+    meta.self_link = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+impl Run<'_, '_> {
+    fn refuse(&mut self, object: &str, volume: Option<&str>, reason: Reason) {
+        self.refusals.push(Refusal {
+            document: self.document,
+            object: object.to_owned(),
+            volume: volume.map(str::to_owned),
+            reason,
+        });
+    }
+
+    fn note(&mut self, object: &str, text: impl Into<String>) {
+        self.migration.notes.push(Note {
+            document: self.document,
+            object: object.to_owned(),
+            text: text.into(),
+        });
+    }
+
+    fn object(&mut self, value: Value) {
+        let api_version = value.get("apiVersion").and_then(Value::as_str);
+        let kind = value.get("kind").and_then(Value::as_str);
+        let (Some(api_version), Some(kind)) = (api_version, kind) else {
+            return self.refuse("", None, Reason::NotAnObject);
+        };
+        let (api_version, kind) = (api_version.to_owned(), kind.to_owned());
+        match (api_version.as_str(), kind.as_str()) {
+            ("v1", "List") => {
+                let items = match value.get("items") {
+                    Some(Value::Array(items)) => items.clone(),
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(_) => {
+                        return self.refuse(
+                            "List",
+                            None,
+                            Reason::Invalid {
+                                kind,
+                                error: "items is not a list".into(),
+                            },
+                        )
+                    }
+                };
+                for item in items {
+                    self.object(item);
+                }
+            }
+            ("v1", "PersistentVolume") => self.typed(value, Self::persistent_volume),
+            ("v1", "Pod") => self.typed(value, |run, pod: &mut Pod, what| {
+                run.pod_spec(pod.spec.as_mut(), what)
+            }),
+            ("apps/v1", "Deployment") => self.typed(value, |run, o: &mut Deployment, what| {
+                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+                run.pod_spec(spec, what)
+            }),
+            ("apps/v1", "StatefulSet") => self.typed(value, |run, o: &mut StatefulSet, what| {
+                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+                run.pod_spec(spec, what)
+            }),
+            ("apps/v1", "DaemonSet") => self.typed(value, |run, o: &mut DaemonSet, what| {
+                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+                run.pod_spec(spec, what)
+            }),
+            ("batch/v1", "Job") => self.typed(value, |run, o: &mut Job, what| {
+                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+                run.pod_spec(spec, what)
+            }),
+            ("batch/v1", "CronJob") => self.typed(value, |run, o: &mut CronJob, what| {
+                let spec = o
+                    .spec
+                    .as_mut()
+                    .and_then(|s| s.job_template.spec.as_mut())
+                    .and_then(|s| s.template.spec.as_mut());
+                run.pod_spec(spec, what)
+            }),
+            _ => {
+                let meta: ObjectMeta = value
+                    .get("metadata")
+                    .and_then(|m| serde_json::from_value(m.clone()).ok())
+                    .unwrap_or_default();
+                let what = describe(&kind, &meta);
+                if !contains_flex_volume(&value) {
+                    self.note(&what, "skipped: no flexVolume");
+                } else if let Some(owner) = controller(&meta) {
+                    self.note(&what, format!("skipped: owned by {owner}; migrate that"));
+                } else {
+                    self.refuse(&what, None, Reason::UnsupportedKind { kind });
+                }
+            }
+        }
+    }
+
+    /// Parses `value` as `T`, converts it with `convert` (which says whether it changed
+    /// anything, or pushed refusals), and keeps it if it changed.
+    fn typed<T>(&mut self, value: Value, convert: impl FnOnce(&mut Self, &mut T, &str) -> bool)
+    where
+        T: DeserializeOwned + Serialize + k8s_openapi::Metadata<Ty = ObjectMeta>,
+    {
+        let kind = T::KIND;
+        let meta: ObjectMeta = value
+            .get("metadata")
+            .and_then(|m| serde_json::from_value(m.clone()).ok())
+            .unwrap_or_default();
+        let what = describe(kind, &meta);
+        let mut object: T = match serde_json::from_value(value) {
+            Ok(object) => object,
+            Err(e) => {
+                return self.refuse(
+                    &what,
+                    None,
+                    Reason::Invalid {
+                        kind: kind.to_owned(),
+                        error: e.to_string(),
+                    },
+                )
+            }
+        };
+        if let Some(owner) = controller(object.metadata()) {
+            // Its controller recreates it from the owner's template.
+            return self.note(&what, format!("skipped: owned by {owner}; migrate that"));
+        }
+        let refused = self.refusals.len();
+        if !convert(self, &mut object, &what) {
+            if self.refusals.len() == refused {
+                self.note(&what, "skipped: no flexVolume");
+            }
+            return;
+        }
+        if self.refusals.len() > refused {
+            return;
+        }
+        fresh_metadata(object.metadata_mut());
+        let mut value = match serde_json::to_value(&object) {
+            Ok(value) => value,
+            Err(e) => {
+                return self.refuse(
+                    &what,
+                    None,
+                    Reason::Invalid {
+                        kind: kind.to_owned(),
+                        error: e.to_string(),
+                    },
+                )
+            }
+        };
+        // The old object's status says nothing true about the new one.
+        if let Value::Object(map) = &mut value {
+            map.remove("status");
+        }
+        self.migration.objects.push(value);
+    }
+
+    fn driver(
+        &mut self,
+        what: &str,
+        volume: Option<&str>,
+        driver: &str,
+    ) -> Option<(DriverName, String)> {
+        let name = match DriverName::parse(driver) {
+            Ok(name) => name,
+            Err(e) => {
+                self.refuse(
+                    what,
+                    volume,
+                    Reason::DriverName {
+                        driver: driver.to_owned(),
+                        reason: e.to_string(),
+                    },
+                );
+                return None;
+            }
+        };
+        match naming::csi_name(&name) {
+            Ok(csi) => Some((name, csi)),
+            Err(e) => {
+                self.refuse(what, volume, e.into());
+                None
+            }
+        }
+    }
+
+    /// The options as volume attributes, all of them (or refusals for those serve would drop).
+    fn attributes(
+        &mut self,
+        what: &str,
+        volume: Option<&str>,
+        options: Option<BTreeMap<String, String>>,
+    ) -> Option<Option<BTreeMap<String, String>>> {
+        let options = options.unwrap_or_default();
+        let mut ok = true;
+        for key in options.keys().filter(|k| k.starts_with(K8S_CONTEXT_PREFIX)) {
+            self.refuse(what, volume, Reason::ReservedOption { key: key.clone() });
+            ok = false;
+        }
+        ok.then(|| (!options.is_empty()).then_some(options))
+    }
+
+    fn persistent_volume(&mut self, pv: &mut PersistentVolume, what: &str) -> bool {
+        let Some(spec) = pv.spec.as_mut() else {
+            return false;
+        };
+        let Some(flex) = spec.flex_volume.take() else {
+            return false;
+        };
+        let Some(name) = pv.metadata.name.clone().filter(|n| !n.is_empty()) else {
+            self.refuse(what, None, Reason::NoName);
+            return true;
+        };
+        if spec.csi.is_some() {
+            self.refuse(what, None, Reason::BothSources);
+        }
+        if spec.volume_mode.as_deref() == Some("Block") {
+            self.refuse(what, None, Reason::Block);
+        }
+        let driver = self.driver(what, None, &flex.driver);
+        let attributes = self.attributes(what, None, flex.options);
+        let secret = match flex.secret_ref {
+            None => Some(None),
+            Some(SecretReference { name: None, .. }) => {
+                self.refuse(what, None, Reason::SecretWithoutName);
+                None
+            }
+            Some(SecretReference {
+                name: Some(secret),
+                namespace,
+            }) => {
+                let claim_namespace = spec
+                    .claim_ref
+                    .as_ref()
+                    .and_then(|c| c.namespace.clone())
+                    .filter(|ns| !ns.is_empty());
+                match (namespace.filter(|ns| !ns.is_empty()), claim_namespace) {
+                    (Some(ns), _) => Some(Some((secret, ns))),
+                    (None, Some(ns)) => {
+                        self.note(
+                            what,
+                            format!(
+                                "secret {secret:?} has no namespace: named in {ns:?}, its claim's namespace, where FlexVolume read it (the pod's)"
+                            ),
+                        );
+                        Some(Some((secret, ns)))
+                    }
+                    (None, None) => {
+                        self.refuse(what, None, Reason::SecretNamespaceUnknown { name: secret });
+                        None
+                    }
+                }
+            }
+        };
+        let (Some((driver, csi)), Some(volume_attributes), Some(secret)) =
+            (driver, attributes, secret)
+        else {
+            return true;
+        };
+        spec.csi = Some(CSIPersistentVolumeSource {
+            driver: csi.clone(),
+            volume_handle: name,
+            fs_type: flex.fs_type,
+            read_only: flex.read_only,
+            volume_attributes,
+            // mount is the only call-out FlexVolume gives secrets to, and serve hands it
+            // NodePublishVolume's; attach gets none, so no controllerPublishSecretRef.
+            node_publish_secret_ref: secret.map(|(name, namespace)| SecretReference {
+                name: Some(name),
+                namespace: Some(namespace),
+            }),
+            ..Default::default()
+        });
+        self.note(
+            what,
+            format!("migrated: driver {driver} is CSI driver {csi}"),
+        );
+        true
+    }
+
+    /// Converts the inline flexVolumes of a pod spec; false when it has none.
+    fn pod_spec(&mut self, spec: Option<&mut PodSpec>, what: &str) -> bool {
+        let Some(volumes) = spec.and_then(|s| s.volumes.as_mut()) else {
+            return false;
+        };
+        let mut changed = false;
+        for volume in volumes.iter_mut() {
+            let Some(flex) = volume.flex_volume.take() else {
+                continue;
+            };
+            changed = true;
+            let name = volume.name.clone();
+            let name = Some(name.as_str());
+            if volume.csi.is_some() {
+                self.refuse(what, name, Reason::BothSources);
+            }
+            let Some((driver, csi)) = self.driver(what, name, &flex.driver) else {
+                continue;
+            };
+            match (self.attaches)(&driver) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.refuse(
+                        what,
+                        name,
+                        Reason::InlineAttaching {
+                            driver: driver.to_string(),
+                        },
+                    );
+                    continue;
+                }
+                Err(reason) => {
+                    self.refuse(
+                        what,
+                        name,
+                        Reason::UnknownAttach {
+                            driver: driver.to_string(),
+                            reason,
+                        },
+                    );
+                    continue;
+                }
+            }
+            let Some(volume_attributes) = self.attributes(what, name, flex.options) else {
+                continue;
+            };
+            volume.csi = Some(CSIVolumeSource {
+                driver: csi.clone(),
+                fs_type: flex.fs_type,
+                read_only: flex.read_only,
+                volume_attributes,
+                // A pod's secret, in the pod's namespace, as FlexVolume read it.
+                node_publish_secret_ref: flex
+                    .secret_ref
+                    .map(|s| LocalObjectReference { name: s.name }),
+            });
+            self.note(
+                what,
+                format!(
+                    "migrated: volume {:?}: driver {driver} is CSI driver {csi}",
+                    volume.name
+                ),
+            );
+        }
+        changed
+    }
+}
+
+/// The controller that owns an object (`Kind name`), if any.
+fn controller(meta: &ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| format!("{} {}", o.kind, o.name))
+}

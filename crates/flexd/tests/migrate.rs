@@ -1,0 +1,937 @@
+//! `flexd migrate`: every object kind and every refusal with its exact output (through the
+//! library's conversion and through the real binary), and the promise that matters most, end
+//! to end as root: data written through `flexd volume mount -f old-pv.yaml` with the builtin
+//! loop driver is read back through a real `flexd serve` by a gRPC client doing kubelet's
+//! ControllerPublish, NodeStage and NodePublish with nothing but the migrated PV's `csi` fields.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flexd::migrate::{migrate, Migration, Reason};
+use flexvolume::DriverName;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+}
+
+/// acme/block attaches, acme/nfs and acme/tmpfs do not; anything else is unknown.
+fn attaches(driver: &DriverName) -> Result<bool, String> {
+    match driver.as_str() {
+        "acme/block" => Ok(true),
+        "acme/nfs" | "acme/tmpfs" => Ok(false),
+        _ => Err("not installed".into()),
+    }
+}
+
+fn converted(text: &str) -> Migration {
+    migrate(text, &mut attaches).unwrap_or_else(|refusals| {
+        panic!(
+            "refused: {:?}",
+            refusals.iter().map(|r| r.to_string()).collect::<Vec<_>>()
+        )
+    })
+}
+
+fn refusals(text: &str) -> Vec<String> {
+    match migrate(text, &mut attaches) {
+        Ok(m) => panic!("converted: {:?}", m.objects),
+        Err(refusals) => refusals.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+fn notes(m: &Migration) -> Vec<String> {
+    m.notes.iter().map(|n| n.to_string()).collect()
+}
+
+const OLD_PV: &str = r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: pv-data
+  uid: 0d2c
+  resourceVersion: "4711"
+  creationTimestamp: "2024-01-02T03:04:05Z"
+  labels: {tier: db}
+  annotations:
+    pv.kubernetes.io/bound-by-controller: "yes"
+    kubectl.kubernetes.io/last-applied-configuration: '{"kind":"PersistentVolume"}'
+  finalizers: [kubernetes.io/pv-protection]
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: flex
+  mountOptions: [noatime]
+  volumeMode: Filesystem
+  claimRef: {kind: PersistentVolumeClaim, namespace: prod, name: data, uid: 9a1f, apiVersion: v1, resourceVersion: "12"}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {key: kubernetes.io/hostname, operator: In, values: [node-1]}
+  flexVolume:
+    driver: acme/nfs
+    fsType: ext4
+    readOnly: true
+    secretRef: {name: nfs-creds, namespace: storage}
+    options: {server: nfs.example, share: /exports/data}
+status: {phase: Bound}
+"#;
+
+/// The exact text printed for OLD_PV: everything kept but the flexVolume and what the API
+/// server owns.
+const NEW_PV: &str = r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  annotations:
+    pv.kubernetes.io/bound-by-controller: "yes"
+  finalizers:
+  - kubernetes.io/pv-protection
+  labels:
+    tier: db
+  name: pv-data
+spec:
+  accessModes:
+  - ReadWriteOnce
+  capacity:
+    storage: "10Gi"
+  claimRef:
+    apiVersion: v1
+    kind: PersistentVolumeClaim
+    name: data
+    namespace: prod
+    resourceVersion: "12"
+    uid: "9a1f"
+  csi:
+    driver: flexvolume-acme--nfs
+    fsType: ext4
+    nodePublishSecretRef:
+      name: nfs-creds
+      namespace: storage
+    readOnly: true
+    volumeAttributes:
+      server: nfs.example
+      share: "/exports/data"
+    volumeHandle: pv-data
+  mountOptions:
+  - noatime
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - key: kubernetes.io/hostname
+          operator: In
+          values:
+          - node-1
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: flex
+  volumeMode: Filesystem
+"#;
+
+#[test]
+fn a_flex_volume_pv_becomes_a_csi_pv_keeping_everything_else() {
+    let m = converted(OLD_PV);
+    assert_eq!(m.to_yaml(), NEW_PV);
+    assert_eq!(
+        notes(&m),
+        ["document 1, PersistentVolume pv-data: migrated: driver acme/nfs is CSI driver flexvolume-acme--nfs"]
+    );
+}
+
+/// Strings a YAML 1.1 reader (kubectl) would take for booleans, numbers or nulls are quoted,
+/// and the printed text reads back as the very objects.
+#[test]
+fn printed_yaml_is_unambiguous_and_reads_back_as_the_objects() {
+    let odd = [
+        "yes",
+        "On",
+        "N",
+        "null",
+        "0777",
+        "1_000",
+        "12:30",
+        "",
+        "a: b",
+        "- x",
+        "#c",
+        "multi\nline",
+        "tab\there",
+        "\"q\"",
+        "~",
+        ".inf",
+        "plain-word/ok_1.2",
+    ];
+    let options: serde_json::Map<String, Value> = odd
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("k{i}"), json!(v)))
+        .collect();
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "odd", "annotations": {"on": "off", "n": "y"}},
+        "spec": {"mountOptions": ["yes", "nested"], "flexVolume": {"driver": "acme/nfs", "options": options}}});
+    let m = converted(&pv.to_string());
+    let text = m.to_yaml();
+    assert!(text.contains("\n    \"on\": \"off\"\n"), "{text}");
+    assert!(text.contains("\n      k0: \"yes\"\n"), "{text}");
+    assert!(text.contains("\n      k16: plain-word/ok_1.2\n"), "{text}");
+    assert!(text.contains("\n  - \"yes\"\n"), "{text}");
+    let back: Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(back, m.objects[0]);
+    assert_eq!(back["spec"]["csi"]["volumeAttributes"]["k0"], "yes");
+}
+
+#[test]
+fn a_pv_secret_without_namespace_is_named_in_its_claims_namespace() {
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-2"},
+        "spec": {"claimRef": {"namespace": "prod", "name": "c"},
+                 "flexVolume": {"driver": "acme/nfs", "secretRef": {"name": "creds"}}}});
+    let m = converted(&pv.to_string());
+    assert_eq!(
+        m.objects,
+        [
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-2"},
+            "spec": {"claimRef": {"namespace": "prod", "name": "c"},
+                     "csi": {"driver": "flexvolume-acme--nfs", "volumeHandle": "pv-2",
+                             "nodePublishSecretRef": {"name": "creds", "namespace": "prod"}}}})
+        ]
+    );
+    assert_eq!(
+        notes(&m)[0],
+        "document 1, PersistentVolume pv-2: secret \"creds\" has no namespace: named in \"prod\", its claim's namespace, where FlexVolume read it (the pod's)"
+    );
+}
+
+/// An attaching driver's PV converts like any other (the attach is ControllerPublish, which
+/// gets no secret, as FlexVolume's attach got none).
+#[test]
+fn an_attaching_drivers_pv_converts_without_a_controller_publish_secret() {
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "disk-1"},
+        "spec": {"flexVolume": {"driver": "acme/block", "secretRef": {"name": "k", "namespace": "s"}}}});
+    let m = converted(&pv.to_string());
+    assert_eq!(
+        m.objects[0]["spec"]["csi"],
+        json!({"driver": "flexvolume-acme--block", "volumeHandle": "disk-1",
+               "nodePublishSecretRef": {"name": "k", "namespace": "s"}})
+    );
+}
+
+fn pod_spec(volumes: Value) -> Value {
+    json!({"containers": [{"name": "c", "image": "busybox"}], "volumes": volumes})
+}
+
+/// The object of `kind` around a pod spec, as `kubectl get -o json` would print it.
+fn workload(api_version: &str, kind: &str, spec: Value, server_fields: bool) -> Value {
+    let spec = match kind {
+        "Pod" => spec,
+        "Deployment" | "DaemonSet" => json!({"selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": spec}}),
+        "StatefulSet" => json!({"selector": {"matchLabels": {"app": "w"}}, "serviceName": "w",
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": spec}}),
+        "Job" => json!({"template": {"spec": spec}}),
+        "CronJob" => {
+            json!({"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": {"spec": spec}}}})
+        }
+        _ => unreachable!(),
+    };
+    let mut object = json!({"apiVersion": api_version, "kind": kind,
+        "metadata": {"name": "w", "namespace": "prod"}, "spec": spec});
+    if server_fields {
+        object["metadata"]["resourceVersion"] = json!("99");
+        object["metadata"]["uid"] = json!("u-1");
+        object["metadata"]["generation"] = json!(3);
+        object["status"] = json!({});
+    }
+    object
+}
+
+const KINDS: [(&str, &str); 6] = [
+    ("v1", "Pod"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"),
+    ("batch/v1", "Job"),
+    ("batch/v1", "CronJob"),
+];
+
+#[test]
+fn an_inline_flex_volume_becomes_an_inline_csi_volume_in_every_kind() {
+    let old = json!([
+        {"name": "cache", "flexVolume": {"driver": "acme/tmpfs", "fsType": "tmpfs", "readOnly": true,
+            "secretRef": {"name": "s"}, "options": {"size": "1Mi"}}},
+        {"name": "plain", "flexVolume": {"driver": "acme/nfs"}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    let new = json!([
+        {"name": "cache", "csi": {"driver": "flexvolume-acme--tmpfs", "fsType": "tmpfs", "readOnly": true,
+            "nodePublishSecretRef": {"name": "s"}, "volumeAttributes": {"size": "1Mi"}}},
+        {"name": "plain", "csi": {"driver": "flexvolume-acme--nfs"}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    for (api_version, kind) in KINDS {
+        let input = workload(api_version, kind, pod_spec(old.clone()), true);
+        let m = converted(&input.to_string());
+        let expected = workload(api_version, kind, pod_spec(new.clone()), false);
+        assert_eq!(m.objects, [expected], "{kind}");
+        assert_eq!(
+            notes(&m),
+            [
+                format!("document 1, {kind} prod/w: migrated: volume \"cache\": driver acme/tmpfs is CSI driver flexvolume-acme--tmpfs"),
+                format!("document 1, {kind} prod/w: migrated: volume \"plain\": driver acme/nfs is CSI driver flexvolume-acme--nfs"),
+            ],
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn only_objects_with_a_flex_volume_are_printed_and_the_rest_are_named_as_skipped() {
+    let text = format!(
+        "---\n{}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cfg, namespace: prod}}\n---\n{}\n---\n{}\n---\n",
+        workload("apps/v1", "Deployment", pod_spec(json!([{"name": "e", "emptyDir": {}}])), false),
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "w-1", "namespace": "prod",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w-5d", "uid": "r", "controller": true}]},
+            "spec": pod_spec(json!([{"name": "v", "flexVolume": {"driver": "acme/block"}}]))}),
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "w-5d", "namespace": "prod",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "w", "uid": "d", "controller": true}]},
+            "spec": {"template": {"spec": pod_spec(json!([{"name": "v", "flexVolume": {"driver": "acme/block"}}]))}}}),
+    );
+    let m = converted(&text);
+    assert!(m.objects.is_empty(), "{:?}", m.objects);
+    assert_eq!(m.to_yaml(), "");
+    assert_eq!(
+        notes(&m),
+        [
+            "document 1, Deployment prod/w: skipped: no flexVolume",
+            "document 2, ConfigMap prod/cfg: skipped: no flexVolume",
+            "document 3, Pod prod/w-1: skipped: owned by ReplicaSet w-5d; migrate that",
+            "document 4, ReplicaSet prod/w-5d: skipped: owned by Deployment w; migrate that",
+        ]
+    );
+}
+
+#[test]
+fn a_list_is_unpacked_and_its_objects_printed_one_document_each() {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "a"},
+         "spec": {"flexVolume": {"driver": "acme/nfs"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "b"},
+         "spec": {"hostPath": {"path": "/x"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "c"},
+         "spec": {"flexVolume": {"driver": "acme/tmpfs", "options": {"k": "v"}}}}
+    ]});
+    let m = converted(&serde_json::to_string_pretty(&list).unwrap());
+    assert_eq!(
+        m.to_yaml(),
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: a\nspec:\n  csi:\n    driver: flexvolume-acme--nfs\n    volumeHandle: a\n---\napiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: c\nspec:\n  csi:\n    driver: flexvolume-acme--tmpfs\n    volumeAttributes:\n      k: v\n    volumeHandle: c\n"
+    );
+    assert_eq!(m.to_json_list()["kind"], "List");
+    assert_eq!(m.to_json_list()["items"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        notes(&m)[1],
+        "document 1, PersistentVolume b: skipped: no flexVolume"
+    );
+}
+
+fn pv(name: &str, spec: Value) -> String {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec})
+        .to_string()
+}
+
+fn pod(volumes: Value) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "prod"},
+        "spec": pod_spec(volumes)})
+    .to_string()
+}
+
+#[test]
+fn every_refusal_says_where_and_why() {
+    let long_name = format!(
+        "document 1, PersistentVolume x: the CSI name of driver acme/{} would be 77 characters; CSI allows 63",
+        "n".repeat(60)
+    );
+    let cases: Vec<(String, &str)> = vec![
+        ("a: [b\n".into(), "document 1: is not YAML or JSON: "),
+        ("just text\n".into(), "document 1: is not a Kubernetes object (no apiVersion and kind)"),
+        (
+            r#"{"apiVersion":"v1","kind":"PersistentVolume","metadata":{"name":"x"},"spec":{"capacity":7}}"#.into(),
+            "document 1, PersistentVolume x: is not a valid PersistentVolume: ",
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {},
+                "spec": {"flexVolume": {"driver": "acme/nfs"}}}).to_string(),
+            "document 1, PersistentVolume (no name): has no metadata.name (a migrated PersistentVolume's volumeHandle is its name)",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "../evil"}})),
+            "document 1, PersistentVolume x: flexVolume.driver \"../evil\" is not a driver name: ",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": format!("acme/{}", "n".repeat(60))}})),
+            &long_name,
+        ),
+        (
+            pod(json!([{"name": "disk", "flexVolume": {"driver": "acme/block"}}])),
+            "document 1, Pod prod/p, volume \"disk\": driver acme/block attaches, and an inline CSI volume cannot be attached (kubelet never calls ControllerPublish for it); make it a PersistentVolume and claim it",
+        ),
+        (
+            pod(json!([{"name": "v", "flexVolume": {"driver": "other/x"}}])),
+            "document 1, Pod prod/p, volume \"v\": cannot tell whether driver other/x attaches (not installed); install it in the plugin dir or say --attaching other/x or --not-attaching other/x",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "acme/nfs", "options": {"csi.storage.k8s.io/pod.name": "p"}}})),
+            "document 1, PersistentVolume x: option \"csi.storage.k8s.io/pod.name\" would not reach the driver: flexd serve takes csi.storage.k8s.io/ keys as kubelet's pod information",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "acme/nfs", "secretRef": {"namespace": "s"}}})),
+            "document 1, PersistentVolume x: flexVolume.secretRef has no name",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "acme/nfs", "secretRef": {"name": "creds"}}})),
+            "document 1, PersistentVolume x: flexVolume.secretRef \"creds\" has no namespace and the PersistentVolume has no claimRef: FlexVolume read it from the pod's namespace, CSI needs it named (set secretRef.namespace)",
+        ),
+        (
+            pv("x", json!({"volumeMode": "Block", "flexVolume": {"driver": "acme/nfs"}})),
+            "document 1, PersistentVolume x: volumeMode is Block: FlexVolume drivers mount filesystems, and flexd serve refuses block access",
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "acme/nfs"}, "csi": {"driver": "d", "volumeHandle": "h"}})),
+            "document 1, PersistentVolume x: has both flexVolume and csi",
+        ),
+        (
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "rs", "namespace": "prod"},
+                "spec": {"template": {"spec": pod_spec(json!([{"name": "v", "flexVolume": {"driver": "acme/nfs"}}]))}}}).to_string(),
+            "document 1, ReplicaSet prod/rs: holds a flexVolume, and flexd migrate does not convert a ReplicaSet; convert its owner or write the csi volume by hand",
+        ),
+    ];
+    for (text, expected) in cases {
+        let got = refusals(&text);
+        assert_eq!(got.len(), 1, "{text}: {got:?}");
+        assert!(
+            got[0].starts_with(expected),
+            "{text}:\n{}\n{expected}",
+            got[0]
+        );
+    }
+}
+
+/// One refusal anywhere: every refusal is reported and no object at all is returned.
+#[test]
+fn nothing_is_half_converted() {
+    let text = format!(
+        "{}\n---\n{}\n---\n{}\n",
+        pv("good", json!({"flexVolume": {"driver": "acme/nfs"}})),
+        pod(json!([
+            {"name": "ok", "flexVolume": {"driver": "acme/tmpfs"}},
+            {"name": "disk", "flexVolume": {"driver": "acme/block"}}
+        ])),
+        pv(
+            "bad",
+            json!({"flexVolume": {"driver": "acme/nfs", "secretRef": {"name": "c"}}})
+        ),
+    );
+    let Err(refusals) = migrate(&text, &mut attaches) else {
+        panic!("converted")
+    };
+    let where_: Vec<_> = refusals
+        .iter()
+        .map(|r| (r.document, r.volume.clone(), r.reason.clone()))
+        .collect();
+    assert_eq!(
+        where_,
+        [
+            (
+                2,
+                Some("disk".to_owned()),
+                Reason::InlineAttaching {
+                    driver: "acme/block".into()
+                }
+            ),
+            (3, None, Reason::SecretNamespaceUnknown { name: "c".into() }),
+        ]
+    );
+}
+
+/// A driver is asked about once per volume that needs to know, and never for a PV.
+#[test]
+fn only_inline_volumes_ask_whether_a_driver_attaches() {
+    let mut asked = Vec::new();
+    let text = format!(
+        "{}\n---\n{}\n",
+        pv("a", json!({"flexVolume": {"driver": "acme/nfs"}})),
+        pod(json!([{"name": "v", "flexVolume": {"driver": "acme/tmpfs"}}])),
+    );
+    migrate(&text, &mut |d: &DriverName| {
+        asked.push(d.to_string());
+        Ok(false)
+    })
+    .unwrap();
+    assert_eq!(asked, ["acme/tmpfs"]);
+}
+
+// ---- the binary ----
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
+}
+
+/// A plugin dir with the example drivers: acme/tmpfs (does not attach), acme/block (the
+/// attachable example).
+fn plugin_dir(root: &Path) -> PathBuf {
+    let dir = root.join("exec");
+    for (source, name) in [
+        ("tmpfs/tmpfs", "acme~tmpfs/tmpfs"),
+        ("attachable/attachable", "acme~block/block"),
+    ] {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::copy(examples().join(source), path).unwrap();
+    }
+    dir
+}
+
+fn flexd(plugin_dir: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
+        .arg("--plugin-dir")
+        .arg(plugin_dir)
+        .args(["--driver-max-processes", "0"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(root.path());
+    let input = format!(
+        "{}\n---\n{}\n",
+        pv("pv-1", json!({"flexVolume": {"driver": "acme/block"}})),
+        pod(json!([{"name": "disk", "flexVolume": {"driver": "acme/block"}}])),
+    );
+    let out = flexd(&plugins, &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(
+        text(&out.stderr),
+        "flexd: cannot migrate document 2, Pod prod/p, volume \"disk\": driver acme/block attaches, and an inline CSI volume cannot be attached (kubelet never calls ControllerPublish for it); make it a PersistentVolume and claim it\n\
+         flexd: error: 1 in - cannot be converted (see above); nothing was printed\n"
+    );
+
+    // The probed driver that does not attach converts; the flags need no driver installed.
+    let input = format!(
+        "{}\n---\n{}\n",
+        pod(json!([{"name": "t", "flexVolume": {"driver": "acme/tmpfs"}}])),
+        pod(json!([{"name": "n", "flexVolume": {"driver": "acme/nfs"}}])),
+    );
+    let file = root.path().join("in.yaml");
+    std::fs::write(&file, &input).unwrap();
+    let file = file.to_str().unwrap();
+    let out = flexd(
+        &plugins,
+        &[
+            "-o",
+            "json",
+            "migrate",
+            "-f",
+            file,
+            "--not-attaching",
+            "acme/nfs",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(
+        list["items"][0]["spec"]["volumes"][0],
+        json!({"name": "t", "csi": {"driver": "flexvolume-acme--tmpfs"}})
+    );
+    assert_eq!(
+        list["items"][1]["spec"]["volumes"][0],
+        json!({"name": "n", "csi": {"driver": "flexvolume-acme--nfs"}})
+    );
+
+    // Not installed and not said: refused with what to do.
+    let out = flexd(&plugins, &["migrate", "-f", file], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "");
+    assert!(
+        text(&out.stderr).contains("cannot tell whether driver acme/nfs attaches (no plugin"),
+        "{}",
+        text(&out.stderr)
+    );
+    // --attaching wins over the probe.
+    let out = flexd(
+        &plugins,
+        &[
+            "migrate",
+            "-f",
+            file,
+            "--attaching",
+            "acme/tmpfs",
+            "--not-attaching",
+            "acme/nfs",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("driver acme/tmpfs attaches, and an inline CSI volume"));
+}
+
+// ---- end to end: the old PV's data through the migrated PV, as root ----
+
+fn is_root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (loop devices, mkfs, mounts)");
+    false
+}
+
+/// A directory tree for the whole test; on drop: flexd serve killed, every mount below it
+/// unmounted and every loop device backed by its images released, even after a failure.
+struct Sandbox {
+    root: tempfile::TempDir,
+    serve: Option<Child>,
+}
+
+impl Sandbox {
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    fn loop_devices(&self) -> Vec<String> {
+        let images = self.path("images");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(text) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
+                if Path::new(text.trim_end_matches('\n')).starts_with(&images) {
+                    found.push(format!("/dev/{}", entry.file_name().to_string_lossy()));
+                }
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.serve {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let root = self
+            .root
+            .path()
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.path().to_owned());
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        for m in mounts {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+        for dev in self.loop_devices() {
+            let _ = Command::new("losetup").args(["-d", &dev]).output();
+        }
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        text(&out.stderr),
+        text(&out.stdout)
+    );
+    text(&out.stdout)
+}
+
+fn is_mounted(path: &Path) -> bool {
+    path.exists() && flexvolume::mount::is_mount_point(path).unwrap()
+}
+
+async fn connect(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let path = socket.to_owned();
+        let connected = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        match connected {
+            Ok(channel) => return channel,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "cannot connect to {}: {e}",
+                socket.display()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// kubelet's access mode for a PV's access modes (the ones a migrated loop PV can have).
+fn access_mode(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> i32 {
+    use csi::volume_capability::access_mode::Mode;
+    let modes = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.access_modes.clone())
+        .unwrap_or_default();
+    match modes.first().map(String::as_str) {
+        Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly as i32,
+        Some("ReadWriteMany") => Mode::MultiNodeMultiWriter as i32,
+        _ => Mode::SingleNodeWriter as i32,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi() {
+    if !is_root() {
+        return;
+    }
+    let mut s = Sandbox {
+        root: tempfile::tempdir().unwrap(),
+        serve: None,
+    };
+    for d in [
+        "exec",
+        "images",
+        "state-flex",
+        "state-csi",
+        "csi",
+        "registry",
+        "kubelet",
+    ] {
+        std::fs::create_dir(s.path(d)).unwrap();
+    }
+    let plugins = s.path("exec");
+    ok(&flexd(&plugins, &["install", "--builtin", "loop"], ""));
+
+    // Before: a FlexVolume PV of the loop driver, mounted as kubelet's FlexVolume plugin would.
+    let old_pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv-orders", "resourceVersion": "1"},
+        "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain",
+                 "claimRef": {"namespace": "shop", "name": "orders"},
+                 "flexVolume": {"driver": "flexd/loop", "fsType": "ext4",
+                     "options": {"imageDir": s.path("images"), "size": "64Mi"}}}});
+    let old_file = s.path("old-pv.yaml");
+    std::fs::write(&old_file, serde_yaml_ng::to_string(&old_pv).unwrap()).unwrap();
+    let old_target = s.path("kubelet/flex-target");
+    let state_flex = s.path("state-flex");
+    ok(&flexd(
+        &plugins,
+        &[
+            "--state-dir",
+            state_flex.to_str().unwrap(),
+            "--node-name",
+            "node-1",
+            "volume",
+            "mount",
+            "-f",
+            old_file.to_str().unwrap(),
+            "--target",
+            old_target.to_str().unwrap(),
+        ],
+        "",
+    ));
+    std::fs::write(old_target.join("orders.db"), "order 1: 3 apples\n").unwrap();
+    ok(&flexd(
+        &plugins,
+        &[
+            "--state-dir",
+            state_flex.to_str().unwrap(),
+            "volume",
+            "unmount",
+            "--target",
+            old_target.to_str().unwrap(),
+        ],
+        "",
+    ));
+    assert!(!is_mounted(&old_target));
+    assert!(s.loop_devices().is_empty(), "unmount detached the volume");
+
+    // The migration, through the binary.
+    let printed = ok(&flexd(
+        &plugins,
+        &["migrate", "-f", old_file.to_str().unwrap()],
+        "",
+    ));
+    let new_pv: k8s_openapi::api::core::v1::PersistentVolume =
+        serde_yaml_ng::from_str(&printed).unwrap();
+    let source = new_pv.spec.as_ref().unwrap().csi.clone().unwrap();
+    assert_eq!(source.volume_handle, "pv-orders");
+
+    // After: flexd serve, and kubelet's calls built from the migrated PV's csi fields only.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    s.serve = Some(
+        Command::new(env!("CARGO_BIN_EXE_flexd"))
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .arg("--state-dir")
+            .arg(s.path("state-csi"))
+            .args(["--node-name", "node-1", "serve", "--mode", "both"])
+            .arg("--csi-dir")
+            .arg(s.path("csi"))
+            .arg("--registration-dir")
+            .arg(s.path("registry"))
+            .args(["--metrics-address", &metrics])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(s.path("serve.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let socket = s.path("csi").join(&source.driver).join("csi.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let channel = connect(&socket).await;
+    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
+    let mut node = csi::node_client::NodeClient::new(channel);
+    let capability = Some(csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: source.fs_type.clone().unwrap_or_default(),
+                ..Default::default()
+            },
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: access_mode(&new_pv),
+        }),
+    });
+    let context: HashMap<String, String> = source
+        .volume_attributes
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let readonly = source.read_only.unwrap_or(false);
+
+    let published = controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: source.volume_handle.clone(),
+            node_id: "node-1".into(),
+            volume_capability: capability.clone(),
+            readonly,
+            volume_context: context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let staging = s.path("kubelet/plugins/kubernetes.io/csi/pv/pv-orders/globalmount");
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: source.volume_handle.clone(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: capability.clone(),
+        volume_context: context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let target = s.path("kubelet/pods/uid-7/volumes/kubernetes.io~csi/pv-orders/mount");
+    let mut publish_context = context.clone();
+    publish_context.insert("csi.storage.k8s.io/pod.name".into(), "shop-0".into());
+    publish_context.insert("csi.storage.k8s.io/pod.namespace".into(), "shop".into());
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: source.volume_handle.clone(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: capability.clone(),
+        readonly,
+        volume_context: publish_context,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    assert!(is_mounted(&target));
+    assert_eq!(
+        std::fs::read_to_string(target.join("orders.db")).unwrap(),
+        "order 1: 3 apples\n",
+        "the migrated PV names the volume the FlexVolume PV mounted"
+    );
+    let images: Vec<_> = std::fs::read_dir(s.path("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".img"))
+        .collect();
+    assert_eq!(images, ["pv-orders.img"], "no second volume was made");
+
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: source.volume_handle.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: source.volume_handle.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    controller
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: source.volume_handle.clone(),
+            node_id: "node-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target) && !is_mounted(&staging));
+    assert!(
+        s.loop_devices().is_empty(),
+        "ControllerUnpublish detached the volume"
+    );
+}
