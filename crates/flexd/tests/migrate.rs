@@ -4,21 +4,20 @@
 //! loop driver is read back through a real `flexd serve` by a gRPC client doing kubelet's
 //! ControllerPublish, NodeStage and NodePublish with nothing but the migrated PV's `csi` fields.
 
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
+
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Output, Stdio};
 
+use common::{flexd_command, install_example, is_mounted, ok, output_of_new_executable, Sandbox};
 use flexd::migrate::{migrate, Migration, Reason};
 use flexvolume::DriverName;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tonic::transport::{Channel, Endpoint, Uri};
-
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
+use serve_support::{controller_client, csi, node_client, Server};
 
 /// acme/block attaches, acme/nfs and acme/tmpfs do not; anything else is unknown.
 fn attaches(driver: &DriverName) -> Result<bool, String> {
@@ -477,29 +476,18 @@ fn only_inline_volumes_ask_whether_a_driver_attaches() {
 
 // ---- the binary ----
 
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers")
+/// A sandbox whose plugin dir has acme/tmpfs (does not attach) and acme/block (the attachable
+/// example).
+fn with_examples() -> Sandbox {
+    let sandbox = Sandbox::new();
+    install_example(&sandbox.plugin(), "tmpfs/tmpfs", "acme~tmpfs");
+    install_example(&sandbox.plugin(), "attachable/attachable", "acme~block");
+    sandbox
 }
 
-/// A plugin dir with the example drivers: acme/tmpfs (does not attach), acme/block (the
-/// attachable example).
-fn plugin_dir(root: &Path) -> PathBuf {
-    let dir = root.join("exec");
-    for (source, name) in [
-        ("tmpfs/tmpfs", "acme~tmpfs/tmpfs"),
-        ("attachable/attachable", "acme~block/block"),
-    ] {
-        let path = dir.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::copy(examples().join(source), path).unwrap();
-    }
-    dir
-}
-
-fn flexd(plugin_dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(plugin_dir)
+/// `flexd --plugin-dir <plugins> <args>` with `stdin` written to it.
+fn flexd(plugins: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = flexd_command(plugins)
         .args(["--driver-max-processes", "0"])
         .args(args)
         .stdin(Stdio::piped())
@@ -522,8 +510,8 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused() {
-    let root = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(root.path());
+    let sandbox = with_examples();
+    let plugins = sandbox.plugin();
     let input = format!(
         "{}\n---\n{}\n",
         pv("pv-1", json!({"flexVolume": {"driver": "acme/block"}})),
@@ -544,8 +532,7 @@ fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused(
         pod(json!([{"name": "t", "flexVolume": {"driver": "acme/tmpfs"}}])),
         pod(json!([{"name": "n", "flexVolume": {"driver": "acme/nfs"}}])),
     );
-    let file = root.path().join("in.yaml");
-    std::fs::write(&file, &input).unwrap();
+    let file = sandbox.write("in.yaml", &input);
     let file = file.to_str().unwrap();
     let out = flexd(
         &plugins,
@@ -601,112 +588,6 @@ fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused(
 
 // ---- end to end: the old PV's data through the migrated PV, as root ----
 
-fn is_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (loop devices, mkfs, mounts)");
-    false
-}
-
-/// A directory tree for the whole test; on drop: flexd serve killed, every mount below it
-/// unmounted and every loop device backed by its images released, even after a failure.
-struct Sandbox {
-    root: tempfile::TempDir,
-    serve: Option<Child>,
-}
-
-impl Sandbox {
-    fn path(&self, name: &str) -> PathBuf {
-        self.root.path().join(name)
-    }
-
-    fn loop_devices(&self) -> Vec<String> {
-        let images = self.path("images");
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/sys/block")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if let Ok(text) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
-                if Path::new(text.trim_end_matches('\n')).starts_with(&images) {
-                    found.push(format!("/dev/{}", entry.file_name().to_string_lossy()));
-                }
-            }
-        }
-        found
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.serve {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let root = self
-            .root
-            .path()
-            .canonicalize()
-            .unwrap_or_else(|_| self.root.path().to_owned());
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<PathBuf> = flexvolume::mount::parse_mountinfo(&info)
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
-        }
-        for dev in self.loop_devices() {
-            let _ = Command::new("losetup").args(["-d", &dev]).output();
-        }
-    }
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        text(&out.stderr),
-        text(&out.stdout)
-    );
-    text(&out.stdout)
-}
-
-fn is_mounted(path: &Path) -> bool {
-    path.exists() && flexvolume::mount::is_mount_point(path).unwrap()
-}
-
-async fn connect(socket: &Path) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let path = socket.to_owned();
-        let connected = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        match connected {
-            Ok(channel) => return channel,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "cannot connect to {}: {e}",
-                socket.display()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// kubelet's access mode for a PV's access modes (the ones a migrated loop PV can have).
 fn access_mode(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> i32 {
     use csi::volume_capability::access_mode::Mode;
@@ -722,75 +603,82 @@ fn access_mode(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> i32 {
     }
 }
 
+fn stdout_of(out: &Output) -> String {
+    ok(out);
+    text(&out.stdout)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi() {
-    if !is_root() {
+    if !common::is_root() {
+        common::report_skip(
+            "data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi",
+            "needs root (loop devices, mkfs, mounts)",
+        );
         return;
     }
-    let mut s = Sandbox {
-        root: tempfile::tempdir().unwrap(),
-        serve: None,
-    };
-    for d in [
-        "exec",
-        "images",
-        "state-flex",
-        "state-csi",
-        "csi",
-        "registry",
-        "kubelet",
-    ] {
-        std::fs::create_dir(s.path(d)).unwrap();
-    }
-    let plugins = s.path("exec");
-    ok(&flexd(&plugins, &["install", "--builtin", "loop"], ""));
+    // One node: the builtin loop driver installed, flexd serve (node and controller) running
+    // with its own state dir; the sandbox unmounts and releases the loop devices on drop.
+    let server = Server::start_in_mode("both", |plugins| {
+        ok(&output_of_new_executable(flexd_command(plugins).args([
+            "install",
+            "--builtin",
+            "loop",
+        ])))
+    });
+    let plugins = server.plugin_dir.clone();
+    std::fs::create_dir(server.path("images")).unwrap();
 
-    // Before: a FlexVolume PV of the loop driver, mounted as kubelet's FlexVolume plugin would.
+    // Before: a FlexVolume PV of the loop driver, mounted as kubelet's FlexVolume plugin would
+    // (its own state dir: kubelet's FlexVolume plugin is not flexd serve).
     let old_pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": "pv-orders", "resourceVersion": "1"},
         "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteOnce"],
                  "persistentVolumeReclaimPolicy": "Retain",
                  "claimRef": {"namespace": "shop", "name": "orders"},
                  "flexVolume": {"driver": "flexd/loop", "fsType": "ext4",
-                     "options": {"imageDir": s.path("images"), "size": "64Mi"}}}});
-    let old_file = s.path("old-pv.yaml");
-    std::fs::write(&old_file, serde_yaml_ng::to_string(&old_pv).unwrap()).unwrap();
-    let old_target = s.path("kubelet/flex-target");
-    let state_flex = s.path("state-flex");
-    ok(&flexd(
-        &plugins,
-        &[
-            "--state-dir",
-            state_flex.to_str().unwrap(),
-            "--node-name",
-            "node-1",
-            "volume",
-            "mount",
-            "-f",
-            old_file.to_str().unwrap(),
-            "--target",
-            old_target.to_str().unwrap(),
-        ],
-        "",
-    ));
+                     "options": {"imageDir": server.path("images"), "size": "64Mi"}}}});
+    let old_file = server.write("old-pv.yaml", &serde_yaml_ng::to_string(&old_pv).unwrap());
+    let old_target = server.target("flex-pod");
+    let state_flex = server.path("state-flex");
+    let volume = |args: &[&str]| {
+        flexd(
+            &plugins,
+            &[
+                &[
+                    "--state-dir",
+                    state_flex.to_str().unwrap(),
+                    "--node-name",
+                    "node-1",
+                    "volume",
+                ][..],
+                args,
+            ]
+            .concat(),
+            "",
+        )
+    };
+    ok(&volume(&[
+        "mount",
+        "-f",
+        old_file.to_str().unwrap(),
+        "--target",
+        old_target.to_str().unwrap(),
+    ]));
     std::fs::write(old_target.join("orders.db"), "order 1: 3 apples\n").unwrap();
-    ok(&flexd(
-        &plugins,
-        &[
-            "--state-dir",
-            state_flex.to_str().unwrap(),
-            "volume",
-            "unmount",
-            "--target",
-            old_target.to_str().unwrap(),
-        ],
-        "",
-    ));
+    ok(&volume(&[
+        "unmount",
+        "--target",
+        old_target.to_str().unwrap(),
+    ]));
     assert!(!is_mounted(&old_target));
-    assert!(s.loop_devices().is_empty(), "unmount detached the volume");
+    assert!(
+        server.loop_devices().is_empty(),
+        "unmount detached the volume"
+    );
 
     // The migration, through the binary.
-    let printed = ok(&flexd(
+    let printed = stdout_of(&flexd(
         &plugins,
         &["migrate", "-f", old_file.to_str().unwrap()],
         "",
@@ -800,42 +688,12 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
     let source = new_pv.spec.as_ref().unwrap().csi.clone().unwrap();
     assert_eq!(source.volume_handle, "pv-orders");
 
-    // After: flexd serve, and kubelet's calls built from the migrated PV's csi fields only.
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    s.serve = Some(
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(&plugins)
-            .arg("--state-dir")
-            .arg(s.path("state-csi"))
-            .args(["--node-name", "node-1", "serve", "--mode", "both"])
-            .arg("--csi-dir")
-            .arg(s.path("csi"))
-            .arg("--registration-dir")
-            .arg(s.path("registry"))
-            .args(["--metrics-address", &metrics])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(s.path("serve.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let socket = s.path("csi").join(&source.driver).join("csi.sock");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            socket.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let channel = connect(&socket).await;
-    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
-    let mut node = csi::node_client::NodeClient::new(channel);
+    // After: kubelet's calls built from the migrated PV's csi fields only, on the socket of
+    // the CSI driver the PV names.
+    let socket = server.csi_dir.join(&source.driver).join("csi.sock");
+    common::wait_for_path(&socket);
+    let mut controller = controller_client(&socket).await;
+    let mut node = node_client(&socket).await;
     let capability = Some(csi::VolumeCapability {
         access_type: Some(csi::volume_capability::AccessType::Mount(
             csi::volume_capability::MountVolume {
@@ -867,7 +725,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
         .await
         .unwrap()
         .into_inner();
-    let staging = s.path("kubelet/plugins/kubernetes.io/csi/pv/pv-orders/globalmount");
+    let staging = server.target("kubelet/plugins/kubernetes.io/csi/pv/pv-orders/globalmount");
     node.node_stage_volume(csi::NodeStageVolumeRequest {
         volume_id: source.volume_handle.clone(),
         publish_context: published.publish_context.clone(),
@@ -878,7 +736,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
     })
     .await
     .unwrap();
-    let target = s.path("kubelet/pods/uid-7/volumes/kubernetes.io~csi/pv-orders/mount");
+    let target = server.target("kubelet/pods/uid-7/volumes/kubernetes.io~csi/pv-orders/mount");
     let mut publish_context = context.clone();
     publish_context.insert("csi.storage.k8s.io/pod.name".into(), "shop-0".into());
     publish_context.insert("csi.storage.k8s.io/pod.namespace".into(), "shop".into());
@@ -901,7 +759,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
         "order 1: 3 apples\n",
         "the migrated PV names the volume the FlexVolume PV mounted"
     );
-    let images: Vec<_> = std::fs::read_dir(s.path("images"))
+    let images: Vec<_> = std::fs::read_dir(server.path("images"))
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -931,7 +789,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
         .unwrap();
     assert!(!is_mounted(&target) && !is_mounted(&staging));
     assert!(
-        s.loop_devices().is_empty(),
+        server.loop_devices().is_empty(),
         "ControllerUnpublish detached the volume"
     );
 }
