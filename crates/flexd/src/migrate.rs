@@ -578,6 +578,20 @@ impl Run<'_, '_> {
         else {
             return true;
         };
+        // kubelet's CSI access mode is the PV's first; a reader-only one makes serve mount
+        // read-only where FlexVolume went by readOnly alone.
+        let first_mode = spec
+            .access_modes
+            .iter()
+            .flatten()
+            .next()
+            .map(String::as_str);
+        if first_mode == Some("ReadOnlyMany") && flex.read_only != Some(true) {
+            self.note(
+                what,
+                "accessModes starts with ReadOnlyMany: the driver now gets kubernetes.io/readwrite ro",
+            );
+        }
         spec.csi = Some(CSIPersistentVolumeSource {
             driver: csi.clone(),
             volume_handle: name,
@@ -655,10 +669,13 @@ impl Run<'_, '_> {
                     .secret_ref
                     .map(|s| LocalObjectReference { name: s.name }),
             });
+            // kubelet names an inline CSI volume itself, per pod (`csi-` and a hash of the pod
+            // UID and the volume's name), and that is the volume id serve passes on.
             self.note(
                 what,
                 format!(
-                    "migrated: volume {:?}: driver {driver} is CSI driver {csi}",
+                    "migrated: volume {:?}: driver {driver} is CSI driver {csi}; its \
+                     kubernetes.io/pvOrVolumeName becomes kubelet's per-pod volume id",
                     volume.name
                 ),
             );

@@ -205,6 +205,26 @@ fn a_pv_secret_without_namespace_is_named_in_its_claims_namespace() {
     );
 }
 
+#[test]
+fn a_reader_only_first_access_mode_is_noted() {
+    let m = converted(&pv(
+        "ro",
+        json!({"accessModes": ["ReadOnlyMany", "ReadWriteOnce"], "flexVolume": {"driver": "acme/nfs"}}),
+    ));
+    assert_eq!(
+        notes(&m),
+        [
+            "document 1, PersistentVolume ro: accessModes starts with ReadOnlyMany: the driver now gets kubernetes.io/readwrite ro",
+            "document 1, PersistentVolume ro: migrated: driver acme/nfs is CSI driver flexvolume-acme--nfs",
+        ]
+    );
+    let m = converted(&pv(
+        "ro",
+        json!({"accessModes": ["ReadOnlyMany"], "flexVolume": {"driver": "acme/nfs", "readOnly": true}}),
+    ));
+    assert_eq!(m.notes.len(), 1);
+}
+
 /// An attaching driver's PV converts like any other (the attach is ControllerPublish, which
 /// gets no secret, as FlexVolume's attach got none).
 #[test]
@@ -279,8 +299,8 @@ fn an_inline_flex_volume_becomes_an_inline_csi_volume_in_every_kind() {
         assert_eq!(
             notes(&m),
             [
-                format!("document 1, {kind} prod/w: migrated: volume \"cache\": driver acme/tmpfs is CSI driver flexvolume-acme--tmpfs"),
-                format!("document 1, {kind} prod/w: migrated: volume \"plain\": driver acme/nfs is CSI driver flexvolume-acme--nfs"),
+                format!("document 1, {kind} prod/w: migrated: volume \"cache\": driver acme/tmpfs is CSI driver flexvolume-acme--tmpfs; its kubernetes.io/pvOrVolumeName becomes kubelet's per-pod volume id"),
+                format!("document 1, {kind} prod/w: migrated: volume \"plain\": driver acme/nfs is CSI driver flexvolume-acme--nfs; its kubernetes.io/pvOrVolumeName becomes kubelet's per-pod volume id"),
             ],
             "{kind}"
         );
