@@ -178,10 +178,24 @@ fn yaml_string(text: &str) -> String {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
         && !WORDS.iter().any(|w| w.eq_ignore_ascii_case(text));
     if plain {
-        text.to_owned()
-    } else {
-        Value::String(text.to_owned()).to_string()
+        return text.to_owned();
     }
+    // JSON escapes quotes, backslashes and C0 controls; YAML also wants escaped what it does not
+    // print (DEL, C1 controls, BOM, non-characters) and what YAML 1.1 reads as a line break
+    // (NEL, LS, PS), which a double-quoted scalar would fold.
+    let mut out = String::with_capacity(text.len() + 2);
+    for c in Value::String(text.to_owned()).to_string().chars() {
+        match c {
+            '\u{7f}'..='\u{9f}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{feff}'
+            | '\u{fffe}'
+            | '\u{ffff}' => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A scalar, or an empty collection in flow style.

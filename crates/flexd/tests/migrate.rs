@@ -184,6 +184,49 @@ fn printed_yaml_is_unambiguous_and_reads_back_as_the_objects() {
     assert_eq!(back["spec"]["csi"]["volumeAttributes"]["k0"], "yes");
 }
 
+/// Generated objects (nested maps and lists, strings of YAML's special characters, controls,
+/// line breaks, non-ASCII) print as YAML that reads back as the same value.
+#[test]
+fn generated_values_round_trip_through_the_printed_yaml() {
+    const PIECES: [&str; 24] = [
+        "a", "Z", "0", "7", ".", "-", "_", "/", ":", " ", "#", "'", "\"", "\\", "\n", "\t",
+        "\u{7f}", "\u{85}", "\u{a0}", "\u{2028}", "\u{feff}", "é", "yes", "~",
+    ];
+    let mut seed: u64 = 0x5eed;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    fn generate(next: &mut dyn FnMut(usize) -> usize, depth: usize) -> Value {
+        let text = |next: &mut dyn FnMut(usize) -> usize| -> String {
+            (0..next(6)).map(|_| PIECES[next(PIECES.len())]).collect()
+        };
+        match if depth == 0 { next(4) } else { next(6) } {
+            0 => Value::String(text(next)),
+            1 => json!(next(2000) as i64 - 1000),
+            2 => json!(next(2) == 0),
+            3 => Value::Null,
+            4 => (0..next(4))
+                .map(|_| (text(next), generate(next, depth - 1)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            _ => (0..next(4))
+                .map(|_| generate(next, depth - 1))
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+    for _ in 0..2000 {
+        let value = generate(&mut next, 4);
+        let text = flexd::migrate::to_yaml(&value);
+        let back: Value =
+            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{value}\n{text}\n{e}"));
+        assert_eq!(back, value, "{text}");
+    }
+}
+
 #[test]
 fn a_pv_secret_without_namespace_is_named_in_its_claims_namespace() {
     let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-2"},
