@@ -366,23 +366,24 @@ impl Run<'_, '_> {
         };
         let (api_version, kind) = (api_version.to_owned(), kind.to_owned());
         match (api_version.as_str(), kind.as_str()) {
-            ("v1", "List") => {
-                let items = match value.get("items") {
-                    Some(Value::Array(items)) => items.clone(),
-                    None | Some(Value::Null) => Vec::new(),
-                    Some(_) => {
-                        return self.refuse(
-                            "List",
-                            None,
-                            Reason::Invalid {
-                                kind,
-                                error: "items is not a list".into(),
-                            },
-                        )
-                    }
+            // `kubectl get -o yaml` prints a List; the API's own lists (PersistentVolumeList, …)
+            // hold their items the same way.
+            (_, list) if list.ends_with("List") => {
+                let items = match value {
+                    Value::Object(mut map) => map.remove("items"),
+                    _ => None,
                 };
-                for item in items {
-                    self.object(item);
+                match items {
+                    Some(Value::Array(items)) => items.into_iter().for_each(|i| self.object(i)),
+                    None | Some(Value::Null) => {}
+                    Some(_) => self.refuse(
+                        &kind,
+                        None,
+                        Reason::Invalid {
+                            kind: kind.clone(),
+                            error: "items is not a list".into(),
+                        },
+                    ),
                 }
             }
             ("v1", "PersistentVolume") => self.typed(value, Self::persistent_volume),

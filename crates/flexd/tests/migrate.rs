@@ -394,6 +394,9 @@ fn a_list_is_unpacked_and_its_objects_printed_one_document_each() {
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: a\nspec:\n  csi:\n    driver: flexvolume-acme--nfs\n    volumeHandle: a\n---\napiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: c\nspec:\n  csi:\n    driver: flexvolume-acme--tmpfs\n    volumeAttributes:\n      k: v\n    volumeHandle: c\n"
     );
     assert_eq!(m.to_json_list()["kind"], "List");
+    let mut api_list = list.clone();
+    api_list["kind"] = json!("PersistentVolumeList");
+    assert_eq!(converted(&api_list.to_string()).objects, m.objects);
     assert_eq!(m.to_json_list()["items"].as_array().unwrap().len(), 2);
     assert_eq!(
         notes(&m)[1],
@@ -421,6 +424,10 @@ fn every_refusal_says_where_and_why() {
     let cases: Vec<(String, &str)> = vec![
         ("a: [b\n".into(), "document 1: is not YAML or JSON: "),
         ("just text\n".into(), "document 1: is not a Kubernetes object (no apiVersion and kind)"),
+        (
+            r#"{"apiVersion":"v1","kind":"List","items":{"a":1}}"#.into(),
+            "document 1, List: is not a valid List: items is not a list",
+        ),
         (
             r#"{"apiVersion":"v1","kind":"PersistentVolume","metadata":{"name":"x"},"spec":{"capacity":7}}"#.into(),
             "document 1, PersistentVolume x: is not a valid PersistentVolume: ",
