@@ -31,6 +31,16 @@ use crate::naming;
 /// an option under this prefix would not reach the driver after the migration.
 pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
 
+/// What flexd serve accepts as a volume id (`serve/request.rs`, CSI's string limit): the
+/// migrated PV's name must fit, since it is the volume handle.
+pub const MAX_VOLUME_HANDLE_BYTES: usize = 128;
+/// What flexd serve accepts as a volume context, keys and values together (CSI's map limit).
+pub const MAX_CONTEXT_BYTES: usize = 4096;
+/// The most kubelet adds to the volume context (podInfoOnMount): the keys `pod.name`,
+/// `pod.namespace`, `pod.uid`, `serviceAccount.name` and `ephemeral` under
+/// `csi.storage.k8s.io/` (151 bytes) with their longest values (253 + 63 + 36 + 253 + 5).
+pub const MAX_POD_INFO_BYTES: usize = 151 + 253 + 63 + 36 + 253 + 5;
+
 /// The annotation `kubectl apply` keeps the last applied object in: it still describes the
 /// FlexVolume object, so a later apply would diff against the wrong thing.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -65,6 +75,18 @@ pub enum Reason {
          as kubelet's pod information"
     )]
     ReservedOption { key: String },
+    #[error(
+        "the name is {len} bytes and becomes the volume handle, which flexd serve takes up to \
+         {MAX_VOLUME_HANDLE_BYTES} bytes (CSI's limit)"
+    )]
+    NameTooLong { len: usize },
+    #[error(
+        "the options are {len} bytes (keys and values); with kubelet's pod information (up to \
+         {MAX_POD_INFO_BYTES}) they must fit in the {MAX_CONTEXT_BYTES} bytes of volume context \
+         flexd serve accepts, so at most {}",
+        MAX_CONTEXT_BYTES - MAX_POD_INFO_BYTES
+    )]
+    OptionsTooLong { len: usize },
     #[error("flexVolume.secretRef has no name")]
     SecretWithoutName,
     #[error(
@@ -533,6 +555,11 @@ impl Run<'_, '_> {
             self.refuse(what, volume, Reason::ReservedOption { key: key.clone() });
             ok = false;
         }
+        let len: usize = options.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if len > MAX_CONTEXT_BYTES - MAX_POD_INFO_BYTES {
+            self.refuse(what, volume, Reason::OptionsTooLong { len });
+            ok = false;
+        }
         ok.then(|| (!options.is_empty()).then_some(options))
     }
 
@@ -549,6 +576,10 @@ impl Run<'_, '_> {
         };
         if spec.csi.is_some() {
             self.refuse(what, None, Reason::BothSources);
+        }
+        // Kubernetes names never hold `/` or control characters, which serve also refuses.
+        if name.len() > MAX_VOLUME_HANDLE_BYTES {
+            self.refuse(what, None, Reason::NameTooLong { len: name.len() });
         }
         if spec.volume_mode.as_deref() == Some("Block") {
             self.refuse(what, None, Reason::Block);

@@ -421,6 +421,10 @@ fn every_refusal_says_where_and_why() {
         "document 1, PersistentVolume x: the CSI name of driver acme/{} would be 77 characters; CSI allows 63",
         "n".repeat(60)
     );
+    let too_long_name = format!(
+        "document 1, PersistentVolume {}: the name is 129 bytes and becomes the volume handle, which flexd serve takes up to 128 bytes (CSI's limit)",
+        "p".repeat(129)
+    );
     let cases: Vec<(String, &str)> = vec![
         ("a: [b\n".into(), "document 1: is not YAML or JSON: "),
         ("just text\n".into(), "document 1: is not a Kubernetes object (no apiVersion and kind)"),
@@ -458,6 +462,18 @@ fn every_refusal_says_where_and_why() {
             "document 1, PersistentVolume x: option \"csi.storage.k8s.io/pod.name\" would not reach the driver: flexd serve takes csi.storage.k8s.io/ keys as kubelet's pod information",
         ),
         (
+            pv(&"p".repeat(129), json!({"flexVolume": {"driver": "acme/nfs"}})),
+            &too_long_name,
+        ),
+        (
+            pv("x", json!({"flexVolume": {"driver": "acme/nfs", "options": {"k": "v".repeat(3335)}}})),
+            "document 1, PersistentVolume x: the options are 3336 bytes (keys and values); with kubelet's pod information (up to 761) they must fit in the 4096 bytes of volume context flexd serve accepts, so at most 3335",
+        ),
+        (
+            pod(json!([{"name": "v", "flexVolume": {"driver": "acme/tmpfs", "options": {"k": "v".repeat(4000)}}}])),
+            "document 1, Pod prod/p, volume \"v\": the options are 4001 bytes",
+        ),
+        (
             pv("x", json!({"flexVolume": {"driver": "acme/nfs", "secretRef": {"namespace": "s"}}})),
             "document 1, PersistentVolume x: flexVolume.secretRef has no name",
         ),
@@ -488,6 +504,17 @@ fn every_refusal_says_where_and_why() {
             got[0]
         );
     }
+}
+
+/// The limits are flexd serve's, not stricter: at them, everything converts.
+#[test]
+fn a_name_and_options_at_serves_limits_convert() {
+    let name = "p".repeat(128);
+    let m = converted(&pv(
+        &name,
+        json!({"flexVolume": {"driver": "acme/nfs", "options": {"k": "v".repeat(3334)}}}),
+    ));
+    assert_eq!(m.objects[0]["spec"]["csi"]["volumeHandle"], json!(name));
 }
 
 /// One refusal anywhere: every refusal is reported and no object at all is returned.
