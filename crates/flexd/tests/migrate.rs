@@ -13,7 +13,9 @@ use std::io::Write as _;
 use std::path::Path;
 use std::process::{Output, Stdio};
 
-use common::{flexd_command, install_example, is_mounted, ok, output_of_new_executable, Sandbox};
+use common::{
+    flexd_command, install_example, is_mounted, ok, output_of_new_executable, Sandbox, TMPFS_DRIVER,
+};
 use flexd::migrate::{migrate, Migration, Reason};
 use flexvolume::DriverName;
 use serde_json::{json, Value};
@@ -707,13 +709,7 @@ fn stdout_of(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi() {
-    if !common::is_root() {
-        common::report_skip(
-            "data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi",
-            "needs root (loop devices, mkfs, mounts)",
-        );
-        return;
-    }
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
     // One node: the builtin loop driver installed, flexd serve (node and controller) running
     // with its own state dir; the sandbox unmounts and releases the loop devices on drop.
     let server = Server::start_in_mode("both", |plugins| {
@@ -889,4 +885,168 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
         server.loop_devices().is_empty(),
         "ControllerUnpublish detached the volume"
     );
+}
+
+/// The mount call-out's options JSON, parsed, of the `n`th logged mount.
+fn mount_options(server: &Server, n: usize) -> Value {
+    let mounts = server.calls_of("mount");
+    serde_json::from_str(&mounts[n][2]).unwrap()
+}
+
+/// What the driver's `mount` receives is the same through the migrated objects, byte for
+/// byte, as through the FlexVolume ones: a PV's, and an inline volume's but for the volume
+/// name kubelet gives an inline CSI volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
+    common::require_root!();
+    let (server, socket) = Server::with_driver(
+        "node",
+        "acme~logged",
+        TMPFS_DRIVER,
+        "flexvolume-acme--logged",
+    );
+    let plugins = server.plugin_dir.clone();
+    let state_flex = server.path("state-flex");
+    let flex_mount = |file: &Path, target: &Path| {
+        ok(&flexd(
+            &plugins,
+            &[
+                "--state-dir",
+                state_flex.to_str().unwrap(),
+                "volume",
+                "mount",
+                "-f",
+                file.to_str().unwrap(),
+                "--target",
+                target.to_str().unwrap(),
+                "--secret",
+                "password=hunter2",
+                "--pod-name",
+                "web-0",
+                "--pod-namespace",
+                "prod",
+                "--pod-uid",
+                "uid-1",
+                "--service-account",
+                "sa",
+            ],
+            "",
+        ))
+    };
+    let mut node = node_client(&socket).await;
+    let pod_info = [
+        ("csi.storage.k8s.io/pod.name", "web-0"),
+        ("csi.storage.k8s.io/pod.namespace", "prod"),
+        ("csi.storage.k8s.io/pod.uid", "uid-1"),
+        ("csi.storage.k8s.io/serviceAccount.name", "sa"),
+    ];
+    let publish = |volume_id: &str,
+                   target: &Path,
+                   fs_type: Option<String>,
+                   readonly: Option<bool>,
+                   attributes: Option<std::collections::BTreeMap<String, String>>,
+                   ephemeral: bool| {
+        let mut context: HashMap<String, String> =
+            attributes.unwrap_or_default().into_iter().collect();
+        context.extend(
+            pod_info
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        if ephemeral {
+            context.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+        }
+        csi::NodePublishVolumeRequest {
+            volume_id: volume_id.into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume {
+                        fs_type: fs_type.unwrap_or_default(),
+                        ..Default::default()
+                    },
+                )),
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }),
+            readonly: readonly.unwrap_or(false),
+            volume_context: context,
+            secrets: [("password".to_owned(), "hunter2".to_owned())].into(),
+            ..Default::default()
+        }
+    };
+
+    // A PersistentVolume: identical options.
+    let old_pv = server.write(
+        "old-pv.yaml",
+        &pv(
+            "pv-web",
+            json!({"accessModes": ["ReadWriteOnce"],
+                "flexVolume": {"driver": "acme/logged", "fsType": "xfs", "readOnly": true,
+                    "secretRef": {"name": "creds", "namespace": "prod"},
+                    "options": {"server": "nfs.example", "share": "/exports/web"}}}),
+        ),
+    );
+    flex_mount(&old_pv, &server.target("flex-pv"));
+    let printed = stdout_of(&flexd(
+        &plugins,
+        &["migrate", "-f", old_pv.to_str().unwrap()],
+        "",
+    ));
+    let new_pv: k8s_openapi::api::core::v1::PersistentVolume =
+        serde_yaml_ng::from_str(&printed).unwrap();
+    let source = new_pv.spec.unwrap().csi.unwrap();
+    node.node_publish_volume(publish(
+        &source.volume_handle,
+        &server.target("csi-pv"),
+        source.fs_type,
+        source.read_only,
+        source.volume_attributes,
+        false,
+    ))
+    .await
+    .unwrap();
+    let before = mount_options(&server, 0);
+    assert_eq!(before["kubernetes.io/pvOrVolumeName"], "pv-web");
+    assert_eq!(before["kubernetes.io/readwrite"], "ro");
+    assert_eq!(mount_options(&server, 1), before);
+
+    // An inline volume: the same options but the name, which kubelet makes per pod.
+    let old_volume = server.write(
+        "old-volume.yaml",
+        &json!({"name": "cache", "flexVolume": {"driver": "acme/logged",
+            "secretRef": {"name": "s"}, "options": {"size": "1Mi"}}})
+        .to_string(),
+    );
+    flex_mount(&old_volume, &server.target("flex-inline"));
+    let printed = stdout_of(&flexd(
+        &plugins,
+        &["migrate", "-f", "-", "--not-attaching", "acme/logged"],
+        &pod(
+            json!([{"name": "cache", "flexVolume": {"driver": "acme/logged",
+            "secretRef": {"name": "s"}, "options": {"size": "1Mi"}}}]),
+        ),
+    ));
+    let new_pod: k8s_openapi::api::core::v1::Pod = serde_yaml_ng::from_str(&printed).unwrap();
+    let source = new_pod.spec.unwrap().volumes.unwrap()[0]
+        .csi
+        .clone()
+        .unwrap();
+    assert_eq!(source.driver, "flexvolume-acme--logged");
+    let kubelets_id = format!("csi-{}", "0f".repeat(32));
+    node.node_publish_volume(publish(
+        &kubelets_id,
+        &server.target("csi-inline"),
+        source.fs_type,
+        source.read_only,
+        source.volume_attributes,
+        true,
+    ))
+    .await
+    .unwrap();
+    let mut before = mount_options(&server, 2);
+    assert_eq!(before["kubernetes.io/pvOrVolumeName"], "cache");
+    before["kubernetes.io/pvOrVolumeName"] = json!(kubelets_id);
+    assert_eq!(mount_options(&server, 3), before);
 }
