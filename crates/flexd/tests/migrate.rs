@@ -622,7 +622,7 @@ fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused(
     assert_eq!(
         text(&out.stderr),
         "flexd: cannot migrate document 2, Pod prod/p, volume \"disk\": driver acme/block attaches, and an inline CSI volume cannot be attached (kubelet never calls ControllerPublish for it); make it a PersistentVolume and claim it\n\
-         flexd: error: 1 in - cannot be converted (see above); nothing was printed\n"
+         flexd: error: cannot migrate -: 1 problem above; nothing was printed\n"
     );
 
     // The probed driver that does not attach converts; the flags need no driver installed.

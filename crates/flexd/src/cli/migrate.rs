@@ -79,10 +79,11 @@ pub fn run(global: &Global, args: MigrateArgs) -> anyhow::Result<ExitCode> {
             for refusal in &refusals {
                 eprintln!("flexd: cannot migrate {refusal}");
             }
+            let n = refusals.len();
             bail!(
-                "{} in {} cannot be converted (see above); nothing was printed",
-                refusals.len(),
-                args.file.display()
+                "cannot migrate {}: {n} problem{} above; nothing was printed",
+                args.file.display(),
+                if n == 1 { "" } else { "s" }
             );
         }
     };
