@@ -233,7 +233,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = metrics::Metrics::new();
     let runner = RunnerConfig {
         observer: Some(flexvolume::runner::Observer(metrics.clone())),
-        ..global.runner_config()
+        ..global.runner_config()?
     };
     if runner.max_processes.is_some() {
         // Detected now rather than at the first call-out, so the log says at start whether
