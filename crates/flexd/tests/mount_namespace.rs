@@ -5,16 +5,19 @@
 //! Each test's scratch root is a private tmpfs in the test's namespace. A namespace made from it
 //! gets its own copy of that tmpfs; a tmpfs mounted there on `hostonly/` (holding the
 //! "host-only tool") exists only there. Nothing mounted in either namespace under the scratch
-//! root reaches the other, so what a test sees in each is what was done in each.
+//! root reaches the other, except below `shared/`, which propagates both ways as a DaemonSet's
+//! kubelet dir does with `mountPropagation: Bidirectional`.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
+
+use serve_support::{node_client, publish_request, unpublish_request, Server};
 
 fn run(command: &mut Command) -> Output {
     let out = command
@@ -49,12 +52,7 @@ struct Scratch {
 const DRIVER: &str = "test~nsdrv";
 
 impl Scratch {
-    /// `None` (with a visible note) where the test cannot run.
-    fn new() -> Option<Self> {
-        if !is_root() {
-            eprintln!("SKIPPED: needs root (mounts, namespaces)");
-            return None;
-        }
+    fn new() -> Self {
         let root = tempfile::tempdir().unwrap();
         let mut scratch = Self {
             root,
@@ -62,16 +60,27 @@ impl Scratch {
             ns_bound: false,
         };
         let root = scratch.root.path().to_owned();
-        run(Command::new("mount").args(["-t", "tmpfs", "flexd-ns-test"]).arg(&root));
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "flexd-ns-test"])
+            .arg(&root));
         scratch.mounted_root = true;
         run(Command::new("mount").arg("--make-private").arg(&root));
-        for dir in ["hostonly", "vols", "state", "exec"] {
+        for dir in ["hostonly", "vols", "shared", "state", "exec"] {
             std::fs::create_dir(root.join(dir)).unwrap();
         }
+        // `shared/` is what a DaemonSet's kubelet dir is with Bidirectional propagation: a mount
+        // made below it in either namespace appears in the other.
+        let shared = root.join("shared");
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(&shared)
+            .arg(&shared));
+        run(Command::new("mount").arg("--make-shared").arg(&shared));
         std::fs::write(scratch.ns(), "").unwrap();
+        // `unchanged`: the copy of `shared/` stays its peer; the rest of the scratch is private.
         run(Command::new("unshare")
             .arg(format!("--mount={}", scratch.ns().display()))
-            .arg("true"));
+            .args(["--propagation", "unchanged", "true"]));
         scratch.ns_bound = true;
         // The host-only tool: on a tmpfs that exists only in the namespace.
         let tool = scratch.tool();
@@ -81,9 +90,12 @@ impl Scratch {
             dir = root.join("hostonly").display(),
             tool = tool.display(),
         )));
-        assert!(!tool.exists(), "the host-only tool leaked into the test's namespace");
+        assert!(
+            !tool.exists(),
+            "the host-only tool leaked into the test's namespace"
+        );
         scratch.install_driver();
-        Some(scratch)
+        scratch
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -108,35 +120,37 @@ impl Scratch {
         command
     }
 
-    /// A driver whose init and mount need the host-only tool, and whose mount mounts a tmpfs.
+    /// The `case` body of a driver whose every call-out needs the host-only tool, and whose
+    /// mount mounts a tmpfs.
+    fn driver_cases(&self) -> String {
+        format!(
+            r#"init|mount|unmount)
+  if [ "$('{tool}' 2>&1)" != host-tool-ran ]; then
+    echo '{{"status":"Failure","message":"the host tool is missing"}}'; exit 1
+  fi
+  case "$1" in
+  init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
+  mount) mount -t tmpfs nsdrv-vol "$2" || {{ echo '{{"status":"Failure","message":"mount failed"}}'; exit 1; }}
+    echo '{{"status":"Success"}}';;
+  unmount) umount "$2" || {{ echo '{{"status":"Failure","message":"umount failed"}}'; exit 1; }}
+    echo '{{"status":"Success"}}';;
+  esac;;"#,
+            tool = self.tool().display()
+        )
+    }
+
     fn install_driver(&self) {
         let dir = self.path("exec").join(DRIVER);
         std::fs::create_dir_all(&dir).unwrap();
-        let script = format!(
-            r#"#!/bin/sh
-tool='{tool}'
-if ! out=$("$tool" 2>&1) || [ "$out" != host-tool-ran ]; then
-  echo '{{"status":"Failure","message":"the host tool is missing"}}'; exit 1
-fi
-case "$1" in
-init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
-mount) mount -t tmpfs nsdrv-vol "$2" || {{ echo '{{"status":"Failure","message":"mount failed"}}'; exit 1; }}
-  echo '{{"status":"Success"}}';;
-unmount) umount "$2" || {{ echo '{{"status":"Failure","message":"umount failed"}}'; exit 1; }}
-  echo '{{"status":"Success"}}';;
-*) echo '{{"status":"Not supported"}}'; exit 1;;
-esac
-"#,
-            tool = self.tool().display()
+        common::write_exe(
+            &common::executable_of(&self.path("exec"), DRIVER),
+            &common::driver_script(&self.driver_cases()),
         );
-        let exe = dir.join("nsdrv");
-        std::fs::write(&exe, script).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     /// `flexd <args>` with this scratch's plugin and state dirs, and the namespace when `ns`.
     fn flexd(&self, ns: bool) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_flexd"));
+        let mut command = common::clean_flexd();
         command
             .arg("--plugin-dir")
             .arg(self.path("exec"))
@@ -155,8 +169,15 @@ esac
         let want = format!("mnt:[{}]", std::fs::metadata(self.ns()).unwrap().ino());
         let link = format!("/proc/{}/ns/mnt", sleeper.id());
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::fs::read_link(&link).ok().map(|l| l.display().to_string()) != Some(want.clone()) {
-            assert!(Instant::now() < deadline, "nsenter never entered the namespace");
+        while std::fs::read_link(&link)
+            .ok()
+            .map(|l| l.display().to_string())
+            != Some(want.clone())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "nsenter never entered the namespace"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         let table = std::fs::read_to_string(format!("/proc/{}/mountinfo", sleeper.id()));
@@ -191,13 +212,17 @@ fn stdout(out: &Output) -> String {
 
 #[test]
 fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
-    let Some(scratch) = Scratch::new() else { return };
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
     let without = scratch
         .flexd(false)
         .args(["call", "test/nsdrv", "init"])
         .output()
         .unwrap();
-    assert!(!without.status.success(), "init ran the host tool in flexd's namespace");
+    assert!(
+        !without.status.success(),
+        "init ran the host tool in flexd's namespace"
+    );
     assert!(
         stdout(&without).contains("the host tool is missing")
             || stderr(&without).contains("the host tool is missing"),
@@ -229,7 +254,8 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
 
 #[test]
 fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
-    let Some(scratch) = Scratch::new() else { return };
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
     let target = scratch.path("vols/v1");
     std::fs::create_dir(&target).unwrap();
     let out = scratch
@@ -239,7 +265,12 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
         .arg("{}")
         .output()
         .unwrap();
-    assert!(out.status.success(), "mount: {}{}", stdout(&out), stderr(&out));
+    assert!(
+        out.status.success(),
+        "mount: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
 
     assert!(
         mount_points(&scratch.ns_mountinfo()).contains(&target),
@@ -257,7 +288,12 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
         .arg(&target)
         .output()
         .unwrap();
-    assert!(out.status.success(), "unmount: {}{}", stdout(&out), stderr(&out));
+    assert!(
+        out.status.success(),
+        "unmount: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     assert!(
         !mount_points(&scratch.ns_mountinfo()).contains(&target),
         "the driver's unmount did not happen in the driver mount namespace"
@@ -266,7 +302,8 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
 
 #[test]
 fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
-    let Some(scratch) = Scratch::new() else { return };
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
     let plain = scratch.path("not-a-namespace");
     std::fs::write(&plain, "").unwrap();
     let cases: [(PathBuf, &str); 3] = [
@@ -275,7 +312,10 @@ fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
             PathBuf::from("/proc/self/ns/net"),
             "is a namespace, but not a mount namespace",
         ),
-        (scratch.path("missing"), "cannot open the driver mount namespace"),
+        (
+            scratch.path("missing"),
+            "cannot open the driver mount namespace",
+        ),
     ];
     for (path, want) in &cases {
         let out = scratch
@@ -286,7 +326,12 @@ fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
             .output()
             .unwrap();
         assert!(!out.status.success(), "{}: call succeeded", path.display());
-        assert!(stderr(&out).contains(want), "{}: {}", path.display(), stderr(&out));
+        assert!(
+            stderr(&out).contains(want),
+            "{}: {}",
+            path.display(),
+            stderr(&out)
+        );
 
         // serve refuses to start: no socket, an exit instead of serving.
         let csi_dir = scratch.path("plugins");
@@ -320,13 +365,17 @@ fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
         std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut text).unwrap();
         assert!(!status.success(), "{}: serve exited 0", path.display());
         assert!(text.contains(want), "{}: {text}", path.display());
-        assert!(!csi_dir.exists(), "serve made its socket dir before refusing");
+        assert!(
+            !csi_dir.exists(),
+            "serve made its socket dir before refusing"
+        );
     }
 }
 
 #[test]
 fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
-    let Some(scratch) = Scratch::new() else { return };
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
     // Hide the plugin dir inside the namespace only: drivers could not be executed there.
     run(scratch
         .in_ns("mount")
@@ -343,4 +392,44 @@ fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
         "{}",
         stderr(&out)
     );
+}
+
+/// The DaemonSet's shape: `flexd serve` with the flag, volumes below a directory that propagates
+/// both ways. The driver mounts in its namespace (where kubelet looks); flexd's own mount-table
+/// checks, in its own namespace, see that mount through propagation: a repeated publish does not
+/// mount again, and unpublish calls the driver's unmount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_publishes_through_the_driver_mount_namespace() {
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
+    let ns: &'static str = Box::leak(scratch.ns().display().to_string().into_boxed_str());
+    let env: &'static [(&str, &str)] =
+        Box::leak(vec![("FLEXD_DRIVER_MOUNT_NAMESPACE", ns)].into_boxed_slice());
+    let server = Server::start_with("node", env, |_| {});
+    server.driver(DRIVER, &scratch.driver_cases());
+    let sock = server.csi_dir.join("flexvolume-test--nsdrv/csi.sock");
+    common::wait_for_path(&sock);
+    let mut node = node_client(&sock).await;
+
+    let target = scratch.path("shared/pods/uid-1/volumes/v");
+    let publish = publish_request("vol-ns", &target, None);
+    node.node_publish_volume(publish.clone()).await.unwrap();
+    assert!(
+        mount_points(&scratch.ns_mountinfo()).contains(&target),
+        "not mounted where kubelet looks"
+    );
+    assert!(
+        common::is_mounted(&target),
+        "not propagated to flexd's namespace"
+    );
+    node.node_publish_volume(publish).await.unwrap();
+    assert_eq!(server.calls_of("mount").len(), 1, "mounted twice");
+
+    node.node_unpublish_volume(unpublish_request("vol-ns", &target))
+        .await
+        .unwrap();
+    assert!(!mount_points(&scratch.ns_mountinfo()).contains(&target));
+    assert!(!common::is_mounted(&target));
+    assert_eq!(server.ops(), ["mount", "unmount"]);
+    assert!(server.records().is_empty());
 }

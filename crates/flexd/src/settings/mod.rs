@@ -57,7 +57,12 @@ pub struct Global {
     /// flexd's own work stays in its own namespace: the plugin dir, the state dir and the
     /// volume paths must be the same directories, with mounts propagating both ways
     /// (Bidirectional), in both. Unset: drivers run in flexd's namespace.
-    #[arg(long, global = true, env = "FLEXD_DRIVER_MOUNT_NAMESPACE", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "FLEXD_DRIVER_MOUNT_NAMESPACE",
+        value_name = "PATH"
+    )]
     pub driver_mount_namespace: Option<PathBuf>,
 }
 

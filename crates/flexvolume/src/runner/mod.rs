@@ -297,7 +297,13 @@ pub fn run_argv(
     };
     let mut cgroup = config.max_processes.and_then(CallCgroup::create);
     let namespace = config.mount_namespace.as_ref();
-    let mut child = match spawn(program, argv, &config.held_locks, namespace, cgroup.as_ref()) {
+    let mut child = match spawn(
+        program,
+        argv,
+        &config.held_locks,
+        namespace,
+        cgroup.as_ref(),
+    ) {
         Err(CallError::Spawn { source, .. }) if cgroup.is_some() => {
             // Joining the cgroup failed in the child (it is ours and empty, so this is odd):
             // a driver that runs uncapped beats a volume that cannot mount.
