@@ -65,23 +65,26 @@ impl Scratch {
             .arg(&root));
         scratch.mounted_root = true;
         run(Command::new("mount").arg("--make-private").arg(&root));
-        for dir in ["hostonly", "vols", "shared", "state", "exec"] {
+        for dir in ["hostonly", "vols", "shared", "slave", "state", "exec"] {
             std::fs::create_dir(root.join(dir)).unwrap();
         }
         // `shared/` is what a DaemonSet's kubelet dir is with Bidirectional propagation: a mount
-        // made below it in either namespace appears in the other.
-        let shared = root.join("shared");
-        run(Command::new("mount")
-            .arg("--bind")
-            .arg(&shared)
-            .arg(&shared));
-        run(Command::new("mount").arg("--make-shared").arg(&shared));
+        // made below it in either namespace appears in the other. `slave/` is HostToContainer:
+        // made shared now, the test's side becomes a slave once the namespace exists.
+        for dir in ["shared", "slave"] {
+            let dir = root.join(dir);
+            run(Command::new("mount").arg("--bind").arg(&dir).arg(&dir));
+            run(Command::new("mount").arg("--make-shared").arg(&dir));
+        }
         std::fs::write(scratch.ns(), "").unwrap();
         // `unchanged`: the copy of `shared/` stays its peer; the rest of the scratch is private.
         run(Command::new("unshare")
             .arg(format!("--mount={}", scratch.ns().display()))
             .args(["--propagation", "unchanged", "true"]));
         scratch.ns_bound = true;
+        run(Command::new("mount")
+            .arg("--make-slave")
+            .arg(root.join("slave")));
         // The host-only tool: on a tmpfs that exists only in the namespace.
         let tool = scratch.tool();
         run(scratch.in_ns("sh").arg("-c").arg(format!(
@@ -150,12 +153,16 @@ impl Scratch {
 
     /// `flexd <args>` with this scratch's plugin and state dirs, and the namespace when `ns`.
     fn flexd(&self, ns: bool) -> Command {
+        self.flexd_with_state(ns, &self.path("state"))
+    }
+
+    fn flexd_with_state(&self, ns: bool, state_dir: &std::path::Path) -> Command {
         let mut command = common::clean_flexd();
         command
             .arg("--plugin-dir")
             .arg(self.path("exec"))
             .arg("--state-dir")
-            .arg(self.path("state"));
+            .arg(state_dir);
         if ns {
             command.arg("--driver-mount-namespace").arg(self.ns());
         }
@@ -391,6 +398,35 @@ fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
         stderr(&out).contains("must be the same directory at the same path in both"),
         "{}",
         stderr(&out)
+    );
+}
+
+#[test]
+fn a_state_dir_whose_mounts_do_not_propagate_both_ways_is_warned_about() {
+    common::require_root!("needs root (mounts, namespaces)");
+    let scratch = Scratch::new();
+    let warned = |state_dir: PathBuf| {
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let out = scratch
+            .flexd_with_state(true, &state_dir)
+            .args(["call", "test/nsdrv", "init"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let both = warned(scratch.path("shared/state"));
+    assert!(!both.contains("WARN"), "{both}");
+    let slave = warned(scratch.path("slave/state"));
+    assert!(
+        slave.contains("mounts flexd makes itself below this directory")
+            && slave.contains("Bidirectional"),
+        "{slave}"
+    );
+    let private = warned(scratch.path("vols/state"));
+    assert!(
+        private.contains("mounts drivers make below this directory will not be visible to flexd"),
+        "{private}"
     );
 }
 

@@ -22,7 +22,7 @@ mod namespace;
 use capped::CallCgroup;
 pub use capped::{lingering, remove_own_cgroups};
 pub use cgroup::{process_cap, CALLOUTS_DIR};
-pub use namespace::{MountNamespace, NamespaceError};
+pub use namespace::{MountNamespace, NamespaceError, Propagation};
 
 use std::collections::BTreeMap;
 use std::fs::File;

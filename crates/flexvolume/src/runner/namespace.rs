@@ -66,6 +66,14 @@ pub enum NamespaceError {
         path: PathBuf,
         what: String,
     },
+    #[error(
+        "cannot read a mount table to compare with the driver mount namespace {path}: {source}"
+    )]
+    MountTable {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// An open mount namespace that driver processes enter before they exec. Cheap to clone; the
@@ -148,6 +156,45 @@ impl MountNamespace {
         Ok(())
     }
 
+    /// How mounts made below `dir` travel between flexd's namespace and this one, from the
+    /// peer groups of the mount holding `dir` in each (mountinfo's `shared:N` / `master:N`;
+    /// the numbers are the kernel's, the same in every namespace).
+    pub fn propagation(&self, dir: &Path) -> Result<Propagation, NamespaceError> {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+        let read_err = |source| NamespaceError::MountTable {
+            path: self.path.clone(),
+            source,
+        };
+        let ours = std::fs::read_to_string("/proc/self/mountinfo").map_err(read_err)?;
+        // Through flexd's /proc, opened before entering: the namespace's own /proc (if any)
+        // may belong to another pid namespace, where this thread has another id or none.
+        let proc = rustix::fs::open(
+            "/proc",
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| read_err(e.into()))?;
+        let theirs = self
+            .inside(move || -> io::Result<String> {
+                let fd = rustix::fs::openat(
+                    &proc,
+                    "thread-self/mountinfo",
+                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?;
+                io::read_to_string(std::fs::File::from(fd))
+            })?
+            .map_err(read_err)?;
+        let (Some(ours), Some(theirs)) = (peers_of(&ours, &dir), peers_of(&theirs, &dir)) else {
+            return Ok(Propagation::Neither);
+        };
+        Ok(match (ours, theirs) {
+            ((Some(a), _), (Some(b), _)) if a == b => Propagation::BothWays,
+            ((_, Some(master)), (Some(b), _)) if master == b => Propagation::IntoFlexdOnly,
+            _ => Propagation::Neither,
+        })
+    }
+
     /// Runs `f` in a short-lived thread that has entered the namespace. The thread stops
     /// sharing its filesystem context first, so flexd's other threads stay where they are.
     fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NamespaceError> {
@@ -187,6 +234,54 @@ impl MountNamespace {
     }
 }
 
+/// Whether a mount made below a directory in one namespace appears in the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    /// Peers (`mountPropagation: Bidirectional`): drivers' mounts reach flexd, flexd's reach
+    /// the driver's namespace.
+    BothWays,
+    /// flexd's side is a slave of the other (`HostToContainer`): drivers' mounts reach flexd,
+    /// the mounts flexd makes itself stay in its namespace.
+    IntoFlexdOnly,
+    /// Neither way.
+    Neither,
+}
+
+/// A mount's peer group (`shared:N`) and the group it is a slave of (`master:N`), if any.
+type Peers = (Option<u64>, Option<u64>);
+
+/// The [`Peers`] of the mount that holds `dir` in a mount table: the last mount listed at the
+/// longest mount point above `dir` (later mounts cover earlier ones). `None` when no mount
+/// holds it.
+fn peers_of(mountinfo: &str, dir: &Path) -> Option<Peers> {
+    let mut best: Option<(usize, Peers)> = None;
+    for line in mountinfo.lines() {
+        let Some((before, _)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = before.split(' ').collect();
+        let Some(mount_point) = fields.get(4) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(crate::mount::unescape(mount_point));
+        if !dir.starts_with(&mount_point) {
+            continue;
+        }
+        let depth = mount_point.components().count();
+        if best.as_ref().is_some_and(|(d, _)| *d > depth) {
+            continue;
+        }
+        let tag = |name: &str| {
+            fields
+                .iter()
+                .skip(6)
+                .find_map(|f| f.strip_prefix(name)?.parse().ok())
+        };
+        best = Some((depth, (tag("shared:"), tag("master:"))));
+    }
+    best.map(|(_, peers)| peers)
+}
+
 /// Device and inode of `dir`, or `None` when it cannot be looked at.
 fn identity(dir: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
@@ -206,4 +301,28 @@ fn enter(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// whole spawn).
 pub(crate) unsafe fn enter_from_child(fd: RawFd) -> io::Result<()> {
     enter(BorrowedFd::borrow_raw(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "\
+22 1 0:21 / / rw - overlay overlay rw
+30 22 0:30 / /var/lib/kubelet rw shared:7 - ext4 /dev/sda1 rw
+31 22 0:31 / /var/lib/flexd rw master:9 - ext4 /dev/sda1 rw
+32 30 0:32 / /var/lib/kubelet/pods/x rw - tmpfs tmpfs rw
+33 22 0:33 / /var/lib/kubelet rw shared:8 master:7 - ext4 /dev/sda1 rw
+";
+
+    #[test]
+    fn the_mount_holding_a_dir_gives_its_peer_groups() {
+        let peers = |dir: &str| peers_of(TABLE, Path::new(dir));
+        // The later mount on /var/lib/kubelet covers the first.
+        assert_eq!(peers("/var/lib/kubelet/plugins"), Some((Some(8), Some(7))));
+        assert_eq!(peers("/var/lib/kubelet/pods/x/v"), Some((None, None)));
+        assert_eq!(peers("/var/lib/flexd/devices"), Some((None, Some(9))));
+        assert_eq!(peers("/etc"), Some((None, None)));
+        assert_eq!(peers_of("", Path::new("/etc")), None);
+    }
 }
