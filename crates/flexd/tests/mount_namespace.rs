@@ -257,6 +257,17 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         .output()
         .unwrap();
     assert!(with_env.status.success(), "{}", stderr(&with_env));
+    // Relative plugin and state dirs mean flexd's working directory, not the namespace's root.
+    let relative = common::clean_flexd()
+        .current_dir(scratch.root.path())
+        .args(["--plugin-dir", "exec", "--state-dir", "state"])
+        .arg("--driver-mount-namespace")
+        .arg(scratch.ns())
+        .args(["call", "test/nsdrv", "init"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(relative.status.success(), "{}", stderr(&relative));
 }
 
 #[test]

@@ -295,8 +295,21 @@ pub fn run_argv(
         kind,
         source,
     };
-    let mut cgroup = config.max_processes.and_then(CallCgroup::create);
     let namespace = config.mount_namespace.as_ref();
+    // In another namespace the driver starts in that namespace's root: a relative path would be
+    // looked up from there, not from flexd's working directory.
+    let absolute;
+    let program = match namespace {
+        Some(_) if program.is_relative() => {
+            absolute = std::path::absolute(program).map_err(|source| CallError::Spawn {
+                path: program.to_owned(),
+                source,
+            })?;
+            absolute.as_path()
+        }
+        _ => program,
+    };
+    let mut cgroup = config.max_processes.and_then(CallCgroup::create);
     let mut child = match spawn(
         program,
         argv,

@@ -132,9 +132,14 @@ impl MountNamespace {
     /// device and inode) at the same path in this one: drivers and their pinned copies are
     /// executed by the paths flexd knows them by, but from inside this namespace.
     pub fn check_same_dirs(&self, dirs: &[&Path]) -> Result<(), NamespaceError> {
+        // Absolute: the namespace's working directory is its root, not flexd's.
         let ours: Vec<(PathBuf, Option<(u64, u64)>)> = dirs
             .iter()
-            .map(|d| (d.to_path_buf(), identity(d)))
+            .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf()))
+            .map(|d| {
+                let id = identity(&d);
+                (d, id)
+            })
             .collect();
         let theirs: Vec<Option<(u64, u64)>> = self.inside({
             let dirs: Vec<PathBuf> = ours.iter().map(|(d, _)| d.clone()).collect();
@@ -200,31 +205,32 @@ impl MountNamespace {
     fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NamespaceError> {
         let fd = self.fd.as_fd();
         let entered = std::thread::scope(|scope| {
-            scope
-                .spawn(move || -> io::Result<T> {
+            std::thread::Builder::new()
+                .name("flexd-mntns".into())
+                .spawn_scoped(scope, move || -> io::Result<T> {
                     // SAFETY: CLONE_FS only: this thread gets its own root, working directory
                     // and umask; file descriptors stay shared, so no fd is hidden from anyone.
                     unsafe { rustix::thread::unshare_unsafe(UnshareFlags::FS)? };
                     enter(fd)?;
                     Ok(f())
                 })
-                .join()
+                .map(|thread| thread.join())
         });
+        let enter_err = |source| NamespaceError::Enter {
+            path: self.path.clone(),
+            source,
+        };
         match entered {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(e))) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
                 Err(NamespaceError::NotMountNamespace {
                     path: self.path.clone(),
                 })
             }
-            Ok(Err(source)) => Err(NamespaceError::Enter {
-                path: self.path.clone(),
-                source,
-            }),
-            Err(_) => Err(NamespaceError::Enter {
-                path: self.path.clone(),
-                source: io::Error::other("the thread entering it panicked"),
-            }),
+            Ok(Ok(Err(source))) | Err(source) => Err(enter_err(source)),
+            Ok(Err(_)) => Err(enter_err(io::Error::other(
+                "the thread entering it panicked",
+            ))),
         }
     }
 
