@@ -66,7 +66,7 @@ pub fn run(global: &Global, args: CallArgs) -> anyhow::Result<ExitCode> {
     let call = CallOut::from_raw(kind, raw_args)?;
     let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
         .with_context(|| format!("driver {name} is not usable"))?;
-    let mut config = global.runner_config();
+    let mut config = global.runner_config()?;
     if let Some(timeout) = timeout {
         config = config.with_timeout_for_all(timeout);
     }

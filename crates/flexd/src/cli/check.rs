@@ -42,7 +42,7 @@ pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let name = DriverName::parse(&wanted)?;
     let driver = layout::locate(&global.plugin_dir, &name, global.layout_policy())
         .with_context(|| format!("driver {name} is not usable"))?;
-    let config = global.runner_config().with_timeout_for_all(args.timeout);
+    let config = global.runner_config()?.with_timeout_for_all(args.timeout);
     let options = parse_options(&args.options)?;
     let report = flexvolume::check::run(&driver, &config, options);
     match global.output {

@@ -46,7 +46,7 @@ impl DriverReport {
 }
 
 pub fn run(global: &Global, args: DriversArgs) -> anyhow::Result<ExitCode> {
-    let config = global.runner_config().with_timeout_for_all(args.timeout);
+    let config = global.runner_config()?.with_timeout_for_all(args.timeout);
     let probed = prober::probe_all(
         &global.plugin_dir,
         global.layout_policy(),

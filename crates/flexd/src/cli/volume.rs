@@ -219,7 +219,7 @@ fn plugin_for(
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
     let node = global.node_name();
     let lifecycle = Lifecycle {
-        runner: global.runner_config(),
+        runner: global.runner_config()?,
         state: global.state(),
         node: node.clone(),
     };

@@ -46,7 +46,7 @@ pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
         global.plugin_dir.clone(),
         global.layout_policy(),
         global.probe_interval,
-        global.runner_config(),
+        global.runner_config()?,
     );
     let (prober, events) = Prober::start(config)
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;

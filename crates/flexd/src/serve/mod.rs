@@ -233,8 +233,12 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = metrics::Metrics::new();
     let runner = RunnerConfig {
         observer: Some(flexvolume::runner::Observer(metrics.clone())),
-        ..global.runner_config()
+        ..global.runner_config()?
     };
+    if let Some(namespace) = &runner.mount_namespace {
+        // kubelet's dir, where volumes are published, usually holds the CSI dir.
+        crate::settings::warn_unless_propagated(namespace, &args.csi_dir);
+    }
     if runner.max_processes.is_some() {
         // Detected now rather than at the first call-out, so the log says at start whether
         // drivers are capped (a warning with the reason is logged when they are not).

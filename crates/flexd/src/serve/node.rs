@@ -155,7 +155,20 @@ impl Node for NodeService {
         )?;
         let pod = request::pod_info(&req.volume_context);
         let fs_group = request::fs_group(req.volume_capability.as_ref())?;
+        let ephemeral = request::is_ephemeral(&req.volume_context)?;
         let plugin = ready_plugin(&self.driver)?;
+        if ephemeral && plugin.capabilities.attach {
+            // Nothing would attach it (no ControllerPublish) or stage it; its CSIDriver object
+            // lists only Persistent, so kubelet should not have asked.
+            return Err(Status::invalid_argument(format!(
+                "driver {} attaches (its volumes are attached and staged before they are \
+                 published), so it cannot serve an inline ephemeral volume: use a \
+                 PersistentVolume, or a driver that does not attach",
+                self.driver.name
+            )));
+        }
+        // An inline ephemeral volume of a driver that does not attach is a plain publish: the
+        // driver's mount with the context as its options, torn down by unpublish.
         let staging = if plugin.capabilities.attach {
             // CSI: with STAGE_UNSTAGE_VOLUME offered, a missing staging path is a precondition.
             if req.staging_target_path.is_empty() {

@@ -98,6 +98,22 @@ fn shown(value: &str) -> String {
     format!("{:?}{tail}", cut)
 }
 
+/// The volume context key kubelet sets to "true" on a CSI inline ephemeral volume's publish
+/// (with podInfoOnMount): no stage, a `csi-<hash>` volume id, the context is all there is.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+/// Whether the publish is of an inline ephemeral volume. kubelet writes the key as a Go bool;
+/// anything else is refused rather than guessed at.
+pub fn is_ephemeral(context: &HashMap<String, String>) -> Result<bool, Status> {
+    match context.get(EPHEMERAL_KEY).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Status::invalid_argument(format!(
+            "volume_context {EPHEMERAL_KEY}: {other:?} is neither \"true\" nor \"false\""
+        ))),
+    }
+}
+
 /// A required string field, or InvalidArgument naming it.
 pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
     if value.is_empty() {
@@ -254,6 +270,18 @@ mod tests {
         );
         assert_eq!(
             fs_group(Some(&mount_cap("4294967295"))).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn ephemeral_is_kubelets_bool_or_absent() {
+        let context = |v: &str| HashMap::from([(EPHEMERAL_KEY.to_owned(), v.to_owned())]);
+        assert!(!is_ephemeral(&HashMap::new()).unwrap());
+        assert!(!is_ephemeral(&context("false")).unwrap());
+        assert!(is_ephemeral(&context("true")).unwrap());
+        assert_eq!(
+            is_ephemeral(&context("True")).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

@@ -7,7 +7,7 @@ pub mod exit;
 pub mod logging;
 pub mod signals;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -52,15 +52,41 @@ pub struct Global {
     /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
     #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get())]
     pub driver_max_processes: u32,
+    /// Run every driver call-out in the mount namespace at PATH (e.g. /proc/1/ns/mnt, with
+    /// hostPID), so drivers find the host's tools and their mounts land where kubelet looks.
+    /// flexd's own work stays in its own namespace: the plugin dir, the state dir and the
+    /// volume paths must be the same directories, with mounts propagating both ways
+    /// (Bidirectional), in both. Unset: drivers run in flexd's namespace.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEXD_DRIVER_MOUNT_NAMESPACE",
+        value_name = "PATH"
+    )]
+    pub driver_mount_namespace: Option<PathBuf>,
 }
 
 impl Global {
-    /// How drivers are run, with the limits set on the command line.
-    pub fn runner_config(&self) -> flexvolume::RunnerConfig {
-        flexvolume::RunnerConfig {
+    /// How drivers are run, with the limits set on the command line. Fails when the driver
+    /// mount namespace cannot be used, so a wrong one stops flexd at start.
+    pub fn runner_config(&self) -> anyhow::Result<flexvolume::RunnerConfig> {
+        let mount_namespace = match &self.driver_mount_namespace {
+            None => None,
+            Some(path) => {
+                let namespace = flexvolume::runner::MountNamespace::open(path)?;
+                // Drivers and their pinned copies are executed by these paths, from there.
+                namespace.check_same_dirs(&[&self.plugin_dir, &self.state_dir])?;
+                // Device mount dirs live there.
+                warn_unless_propagated(&namespace, &self.state_dir);
+                tracing::info!(namespace = %path.display(), "driver call-outs run in this mount namespace");
+                Some(namespace)
+            }
+        };
+        Ok(flexvolume::RunnerConfig {
             max_processes: std::num::NonZeroU32::new(self.driver_max_processes),
+            mount_namespace,
             ..flexvolume::RunnerConfig::default()
-        }
+        })
     }
 
     pub fn layout_policy(&self) -> LayoutPolicy {
@@ -81,6 +107,37 @@ impl Global {
 
     pub fn state(&self) -> flexvolume::state::StateDir {
         flexvolume::state::StateDir::new(&self.state_dir)
+    }
+}
+
+/// Warns when mounts below `dir` do not travel both ways between flexd's namespace and the
+/// drivers' (docs/lifecycle.md#driver-mount-namespace): flexd checks, walks and binds volumes
+/// in its own view, drivers mount in theirs. A warning, not an error: flexd cannot know every
+/// volume path in advance, and what is checked here is one directory's mount.
+pub fn warn_unless_propagated(namespace: &flexvolume::runner::MountNamespace, dir: &Path) {
+    use flexvolume::runner::Propagation;
+    if !dir.exists() {
+        return;
+    }
+    match namespace.propagation(dir) {
+        Ok(Propagation::BothWays) => {
+            tracing::debug!(dir = %dir.display(), "mounts below it propagate both ways");
+        }
+        Ok(Propagation::IntoFlexdOnly) => tracing::warn!(
+            dir = %dir.display(),
+            namespace = %namespace.path().display(),
+            "mounts flexd makes itself below this directory (binds, format-and-mount) will not \
+             reach the driver mount namespace: mount it with Bidirectional propagation"
+        ),
+        Ok(Propagation::Neither) => tracing::warn!(
+            dir = %dir.display(),
+            namespace = %namespace.path().display(),
+            "mounts drivers make below this directory will not be visible to flexd, nor flexd's \
+             own to them: mount it at the same path with Bidirectional propagation"
+        ),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot tell whether mounts below it propagate")
+        }
     }
 }
 

@@ -16,10 +16,8 @@
 //! Cgroups (with their spawners) are pooled: making a cgroup and a thread costs one move,
 //! once, when the pool grows.
 
-use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -217,15 +215,12 @@ fn spawner_main(
     }
 }
 
-/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Called in the
-/// child between fork and exec: only `open` and `write`, both async-signal-safe, no allocation.
-fn join_from_child(procs: &std::ffi::CStr) -> io::Result<()> {
-    let fd = rustix::fs::open(
-        procs,
-        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    rustix::io::write(&fd, b"0")?;
+/// Moves the calling process into the cgroup whose `cgroup.procs` is open as `procs`. Called in
+/// the child between fork and exec: one `write`, async-signal-safe, no allocation. The file is
+/// opened by the parent, so the join does not depend on what the child's paths resolve to (a
+/// child that enters the driver's mount namespace sees other cgroup paths, if any).
+fn join_from_child(procs: &std::fs::File) -> io::Result<()> {
+    rustix::io::write(procs, b"0")?;
     Ok(())
 }
 
@@ -319,10 +314,13 @@ impl CallCgroup {
         match &self.spawner {
             Some(spawner) => spawner.spawn(command),
             None => {
-                let procs = CString::new(self.dir.join("cgroup.procs").into_os_string().as_bytes())
-                    .map_err(io::Error::other)?;
+                // Close-on-exec: open in the child until its exec, in no driver after.
+                let procs = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(self.dir.join("cgroup.procs"))?;
                 // SAFETY: runs in the forked child before exec; `join_from_child` only calls
-                // open and write, which are async-signal-safe, and allocates nothing.
+                // write, which is async-signal-safe, and allocates nothing. The closure owns
+                // the file, so it is open until the command is dropped after the spawn.
                 unsafe {
                     command.pre_exec(move || join_from_child(&procs));
                 }

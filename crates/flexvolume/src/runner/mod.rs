@@ -17,10 +17,12 @@
 mod capped;
 mod cgroup;
 mod leftovers;
+mod namespace;
 
 use capped::CallCgroup;
 pub use capped::{lingering, remove_own_cgroups};
 pub use cgroup::{process_cap, CALLOUTS_DIR};
+pub use namespace::{MountNamespace, NamespaceError, Propagation};
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -67,6 +69,8 @@ pub struct RunnerConfig {
     pub held_locks: Vec<std::sync::Arc<std::fs::File>>,
     /// The process cap of one call-out (cgroup `pids.max`); `None` runs drivers uncapped.
     pub max_processes: Option<NonZeroU32>,
+    /// The mount namespace drivers run in; `None`: flexd's own (see `runner/namespace.rs`).
+    pub mount_namespace: Option<MountNamespace>,
 }
 
 /// How a call-out ended, as metrics count it.
@@ -134,6 +138,7 @@ impl Default for RunnerConfig {
             observer: None,
             held_locks: Vec::new(),
             max_processes: Some(DEFAULT_MAX_PROCESSES),
+            mount_namespace: None,
         }
     }
 }
@@ -290,8 +295,28 @@ pub fn run_argv(
         kind,
         source,
     };
+    let namespace = config.mount_namespace.as_ref();
+    // In another namespace the driver starts in that namespace's root: a relative path would be
+    // looked up from there, not from flexd's working directory.
+    let absolute;
+    let program = match namespace {
+        Some(_) if program.is_relative() => {
+            absolute = std::path::absolute(program).map_err(|source| CallError::Spawn {
+                path: program.to_owned(),
+                source,
+            })?;
+            absolute.as_path()
+        }
+        _ => program,
+    };
     let mut cgroup = config.max_processes.and_then(CallCgroup::create);
-    let mut child = match spawn(program, argv, &config.held_locks, cgroup.as_ref()) {
+    let mut child = match spawn(
+        program,
+        argv,
+        &config.held_locks,
+        namespace,
+        cgroup.as_ref(),
+    ) {
         Err(CallError::Spawn { source, .. }) if cgroup.is_some() => {
             // Joining the cgroup failed in the child (it is ours and empty, so this is odd):
             // a driver that runs uncapped beats a volume that cannot mount.
@@ -299,7 +324,7 @@ pub fn run_argv(
             if let Some(cgroup) = cgroup.take() {
                 cgroup.release();
             }
-            spawn(program, argv, &config.held_locks, None)?
+            spawn(program, argv, &config.held_locks, namespace, None)?
         }
         other => other?,
     };
@@ -400,10 +425,16 @@ const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// Spawns the driver. ETXTBSY is retried briefly: in a multi-threaded host, another thread's
 /// fork can hold a just-written executable open for writing until its own exec, which makes our
 /// exec of that file fail for a moment even though nobody is writing it any more.
+///
+/// In another mount `namespace`, the child enters it as its last step before exec: everything
+/// else (pipes, `/dev/null`, the process group, the inherited locks, the cgroup, joined through
+/// a descriptor opened here) is flexd's, while the executable and all the driver does resolve
+/// in the driver's namespace.
 fn spawn(
     program: &Path,
     argv: &[&std::ffi::OsStr],
     held_locks: &[std::sync::Arc<std::fs::File>],
+    namespace: Option<&MountNamespace>,
     cgroup: Option<&CallCgroup>,
 ) -> Result<Child, CallError> {
     use std::os::fd::AsRawFd;
@@ -433,6 +464,15 @@ fn spawn(
                 });
             }
         }
+        if let Some(namespace) = namespace {
+            let fd = namespace.raw_fd();
+            // SAFETY: runs in the forked child before exec; `enter_from_child` is one setns,
+            // async-signal-safe, no allocation. `fd` stays open in the parent (the config holds
+            // the namespace) until the spawn returns.
+            unsafe {
+                command.pre_exec(move || namespace::enter_from_child(fd));
+            }
+        }
         let result = match cgroup {
             Some(cgroup) => cgroup.spawn(command),
             None => command.spawn(),
@@ -446,10 +486,21 @@ fn spawn(
                 pause *= 2;
             }
             Err(source) => {
+                let source = match namespace {
+                    // "No such file" must say where it was looked for.
+                    Some(namespace) => io::Error::new(
+                        source.kind(),
+                        format!(
+                            "{source} (in the driver mount namespace {})",
+                            namespace.path().display()
+                        ),
+                    ),
+                    None => source,
+                };
                 return Err(CallError::Spawn {
                     path: program.to_owned(),
                     source,
-                })
+                });
             }
             Ok(child) => return Ok(child),
         }
