@@ -190,25 +190,36 @@ fn prepare(candidate: &Candidate) -> Result<Hierarchy, String> {
 pub const DAEMON_DIR: &str = "flexd-daemon";
 
 /// Enables pids for the children of flexd's own v2 cgroup. cgroup v2 lets a cgroup that has
-/// processes hand controllers to its children only at the root ("no internal processes"). In a
-/// container flexd is usually alone in its cgroup: then it moves into a leaf of its own, as
-/// container inits do, and tries again. If other processes share the cgroup, it leaves them
-/// alone and reports why.
+/// processes hand controllers to its children only at the root ("no internal processes"). pids
+/// is a threaded controller, so the kernel does accept `+pids` from a cgroup that has processes,
+/// but that makes it a thread root, whose new children are invalid domains: they can neither
+/// enable pids nor hold a driver (EOPNOTSUPP). So flexd enables it from a cgroup without
+/// processes: alone in its cgroup (a container, a service), it first moves into a leaf of its
+/// own, as container inits do. If other processes share the cgroup, it leaves them alone and
+/// reports why.
 fn enable_pids_below_self(own: &Path) -> io::Result<()> {
-    let busy = match enable_pids(own) {
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => e,
-        other => return other,
-    };
+    // Only the root cgroup has no `cgroup.type`; it may hold processes and enable anything.
+    if !own.join("cgroup.type").exists() {
+        return enable_pids(own);
+    }
     let procs = std::fs::read_to_string(own.join("cgroup.procs"))?;
     if !holds_only(&procs, std::process::id()) {
-        return Err(busy);
+        return Err(io::Error::other("other processes share it"));
     }
     let leaf = own.join(DAEMON_DIR);
     match std::fs::create_dir(&leaf) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
+    let join = || std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string());
+    if join().is_err() {
+        // A flexd restarted in the cgroup an earlier one prepared: with a process in it and
+        // pids enabled, it is a thread root, whose leaf takes no process. Undone bottom-up (the
+        // kernel keeps a controller a child still enables), then enabled again below.
+        disable_pids(&own.join(CALLOUTS_DIR))?;
+        disable_pids(own)?;
+        join()?;
+    }
     tracing::info!(cgroup = %leaf.display(), "moved into a leaf cgroup to cap drivers below it");
     enable_pids(own)
 }
@@ -229,6 +240,18 @@ fn enable_pids(dir: &Path) -> io::Result<()> {
         return Ok(());
     }
     std::fs::write(control, "+pids")
+}
+
+/// Takes pids back from the children of a v2 cgroup, if it exists and gave it.
+fn disable_pids(dir: &Path) -> io::Result<()> {
+    let control = dir.join("cgroup.subtree_control");
+    match std::fs::read_to_string(&control) {
+        Ok(enabled) if enabled.split_whitespace().any(|c| c == "pids") => {
+            std::fs::write(control, "-pids")
+        }
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Removes empty call-out cgroups that flexd processes no longer running left behind (killed,
