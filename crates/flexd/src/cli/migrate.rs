@@ -57,7 +57,7 @@ pub fn run(global: &Global, args: MigrateArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let resolver = Resolver::probing(
-        global.runner_config(),
+        global.runner_config()?,
         global.plugin_dir.clone(),
         global.layout_policy(),
     );
