@@ -358,3 +358,51 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(dir: &std::path::Path) -> Served {
+        let runner = RunnerConfig::default();
+        Served {
+            args: ServeArgs {
+                mode: Mode::Node,
+                csi_dir: dir.join("plugins"),
+                registration_dir: dir.join("registry"),
+                metrics_address: ([127, 0, 0, 1], 0).into(),
+            },
+            endpoints: HashMap::new(),
+            unserved: BTreeMap::new(),
+            watcher_stopped: false,
+            metrics: metrics::Metrics::new(),
+            lifecycle: Arc::new(Lifecycle {
+                runner: runner.clone(),
+                state: flexvolume::state::StateDir::new(dir.join("state")),
+                node: "n".to_owned(),
+            }),
+            resolver: Arc::new(Resolver::new(Arc::new(Registry::new()), runner)),
+        }
+    }
+
+    /// The prober thread cannot be killed from outside a real `flexd serve`; what the serving
+    /// loop does when its events end is this.
+    #[test]
+    fn a_dead_watcher_and_an_unserved_driver_are_problems() {
+        let dir = std::env::temp_dir().join(format!("flexd-health-{}", std::process::id()));
+        let mut served = served(&dir);
+        assert!(served.problems().is_empty());
+        served.watcher_stopped = true;
+        served.unserved.insert(
+            DriverName::parse("acme/x").unwrap(),
+            "cannot listen".to_owned(),
+        );
+        assert_eq!(
+            served.problems(),
+            [
+                "the driver watcher stopped: installs, updates and removals are no longer seen",
+                "driver acme/x: not served: cannot listen",
+            ]
+        );
+    }
+}
