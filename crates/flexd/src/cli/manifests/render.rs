@@ -23,7 +23,8 @@
 //!     attach the same volume.
 //!   - Privileged, with `/dev`: attach and detach are the driver's own code, which FlexVolume
 //!     drivers expect to run as root on a host, as they did in the controller manager.
-//! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver): csi-attacher
+//! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver) and a
+//!   `--timeout` beyond flexd's call-out timeout ([`sidecar_timeout`]): csi-attacher
 //!   for a driver that attaches; csi-provisioner for one that provisions; csi-resizer for an
 //!   expanding driver (`requiresFSResize`) that has a controller side. flexd expands on the node
 //!   only (NodeExpandVolume), so csi-resizer runs its "trivial" resizer, which asks the
@@ -267,6 +268,15 @@ impl Sidecar {
             ],
         }
     }
+}
+
+/// How long a sidecar waits for flexd: longer than flexd's own call-out timeout and kill grace,
+/// so it sees flexd's answer (DEADLINE_EXCEEDED naming the driver) rather than giving up first
+/// and retrying into a call still in flight (ABORTED). The sidecars' defaults are 10-15 s.
+pub fn sidecar_timeout() -> std::time::Duration {
+    flexvolume::runner::DEFAULT_TIMEOUT
+        + flexvolume::runner::DEFAULT_KILL_GRACE
+        + std::time::Duration::from_secs(10)
 }
 
 fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
@@ -559,6 +569,7 @@ fn controller_deployment(settings: &Settings, drivers: &[DriverProfile]) -> Depl
                 args: Some(vec![
                     format!("--csi-address={}", driver.socket()),
                     "--leader-election".to_owned(),
+                    format!("--timeout={}s", sidecar_timeout().as_secs()),
                 ]),
                 resources: Some(resources("10m", "32Mi", "128Mi")),
                 volume_mounts: Some(vec![mount("socket-dir", CONTROLLER_CSI_DIR, None, false)]),
