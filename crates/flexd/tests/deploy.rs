@@ -419,6 +419,19 @@ fn manifests_take_capabilities_from_the_command_line() {
         !out.status.success() && stderr.contains("not installed"),
         "{stderr}"
     );
+    let out = manifests(&[
+        "--plugin-dir",
+        plugin_dir,
+        "--driver",
+        "flexd/loop",
+        "--host-dir",
+        "x",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--host-dir x: not an absolute path"),
+        "{stderr}"
+    );
     let out = manifests(&["--plugin-dir", plugin_dir]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -55,6 +55,20 @@ pub struct ManifestsArgs {
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
+    // These are paths on the nodes, mounted at the same place in the pods.
+    let paths = [
+        ("--kubelet-dir", &args.kubelet_dir),
+        ("--plugin-dir", &global.plugin_dir),
+        ("--state-dir", &global.state_dir),
+    ];
+    let host_dirs = args.host_dirs.iter().map(|dir| ("--host-dir", dir));
+    if let Some((flag, path)) = paths
+        .into_iter()
+        .chain(host_dirs)
+        .find(|(_, path)| !path.is_absolute())
+    {
+        bail!("{flag} {}: not an absolute path", path.display());
+    }
     let mut host_dirs = args.host_dirs.clone();
     let drivers = profiles(global, &args, &mut host_dirs)?;
     host_dirs.sort();
