@@ -316,37 +316,67 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
         .unwrap();
     assert_eq!(state_mount.mount_path, value_of(&args, "--state-dir"));
 
-    // Each sidecar talks to the socket flexd serves its driver on, in the shared dir.
-    let csi_dir = value_of(&args, "--csi-dir");
+    // The controller attaches and provisions for any node; the resizers' flexd only answers
+    // capabilities.
+    assert!(args.contains(&"--mode=controller".to_owned()), "{args:?}");
+    // Each sidecar talks to a socket a flexd of the pod serves its driver on, through a
+    // volume both mount at that flexd's --csi-dir.
     let drivers: Vec<CSIDriver> = docs
         .iter()
         .filter(|d| d["kind"] == "CSIDriver")
         .map(typed)
         .collect();
-    let sockets: Vec<String> = drivers
+    let mut sockets: Vec<(String, String)> = Vec::new();
+    for flexd in pod
+        .containers
         .iter()
-        .map(|d| format!("{csi_dir}/{}/csi.sock", d.metadata.name.as_ref().unwrap()))
-        .collect();
+        .filter(|c| c.name.starts_with("flexd"))
+    {
+        let args = flexd.args.clone().unwrap();
+        assert_flexd_accepts(&args);
+        let csi_dir = value_of(&args, "--csi-dir");
+        let volume = flexd
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == csi_dir)
+            .unwrap_or_else(|| panic!("{} shares no {csi_dir}", flexd.name))
+            .name
+            .clone();
+        for driver in &drivers {
+            let name = driver.metadata.name.as_ref().unwrap();
+            sockets.push((format!("{csi_dir}/{name}/csi.sock"), volume.clone()));
+        }
+    }
     let sidecars: Vec<&Container> = pod
         .containers
         .iter()
-        .filter(|c| c.name != "flexd")
+        .filter(|c| !c.name.starts_with("flexd"))
         .collect();
     let names: Vec<&str> = sidecars.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["csi-attacher-0", "csi-resizer-0"]);
+    assert_eq!(
+        names,
+        ["csi-attacher-0", "csi-provisioner-0", "csi-resizer-0"]
+    );
     for sidecar in sidecars {
         let args = sidecar.args.clone().unwrap();
-        assert!(
-            sockets.contains(&value_of(&args, "--csi-address").to_owned()),
-            "{args:?}"
-        );
+        let address = value_of(&args, "--csi-address");
+        let (_, volume) = sockets
+            .iter()
+            .find(|(socket, _)| socket == address)
+            .unwrap_or_else(|| panic!("{address} is served by no flexd of the pod"));
         assert!(args.contains(&"--leader-election".to_owned()), "{args:?}");
+        let dir = std::path::Path::new(address)
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap();
         let shared = sidecar
             .volume_mounts
             .iter()
             .flatten()
-            .any(|m| m.mount_path == csi_dir);
-        assert!(shared, "{} does not see {csi_dir}", sidecar.name);
+            .any(|m| &m.name == volume && std::path::Path::new(&m.mount_path) == dir);
+        assert!(shared, "{} does not see {address}", sidecar.name);
     }
     // The controller's account is what the sidecars' roles are bound to.
     let account = pod.service_account_name.clone().unwrap();

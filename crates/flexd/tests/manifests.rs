@@ -89,28 +89,46 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
             ("flexvolume-attachable", true)
         ]
     );
-    // Only the attaching driver has sidecars.
-    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
-    let containers = deployment["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap();
-    let addresses: Vec<&str> = containers
-        .iter()
-        .filter(|c| c["name"] != "flexd")
-        .map(|c| c["args"][0].as_str().unwrap())
-        .collect();
-    assert!(
-        addresses
+    // Each driver has the sidecars its capabilities call for (tmpfs provisions, attachable
+    // attaches, both expand), on its own socket.
+    let sidecars = |docs: &[Value]| -> Vec<(String, String)> {
+        let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
             .iter()
-            .all(|a| *a == "--csi-address=/csi/flexvolume-attachable/csi.sock"),
-        "{addresses:?}"
+            .filter(|c| !c["name"].as_str().unwrap().starts_with("flexd"))
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    c["args"][0].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let expected = [
+        ("csi-provisioner-0", "/csi/flexvolume-acme--tmpfs"),
+        ("csi-resizer-0", "/csi-capabilities/flexvolume-acme--tmpfs"),
+        ("csi-attacher-1", "/csi/flexvolume-attachable"),
+        ("csi-resizer-1", "/csi-capabilities/flexvolume-attachable"),
+    ]
+    .map(|(name, dir)| (name.to_owned(), format!("--csi-address={dir}/csi.sock")));
+    assert_eq!(sidecars(&docs), expected);
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "flexd:test"
     );
-    assert_eq!(containers[0]["image"], "flexd:test");
 
     // Named drivers: only those.
-    let docs = documents(&stdout(&flexd(p, &["manifests", "--driver", "acme/tmpfs"])));
-    assert!(!docs.iter().any(|d| d["kind"] == "Deployment"));
+    let docs = documents(&stdout(&flexd(p, &["manifests", "--driver", "attachable"])));
     assert_eq!(docs.iter().filter(|d| d["kind"] == "CSIDriver").count(), 1);
+    let expected = [
+        ("csi-attacher-0", "/csi/flexvolume-attachable"),
+        ("csi-resizer-0", "/csi-capabilities/flexvolume-attachable"),
+    ]
+    .map(|(name, dir)| (name.to_owned(), format!("--csi-address={dir}/csi.sock")));
+    assert_eq!(sidecars(&docs), expected);
 
     // A driver whose init fails is not deployed blind.
     let dir = p.join("acme~broken");

@@ -16,7 +16,8 @@
 //!     included, so the controller runs exactly the driver version the nodes run, with no image
 //!     per driver to keep in step. This is where kube-controller-manager ran FlexVolume attach.
 //!   - Its **state lives on a PersistentVolumeClaim** of the cluster's default (or a named)
-//!     StorageClass: detach must use the volume name recorded at attach, and
+//!     StorageClass, provisioned volumes' records included: detach must use the volume name
+//!     recorded at attach, and
 //!     ControllerUnpublishVolume carries only the volume id and the node, not the spec
 //!     `getvolumename` would need, so the name cannot be recomputed. One replica with the
 //!     Recreate strategy, because the claim is ReadWriteOnce and two controllers must never
@@ -27,11 +28,15 @@
 //!   `--timeout` beyond flexd's call-out timeout ([`sidecar_timeout`]): csi-attacher
 //!   for a driver that attaches; csi-provisioner for one that provisions; csi-resizer for an
 //!   expanding driver (`requiresFSResize`) that has a controller side. flexd expands on the node
-//!   only (NodeExpandVolume), so csi-resizer runs its "trivial" resizer, which asks the
-//!   controller socket for the *node* capabilities: the controller then runs `--mode both` (its
-//!   node service is never called by kubelet: it is not registered anywhere kubelet looks). An
-//!   expanding driver with no controller side gets no resizer, because csi-resizer refuses to
-//!   start against a plugin without the controller service.
+//!   only (NodeExpandVolume), so csi-resizer runs its "trivial" resizer: it only checks, at
+//!   start, that the plugin has the controller service and the *node* EXPAND_VOLUME capability,
+//!   then marks volumes for kubelet's NodeExpandVolume without calling the plugin again. The
+//!   controller (`--mode controller`, which attaches to any node) has no node service, and
+//!   `--mode both` publishes to its own node only, so the resizers get a second, call-out-free
+//!   flexd beside it: `flexd-capabilities`, `--mode both` on a private socket dir and scratch
+//!   state, which only answers those capability questions (kubelet never sees it). An expanding
+//!   driver with no controller side gets no resizer, because csi-resizer refuses to start
+//!   against a plugin without the controller service.
 //! - **RBAC**: the official sidecars' rules (kubernetes-csi `deploy/kubernetes/rbac.yaml`), one
 //!   ClusterRole per sidecar kind present, bound to the controller's ServiceAccount, and one Role
 //!   for the leader-election leases. The provisioner's snapshot rules are left out: flexd
@@ -75,6 +80,10 @@ use crate::serve::naming::{self, CsiNameError};
 pub const METRICS_PORT: i32 = 9808;
 /// Where the controller pod shares its CSI sockets with the sidecars.
 pub const CONTROLLER_CSI_DIR: &str = "/csi";
+/// Where the controller pod's capabilities-only flexd puts the resizers' sockets.
+pub const CAPABILITIES_CSI_DIR: &str = "/csi-capabilities";
+/// That flexd's `/metrics` and `/healthz`.
+pub const CAPABILITIES_PORT: i32 = 9809;
 /// Where the controller pod keeps its state (the PersistentVolumeClaim).
 pub const CONTROLLER_STATE_DIR: &str = "/var/lib/flexd";
 
@@ -99,8 +108,7 @@ impl DriverProfile {
             csi_name: naming::csi_name(&name)?,
             name,
             attach: capabilities.attach,
-            // A provisioning capability plugs in here once `init` can declare one.
-            provision: false,
+            provision: capabilities.provision,
             expand: capabilities.requires_fs_resize,
             fs_group: capabilities.fs_group,
         })
@@ -112,8 +120,8 @@ impl DriverProfile {
         self.attach || self.provision
     }
 
-    fn socket(&self) -> String {
-        format!("{CONTROLLER_CSI_DIR}/{}/csi.sock", self.csi_name)
+    fn socket(&self, dir: &str) -> String {
+        format!("{dir}/{}/csi.sock", self.csi_name)
     }
 }
 
@@ -503,27 +511,64 @@ fn node_daemonset(settings: &Settings) -> DaemonSet {
 }
 
 /// The controller Deployment's `flexd` arguments.
-pub fn controller_args(settings: &Settings, drivers: &[DriverProfile]) -> Vec<String> {
-    // csi-resizer's trivial resizer asks the controller socket for node capabilities.
-    let mode = if drivers
-        .iter()
-        .any(|d| Sidecar::for_driver(d).contains(&Sidecar::Resizer))
-    {
-        "both"
-    } else {
-        "controller"
-    };
+pub fn controller_args(settings: &Settings) -> Vec<String> {
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
         format!("--state-dir={CONTROLLER_STATE_DIR}"),
         "--log-format=json".to_owned(),
         "serve".to_owned(),
-        format!("--mode={mode}"),
+        "--mode=controller".to_owned(),
         format!("--csi-dir={CONTROLLER_CSI_DIR}"),
-        // Only used in mode both, and nothing watches it.
-        format!("--registration-dir={CONTROLLER_CSI_DIR}/registration"),
         format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
     ]
+}
+
+/// The `flexd-capabilities` container's arguments: the resizers' socket (see the module doc).
+/// Its state is scratch: it serves no volume, so it never records one.
+pub fn capabilities_args(settings: &Settings) -> Vec<String> {
+    vec![
+        format!("--plugin-dir={}", path(&settings.plugin_dir)),
+        format!("--state-dir={CAPABILITIES_CSI_DIR}/state"),
+        "--log-format=json".to_owned(),
+        "serve".to_owned(),
+        "--mode=both".to_owned(),
+        format!("--csi-dir={CAPABILITIES_CSI_DIR}"),
+        // Nothing watches it: kubelet never learns of this flexd.
+        format!("--registration-dir={CAPABILITIES_CSI_DIR}/registration"),
+        format!("--metrics-address=0.0.0.0:{CAPABILITIES_PORT}"),
+    ]
+}
+
+fn capabilities_container(settings: &Settings) -> Container {
+    let mut container = flexd_container(
+        capabilities_args(settings),
+        vec![
+            mount("plugin-dir", &path(&settings.plugin_dir), None, true),
+            mount("capabilities-dir", CAPABILITIES_CSI_DIR, None, false),
+        ],
+    );
+    container.name = "flexd-capabilities".to_owned();
+    container.image = Some(settings.image.clone());
+    // It runs drivers' init only.
+    container.security_context = None;
+    container.resources = Some(resources("5m", "16Mi", "128Mi"));
+    let port = "caps-metrics";
+    if let Some(ports) = &mut container.ports {
+        ports[0].name = Some(port.to_owned());
+        ports[0].container_port = CAPABILITIES_PORT;
+    }
+    for probe in [
+        &mut container.liveness_probe,
+        &mut container.readiness_probe,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Some(get) = &mut probe.http_get {
+            get.port = IntOrString::String(port.to_owned());
+        }
+    }
+    container
 }
 
 fn controller_deployment(settings: &Settings, drivers: &[DriverProfile]) -> Deployment {
@@ -557,22 +602,37 @@ fn controller_deployment(settings: &Settings, drivers: &[DriverProfile]) -> Depl
     let (extra_volumes, extra_mounts) = host_dirs(settings);
     volumes.extend(extra_volumes);
     mounts.extend(extra_mounts);
-    let mut flexd = flexd_container(controller_args(settings, drivers), mounts);
+    let mut flexd = flexd_container(controller_args(settings), mounts);
     flexd.image = Some(settings.image.clone());
     let mut containers = vec![flexd];
+    let resizing = drivers
+        .iter()
+        .any(|d| Sidecar::for_driver(d).contains(&Sidecar::Resizer));
+    if resizing {
+        containers.push(capabilities_container(settings));
+        volumes.push(Volume {
+            name: "capabilities-dir".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+    }
     for (index, driver) in drivers.iter().enumerate() {
         for sidecar in Sidecar::for_driver(driver) {
+            let (volume, dir) = match sidecar {
+                Sidecar::Resizer => ("capabilities-dir", CAPABILITIES_CSI_DIR),
+                Sidecar::Attacher | Sidecar::Provisioner => ("socket-dir", CONTROLLER_CSI_DIR),
+            };
             containers.push(Container {
                 // Container names cannot hold a CSI name's dots; the socket says which driver.
                 name: format!("{}-{index}", sidecar.name()),
                 image: Some(sidecar.image(settings).to_owned()),
                 args: Some(vec![
-                    format!("--csi-address={}", driver.socket()),
+                    format!("--csi-address={}", driver.socket(dir)),
                     "--leader-election".to_owned(),
                     format!("--timeout={}s", sidecar_timeout().as_secs()),
                 ]),
                 resources: Some(resources("10m", "32Mi", "128Mi")),
-                volume_mounts: Some(vec![mount("socket-dir", CONTROLLER_CSI_DIR, None, false)]),
+                volume_mounts: Some(vec![mount(volume, dir, None, false)]),
                 ..Default::default()
             });
         }
@@ -858,7 +918,7 @@ mod tests {
             .spec
             .as_ref()
             .unwrap();
-        let sidecars: Vec<(String, String)> = pod.containers[1..]
+        let sidecars: Vec<(String, String)> = pod.containers[2..]
             .iter()
             .map(|c| (c.name.clone(), c.args.as_ref().unwrap()[0].clone()))
             .collect();
@@ -875,17 +935,21 @@ mod tests {
                 ),
                 (
                     "csi-resizer-1",
-                    "--csi-address=/csi/flexvolume-acme--b/csi.sock"
+                    "--csi-address=/csi-capabilities/flexvolume-acme--b/csi.sock"
                 ),
             ]
             .map(|(a, b)| (a.to_owned(), b.to_owned()))
         );
-        // The resizer needs node capabilities from the controller socket.
-        assert!(pod.containers[0]
-            .args
-            .as_ref()
-            .unwrap()
-            .contains(&"--mode=both".to_owned()));
+        // The controller attaches to any node; the resizer's socket answers node capabilities.
+        let mode = |i: usize| pod.containers[i].args.as_ref().unwrap()[4].clone();
+        assert_eq!(
+            (
+                mode(0).as_str(),
+                pod.containers[1].name.as_str(),
+                mode(1).as_str()
+            ),
+            ("--mode=controller", "flexd-capabilities", "--mode=both")
+        );
         let roles: Vec<&str> = objects
             .iter()
             .filter_map(|o| match o {
