@@ -1,15 +1,20 @@
 //! The manifests in deploy/ are valid Kubernetes objects: each document parses into its typed
 //! k8s-openapi object, and nothing in it is silently dropped by that parse (a misspelt field
-//! such as `mountPropogation` would be), and the pieces fit together.
+//! such as `mountPropogation` would be), and the pieces fit together. `deploy/flexd.yaml` is
+//! exactly what `flexd manifests --driver flexd/loop` prints, and flexd accepts its pods'
+//! arguments.
 
 mod common;
 
 use std::path::PathBuf;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, PersistentVolumeClaim, PodTemplateSpec, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -19,9 +24,14 @@ fn deploy_dir() -> PathBuf {
 }
 
 fn documents(file: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
+    documents_of(&std::fs::read_to_string(deploy_dir().join(file)).unwrap())
+}
+
+fn documents_of(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
         .map(|doc| Value::deserialize_from(doc))
+        // A stream starting with `---` after comments has an empty first document.
+        .filter(|doc| !doc.is_null())
         .collect()
 }
 
@@ -68,17 +78,11 @@ fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> T {
     object
 }
 
-fn check_daemonset(ds: &DaemonSet) {
-    let spec = ds.spec.as_ref().unwrap();
-    let selector = spec.selector.match_labels.as_ref().unwrap();
-    let labels = spec
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .as_ref()
-        .unwrap();
+/// The selector selects the pod template, every mount is of a declared volume, and every
+/// probe's named port is declared.
+fn check_pod(selector: &LabelSelector, template: &PodTemplateSpec) {
+    let selector = selector.match_labels.as_ref().unwrap();
+    let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
     for (k, v) in selector {
         assert_eq!(
             labels.get(k),
@@ -86,7 +90,7 @@ fn check_daemonset(ds: &DaemonSet) {
             "selector {k} does not match the pod template"
         );
     }
-    let pod = spec.template.spec.as_ref().unwrap();
+    let pod = template.spec.as_ref().unwrap();
     let volumes: Vec<&str> = pod
         .volumes
         .iter()
@@ -101,7 +105,35 @@ fn check_daemonset(ds: &DaemonSet) {
                 mount.name
             );
         }
+        let ports: Vec<&str> = container
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.name.as_deref())
+            .collect();
+        for probe in [&container.liveness_probe, &container.readiness_probe]
+            .into_iter()
+            .flatten()
+        {
+            let port = &probe.http_get.as_ref().unwrap().port;
+            if let k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) = port {
+                assert!(
+                    ports.contains(&name.as_str()),
+                    "probe of undeclared port {name}"
+                );
+            }
+        }
     }
+}
+
+fn check_daemonset(ds: &DaemonSet) {
+    let spec = ds.spec.as_ref().unwrap();
+    check_pod(&spec.selector, &spec.template);
+}
+
+fn check_deployment(deployment: &Deployment) {
+    let spec = deployment.spec.as_ref().unwrap();
+    check_pod(&spec.selector, &spec.template);
 }
 
 #[test]
@@ -121,9 +153,16 @@ fn every_manifest_is_a_valid_typed_object() {
             );
             match kind.as_str() {
                 "apps/v1/DaemonSet" => check_daemonset(&typed::<DaemonSet>(&doc)),
+                "apps/v1/Deployment" => check_deployment(&typed::<Deployment>(&doc)),
                 "v1/Namespace" => drop(typed::<Namespace>(&doc)),
                 "v1/ServiceAccount" => drop(typed::<ServiceAccount>(&doc)),
+                "v1/PersistentVolumeClaim" => drop(typed::<PersistentVolumeClaim>(&doc)),
                 "rbac.authorization.k8s.io/v1/ClusterRole" => drop(typed::<ClusterRole>(&doc)),
+                "rbac.authorization.k8s.io/v1/ClusterRoleBinding" => {
+                    drop(typed::<ClusterRoleBinding>(&doc))
+                }
+                "rbac.authorization.k8s.io/v1/Role" => drop(typed::<Role>(&doc)),
+                "rbac.authorization.k8s.io/v1/RoleBinding" => drop(typed::<RoleBinding>(&doc)),
                 "storage.k8s.io/v1/CSIDriver" => drop(typed::<CSIDriver>(&doc)),
                 other => panic!("{file}: unexpected kind {other}"),
             }
@@ -165,35 +204,268 @@ fn the_installer_daemonset_mounts_the_host_plugin_dir_at_flexmnt() {
     );
 }
 
+/// `flexd manifests` with the given arguments, with no environment that would change it.
+fn manifests(args: &[&str]) -> std::process::Output {
+    common::clean_flexd()
+        .arg("manifests")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
-fn the_flexd_daemonset_arguments_are_accepted_by_flexd() {
-    let docs = documents("flexd-daemonset.yaml");
-    let ds_doc = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
-    let ds: DaemonSet = typed(ds_doc);
-    let pod = ds.spec.unwrap().template.spec.unwrap();
-    assert_eq!(
-        pod.share_process_namespace,
-        Some(true),
-        "flexd must not be pid 1: orphaned driver helpers need a reaper"
+fn the_committed_manifests_are_what_flexd_manifests_prints() {
+    let out = manifests(&["--driver", "flexd/loop"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let container = &pod.containers[0];
-    let args = container.args.clone().unwrap();
-    // `--help` after the real arguments: clap validates everything before it, then prints help.
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let committed = std::fs::read_to_string(deploy_dir().join("flexd.yaml")).unwrap();
+    assert!(
+        printed == committed,
+        "deploy/flexd.yaml is stale: regenerate it with\n  flexd manifests --driver flexd/loop > deploy/flexd.yaml"
+    );
+}
+
+fn one<T: DeserializeOwned + Serialize>(docs: &[Value], kind: &str) -> T {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind}");
+    typed(found[0])
+}
+
+fn flexd_container(template: &PodTemplateSpec) -> Container {
+    let pod = template.spec.as_ref().unwrap();
+    pod.containers
+        .iter()
+        .find(|c| c.name == "flexd")
+        .unwrap()
+        .clone()
+}
+
+/// `--help` after the real arguments: clap validates everything before it, then prints help.
+fn assert_flexd_accepts(args: &[String]) {
     let out = std::process::Command::new(common::FLEXD)
-        .args(&args)
+        .args(args)
         .arg("--help")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "flexd refused the DaemonSet's arguments {args:?}: {}",
+        "flexd refused the arguments {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mounts: Vec<String> = container
+}
+
+fn value_of<'a>(args: &'a [String], flag: &str) -> &'a str {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+        .unwrap_or_else(|| panic!("no {flag} in {args:?}"))
+}
+
+#[test]
+fn the_flexd_pods_arguments_are_accepted_by_flexd() {
+    let docs = documents("flexd.yaml");
+    let ds: DaemonSet = one(&docs, "DaemonSet");
+    let template = &ds.spec.as_ref().unwrap().template;
+    assert_eq!(
+        template.spec.as_ref().unwrap().share_process_namespace,
+        Some(true),
+        "flexd must not be pid 1: orphaned driver helpers need a reaper"
+    );
+    let node = flexd_container(template);
+    let args = node.args.clone().unwrap();
+    assert_flexd_accepts(&args);
+    assert!(args.contains(&"--mode=node".to_owned()));
+    let mounts: Vec<(String, Option<String>)> = node
         .volume_mounts
         .iter()
         .flatten()
-        .map(|m| m.mount_path.clone())
+        .map(|m| (m.mount_path.clone(), m.mount_propagation.clone()))
         .collect();
-    assert!(mounts.contains(&"/var/lib/kubelet".to_owned()));
+    assert!(mounts.contains(&(
+        "/var/lib/kubelet".to_owned(),
+        Some("Bidirectional".to_owned())
+    )));
+    // The loop driver's images must outlive the pod.
+    assert!(mounts.iter().any(|(path, _)| path == "/var/lib/flexd-loop"));
+
+    let deployment: Deployment = one(&docs, "Deployment");
+    let template = &deployment.spec.as_ref().unwrap().template;
+    let controller = flexd_container(template);
+    let args = controller.args.clone().unwrap();
+    assert_flexd_accepts(&args);
+    // The state detach needs lives on the claim.
+    let claim: PersistentVolumeClaim = one(&docs, "PersistentVolumeClaim");
+    let pod = template.spec.as_ref().unwrap();
+    let state_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.persistent_volume_claim.as_ref().map(|c| &c.claim_name)
+                == claim.metadata.name.as_ref()
+        })
+        .unwrap();
+    let state_mount = controller
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == state_volume.name)
+        .unwrap();
+    assert_eq!(state_mount.mount_path, value_of(&args, "--state-dir"));
+
+    // The controller attaches and provisions for any node; the resizers' flexd only answers
+    // capabilities.
+    assert!(args.contains(&"--mode=controller".to_owned()), "{args:?}");
+    // Each sidecar talks to a socket a flexd of the pod serves its driver on, through a
+    // volume both mount at that flexd's --csi-dir.
+    let drivers: Vec<CSIDriver> = docs
+        .iter()
+        .filter(|d| d["kind"] == "CSIDriver")
+        .map(typed)
+        .collect();
+    let mut sockets: Vec<(String, String)> = Vec::new();
+    for flexd in pod
+        .containers
+        .iter()
+        .filter(|c| c.name.starts_with("flexd"))
+    {
+        let args = flexd.args.clone().unwrap();
+        assert_flexd_accepts(&args);
+        let csi_dir = value_of(&args, "--csi-dir");
+        let volume = flexd
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == csi_dir)
+            .unwrap_or_else(|| panic!("{} shares no {csi_dir}", flexd.name))
+            .name
+            .clone();
+        for driver in &drivers {
+            let name = driver.metadata.name.as_ref().unwrap();
+            sockets.push((format!("{csi_dir}/{name}/csi.sock"), volume.clone()));
+        }
+    }
+    let sidecars: Vec<&Container> = pod
+        .containers
+        .iter()
+        .filter(|c| !c.name.starts_with("flexd"))
+        .collect();
+    let names: Vec<&str> = sidecars.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["csi-attacher-0", "csi-provisioner-0", "csi-resizer-0"]
+    );
+    for sidecar in sidecars {
+        let args = sidecar.args.clone().unwrap();
+        let address = value_of(&args, "--csi-address");
+        let (_, volume) = sockets
+            .iter()
+            .find(|(socket, _)| socket == address)
+            .unwrap_or_else(|| panic!("{address} is served by no flexd of the pod"));
+        assert!(args.contains(&"--leader-election".to_owned()), "{args:?}");
+        let dir = std::path::Path::new(address)
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap();
+        let shared = sidecar
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| &m.name == volume && std::path::Path::new(&m.mount_path) == dir);
+        assert!(shared, "{} does not see {address}", sidecar.name);
+    }
+    // The controller's account is what the sidecars' roles are bound to.
+    let account = pod.service_account_name.clone().unwrap();
+    for doc in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+    {
+        let subjects = doc["subjects"].as_array().unwrap();
+        assert!(
+            subjects.iter().any(|s| s["name"] == account.as_str()),
+            "{doc}"
+        );
+    }
+
+    let loop_driver = &drivers[0];
+    assert_eq!(
+        loop_driver.metadata.name.as_deref(),
+        Some("flexvolume-flexd--loop")
+    );
+    assert_eq!(loop_driver.spec.attach_required, Some(true));
+    assert_eq!(loop_driver.spec.fs_group_policy.as_deref(), Some("File"));
+    assert_eq!(loop_driver.spec.pod_info_on_mount, Some(true));
+}
+
+#[test]
+fn manifests_take_capabilities_from_the_command_line() {
+    let out = manifests(&[
+        "--plugin-dir",
+        "/nonexistent/plugins",
+        "--driver",
+        r#"acme/nfs={"attach":false,"fsGroup":false}"#,
+        "--namespace",
+        "storage",
+        "--kubelet-dir",
+        "/data/kubelet",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = documents_of(&String::from_utf8(out.stdout).unwrap());
+    // Nothing attaches: no controller, no permissions.
+    for kind in ["Deployment", "ClusterRole", "PersistentVolumeClaim"] {
+        assert!(!docs.iter().any(|d| d["kind"] == kind), "{kind}");
+    }
+    let driver: CSIDriver = one(&docs, "CSIDriver");
+    assert_eq!(
+        driver.metadata.name.as_deref(),
+        Some("flexvolume-acme--nfs")
+    );
+    assert_eq!(driver.spec.attach_required, Some(false));
+    assert_eq!(driver.spec.fs_group_policy.as_deref(), Some("None"));
+    assert_eq!(
+        driver.spec.volume_lifecycle_modes,
+        Some(vec!["Persistent".to_owned(), "Ephemeral".to_owned()])
+    );
+    let ds: DaemonSet = one(&docs, "DaemonSet");
+    assert_eq!(ds.metadata.namespace.as_deref(), Some("storage"));
+    let args = flexd_container(&ds.spec.unwrap().template).args.unwrap();
+    assert_eq!(value_of(&args, "--csi-dir"), "/data/kubelet/plugins");
+    assert_eq!(value_of(&args, "--plugin-dir"), "/nonexistent/plugins");
+
+    // A driver that is neither given, nor builtin, nor installed is an error, not a guess.
+    let empty = tempfile::tempdir().unwrap();
+    let plugin_dir = empty.path().to_str().unwrap();
+    let out = manifests(&["--plugin-dir", plugin_dir, "--driver", "acme/x"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("not installed"),
+        "{stderr}"
+    );
+    let out = manifests(&[
+        "--plugin-dir",
+        plugin_dir,
+        "--driver",
+        "flexd/loop",
+        "--host-dir",
+        "x",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--host-dir x: not an absolute path"),
+        "{stderr}"
+    );
+    let out = manifests(&["--plugin-dir", plugin_dir]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("no drivers"),
+        "{stderr}"
+    );
 }

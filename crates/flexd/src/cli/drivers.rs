@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use flexvolume::prober::{self, Probed};
+use flexvolume::prober::{self, Probed, Subject};
 use flexvolume::Capabilities;
 use serde::Serialize;
 
@@ -21,6 +21,9 @@ pub struct DriversArgs {
 #[derive(Debug, Serialize)]
 pub struct DriverReport {
     pub name: String,
+    /// The name `flexd serve` serves it under (`None`: the name has no valid CSI form).
+    #[serde(rename = "csiName")]
+    pub csi_name: Option<String>,
     pub dir: String,
     pub path: Option<String>,
     pub status: &'static str,
@@ -34,8 +37,13 @@ impl DriverReport {
             Ok(plugin) => ("ready", None, Some(plugin.capabilities)),
             Err(e) => ("failed", Some(e.to_string()), None),
         };
+        let csi_name = match &p.subject {
+            Subject::Driver(name) => crate::serve::naming::csi_name(name).ok(),
+            Subject::InvalidEntry { .. } => None,
+        };
         Self {
             name: p.subject.label(),
+            csi_name,
             dir: p.dir.display().to_string(),
             path: p.path.as_ref().map(|p| p.display().to_string()),
             status,
@@ -67,13 +75,20 @@ fn print_table(reports: &[DriverReport]) {
         println!("no drivers");
         return;
     }
-    let width = reports
-        .iter()
-        .map(|r| r.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    println!("{:width$}  {:6}  {:6}  DETAIL", "NAME", "STATUS", "ATTACH");
+    let width = |column: fn(&DriverReport) -> usize, title: &str| {
+        reports
+            .iter()
+            .map(column)
+            .max()
+            .unwrap_or(0)
+            .max(title.len())
+    };
+    let name_width = width(|r| r.name.len(), "NAME");
+    let csi_width = width(|r| r.csi_name.as_deref().map_or(1, str::len), "CSI NAME");
+    println!(
+        "{:name_width$}  {:6}  {:6}  {:csi_width$}  DETAIL",
+        "NAME", "STATUS", "ATTACH", "CSI NAME"
+    );
     for r in reports {
         let attach = match &r.capabilities {
             Some(c) if c.attach => "yes",
@@ -82,8 +97,12 @@ fn print_table(reports: &[DriverReport]) {
         };
         let detail = r.error.as_deref().or(r.path.as_deref()).unwrap_or("");
         println!(
-            "{:width$}  {:6}  {:6}  {}",
-            r.name, r.status, attach, detail
+            "{:name_width$}  {:6}  {:6}  {:csi_width$}  {}",
+            r.name,
+            r.status,
+            attach,
+            r.csi_name.as_deref().unwrap_or("-"),
+            detail
         );
     }
 }

@@ -6,6 +6,7 @@ pub mod check;
 pub mod completions;
 pub mod drivers;
 pub mod install;
+pub mod manifests;
 pub mod migrate;
 pub mod ownership;
 pub mod volume;
@@ -68,6 +69,9 @@ pub enum Command {
     /// Print the CSI equivalents of FlexVolume PersistentVolumes, Pods and workloads.
     #[command(after_help = migrate::EXIT)]
     Migrate(migrate::MigrateArgs),
+    /// Print the Kubernetes objects that deploy flexd for the drivers (YAML, multi-document).
+    #[command(after_help = exit::MANIFESTS)]
+    Manifests(manifests::ManifestsArgs),
     /// Print a shell completion script for flexd on stdout.
     #[command(after_help = exit::PLAIN)]
     Completions(completions::CompletionsArgs),
@@ -85,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
         Command::Migrate(args) => migrate::run(&cli.global, args),
+        Command::Manifests(args) => manifests::run(&cli.global, args),
         Command::Completions(args) => completions::run(args),
     }
 }

@@ -330,6 +330,33 @@ impl Endpoint {
         Ok(Self { driver, servers })
     }
 
+    /// Why this endpoint does not serve although it should (a server task ended, a socket
+    /// was removed from under it), for `/healthz`.
+    pub fn problems(&self) -> Vec<String> {
+        use std::os::unix::fs::FileTypeExt as _;
+        let mut problems = Vec::new();
+        if self.servers.iter().any(|(_, handle)| handle.is_finished()) {
+            problems.push(format!(
+                "driver {}: its gRPC server stopped",
+                self.driver.name
+            ));
+        }
+        let sockets = std::iter::once(&self.driver.csi_socket)
+            .chain(self.driver.registration_socket.as_ref());
+        for socket in sockets {
+            let is_socket =
+                std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket());
+            if !is_socket {
+                problems.push(format!(
+                    "driver {}: socket {} is gone",
+                    self.driver.name,
+                    socket.display()
+                ));
+            }
+        }
+        problems
+    }
+
     /// Stops the servers and removes the sockets (registration first, so kubelet deregisters
     /// before the endpoint disappears).
     pub async fn stop(self) {

@@ -4,7 +4,10 @@
 //! - `flexd_probe_events_total{event}`: add / update / remove / failed;
 //! - `flexd_drivers{status}`: drivers served, ready or failed.
 //!
-//! `/healthz` answers 200 while the serving loop runs.
+//! `/healthz` answers 200 `ok` while flexd does its job, and 503 with the reasons when it
+//! cannot without a restart: the driver watcher died (installs and removals go unseen), or a
+//! driver that should be served is not (its endpoint could not start, its server stopped, its
+//! socket was removed). The serving loop re-checks every second ([`Metrics::set_problems`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -50,6 +53,8 @@ pub struct Metrics {
     probe_events: Family<EventLabels, Counter>,
     drivers: Family<StatusLabels, Gauge>,
     lingering: Gauge,
+    /// Why flexd is unhealthy, as of the last check; empty when it is healthy.
+    problems: Mutex<Vec<String>>,
 }
 
 fn call_histogram() -> Histogram {
@@ -86,6 +91,7 @@ impl Metrics {
             probe_events,
             drivers,
             lingering,
+            problems: Mutex::new(Vec::new()),
         })
     }
 
@@ -104,6 +110,28 @@ impl Metrics {
                     status: status.to_owned(),
                 })
                 .set(count as i64);
+        }
+    }
+
+    pub fn set_problems(&self, problems: Vec<String>) {
+        if let Ok(mut current) = self.problems.lock() {
+            *current = problems;
+        }
+    }
+
+    /// `/healthz`'s status and body.
+    fn health(&self) -> (StatusCode, String) {
+        let problems = match self.problems.lock() {
+            Ok(problems) => problems.clone(),
+            Err(_) => vec!["the health state is unreadable (a thread panicked)".to_owned()],
+        };
+        if problems.is_empty() {
+            (StatusCode::OK, "ok\n".to_owned())
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("unhealthy: {}\n", problems.join("; ")),
+            )
         }
     }
 
@@ -179,7 +207,10 @@ fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.render(),
         ),
-        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+        "/healthz" => {
+            let (status, body) = metrics.health();
+            (status, "text/plain", body)
+        }
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -194,4 +225,24 @@ fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
             .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_says_every_problem_and_recovers() {
+        let metrics = Metrics::new();
+        assert_eq!(respond("/healthz", &metrics).status(), StatusCode::OK);
+        metrics.set_problems(vec![
+            "the driver watcher stopped".to_owned(),
+            "b".to_owned(),
+        ]);
+        let (status, body) = metrics.health();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "unhealthy: the driver watcher stopped; b\n");
+        metrics.set_problems(Vec::new());
+        assert_eq!(metrics.health().0, StatusCode::OK);
+    }
 }

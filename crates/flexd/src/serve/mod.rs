@@ -22,7 +22,7 @@ pub mod registration;
 pub mod request;
 pub mod status;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -69,6 +69,10 @@ pub struct ServeArgs {
 pub struct Served {
     args: ServeArgs,
     endpoints: HashMap<DriverName, Endpoint>,
+    /// Drivers that should be served but whose endpoint could not start, with the reason.
+    unserved: BTreeMap<DriverName, String>,
+    /// The prober's events stopped: installs, updates and removals are no longer seen.
+    watcher_stopped: bool,
     metrics: Arc<metrics::Metrics>,
     lifecycle: Arc<Lifecycle>,
     resolver: Arc<Resolver>,
@@ -137,16 +141,19 @@ impl Served {
         };
         match Endpoint::start(driver.clone(), services) {
             Ok(endpoint) => {
+                self.unserved.remove(name);
                 self.endpoints.insert(name.clone(), endpoint);
             }
             Err(e) => {
-                tracing::error!(driver = %name, error = format!("{e:#}"), "cannot serve driver")
+                tracing::error!(driver = %name, error = format!("{e:#}"), "cannot serve driver");
+                self.unserved.insert(name.clone(), format!("{e:#}"));
             }
         }
     }
 
     /// A driver went away: its sockets go too.
     pub async fn remove(&mut self, name: &DriverName) {
+        self.unserved.remove(name);
         if let Some(endpoint) = self.endpoints.remove(name) {
             endpoint.stop().await;
         }
@@ -187,6 +194,29 @@ impl Served {
                 }
             }
         }
+    }
+
+    /// What keeps flexd from doing its job until it restarts, for `/healthz`. A driver whose
+    /// name has no CSI form is not counted: a restart would not serve it either.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.watcher_stopped {
+            problems.push(
+                "the driver watcher stopped: installs, updates and removals are no longer seen"
+                    .to_owned(),
+            );
+        }
+        for (name, reason) in &self.unserved {
+            problems.push(format!("driver {name}: not served: {reason}"));
+        }
+        let mut endpoints: Vec<_> = self.endpoints.iter().collect();
+        endpoints.sort_by(|a, b| a.0.cmp(b.0));
+        problems.extend(endpoints.into_iter().flat_map(|(_, e)| e.problems()));
+        problems
+    }
+
+    fn check_health(&self) {
+        self.metrics.set_problems(self.problems());
     }
 
     /// Refreshes the drivers-by-status gauge.
@@ -281,6 +311,8 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         let mut served = Served {
             args,
             endpoints: HashMap::new(),
+            unserved: BTreeMap::new(),
+            watcher_stopped: false,
             metrics: metrics.clone(),
             lifecycle,
             resolver,
@@ -290,6 +322,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         served.count_drivers();
         served.remove_stale_sockets();
+        served.check_health();
         // Health and metrics answer once the drivers present at start are served.
         let metrics_task = tokio::spawn(metrics::serve(listener, metrics));
 
@@ -302,13 +335,23 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         });
         let mut stop = tokio::task::spawn_blocking(move || termination.wait());
+        let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 signal = &mut stop => {
                     tracing::info!(signal = signal.unwrap_or(0), "stopping");
                     break;
                 }
-                Some(event) = live.recv() => served.apply(&event).await,
+                event = live.recv(), if !served.watcher_stopped => match event {
+                    Some(event) => served.apply(&event).await,
+                    // The prober thread ended (it only does when stopped, so it died).
+                    None => {
+                        tracing::error!("the driver watcher stopped; /healthz reports it");
+                        served.watcher_stopped = true;
+                    }
+                },
+                _ = health.tick() => served.check_health(),
             }
         }
         prober.stop();
@@ -318,4 +361,52 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(dir: &std::path::Path) -> Served {
+        let runner = RunnerConfig::default();
+        Served {
+            args: ServeArgs {
+                mode: Mode::Node,
+                csi_dir: dir.join("plugins"),
+                registration_dir: dir.join("registry"),
+                metrics_address: ([127, 0, 0, 1], 0).into(),
+            },
+            endpoints: HashMap::new(),
+            unserved: BTreeMap::new(),
+            watcher_stopped: false,
+            metrics: metrics::Metrics::new(),
+            lifecycle: Arc::new(Lifecycle {
+                runner: runner.clone(),
+                state: flexvolume::state::StateDir::new(dir.join("state")),
+                node: "n".to_owned(),
+            }),
+            resolver: Arc::new(Resolver::new(Arc::new(Registry::new()), runner)),
+        }
+    }
+
+    /// The prober thread cannot be killed from outside a real `flexd serve`; what the serving
+    /// loop does when its events end is this.
+    #[test]
+    fn a_dead_watcher_and_an_unserved_driver_are_problems() {
+        let dir = std::env::temp_dir().join(format!("flexd-health-{}", std::process::id()));
+        let mut served = served(&dir);
+        assert!(served.problems().is_empty());
+        served.watcher_stopped = true;
+        served.unserved.insert(
+            DriverName::parse("acme/x").unwrap(),
+            "cannot listen".to_owned(),
+        );
+        assert_eq!(
+            served.problems(),
+            [
+                "the driver watcher stopped: installs, updates and removals are no longer seen",
+                "driver acme/x: not served: cannot listen",
+            ]
+        );
+    }
 }

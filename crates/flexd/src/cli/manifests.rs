@@ -1,0 +1,220 @@
+//! `flexd manifests`: everything to deploy flexd to a cluster, as multi-document YAML, for the
+//! drivers installed in the plugin dir or named with `--driver`. What the objects are and why:
+//! [`render`]. This module only finds out what each driver can do.
+
+pub mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use flexvolume::prober::{self, Probed, Subject};
+use flexvolume::{Capabilities, DriverName};
+
+use crate::builtin::Builtin;
+use crate::settings::Global;
+use render::{DriverProfile, Settings};
+
+#[derive(Debug, Args)]
+pub struct ManifestsArgs {
+    /// A driver to deploy, repeatable; default: every driver installed in the plugin dir.
+    /// `NAME` takes its capabilities from its `init` (a builtin driver's, else the plugin dir's);
+    /// `NAME=JSON` gives them as its `init` would answer them (`capabilities` object, e.g.
+    /// `acme/nfs={"attach":false}`; absent keys keep the FlexVolume defaults).
+    #[arg(long = "driver", value_name = "NAME[=CAPABILITIES]")]
+    pub drivers: Vec<String>,
+    /// The flexd image (built from deploy/Dockerfile, target flexd).
+    #[arg(long, default_value = concat!("registry.example/flexd:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
+    /// The namespace of flexd's pods, accounts and claim.
+    #[arg(long, default_value = "flexd-system")]
+    pub namespace: String,
+    /// kubelet's root dir (--root-dir): CSI and registration sockets go under it.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// A host directory the drivers use (an image dir, a config dir), repeatable: mounted at the
+    /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
+    #[arg(long = "host-dir", value_name = "PATH")]
+    pub host_dirs: Vec<PathBuf>,
+    /// StorageClass of the controller's state claim; default: the cluster's default class.
+    #[arg(long, value_name = "CLASS")]
+    pub state_storage_class: Option<String>,
+    /// csi-attacher image, for drivers that attach.
+    #[arg(long, default_value = render::DEFAULT_ATTACHER_IMAGE)]
+    pub attacher_image: String,
+    /// csi-provisioner image, for drivers that provision.
+    #[arg(long, default_value = render::DEFAULT_PROVISIONER_IMAGE)]
+    pub provisioner_image: String,
+    /// csi-resizer image, for expanding drivers with a controller side.
+    #[arg(long, default_value = render::DEFAULT_RESIZER_IMAGE)]
+    pub resizer_image: String,
+    /// Timeout of each driver's init.
+    #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
+    pub timeout: std::time::Duration,
+}
+
+pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
+    // These are paths on the nodes, mounted at the same place in the pods.
+    let paths = [
+        ("--kubelet-dir", &args.kubelet_dir),
+        ("--plugin-dir", &global.plugin_dir),
+        ("--state-dir", &global.state_dir),
+    ];
+    let host_dirs = args.host_dirs.iter().map(|dir| ("--host-dir", dir));
+    if let Some((flag, path)) = paths
+        .into_iter()
+        .chain(host_dirs)
+        .find(|(_, path)| !path.is_absolute())
+    {
+        bail!("{flag} {}: not an absolute path", path.display());
+    }
+    let mut host_dirs = args.host_dirs.clone();
+    let drivers = profiles(global, &args, &mut host_dirs)?;
+    host_dirs.sort();
+    host_dirs.dedup();
+    let settings = Settings {
+        namespace: args.namespace,
+        image: args.image,
+        kubelet_dir: args.kubelet_dir,
+        plugin_dir: global.plugin_dir.clone(),
+        state_dir: global.state_dir.clone(),
+        host_dirs,
+        attacher_image: args.attacher_image,
+        provisioner_image: args.provisioner_image,
+        resizer_image: args.resizer_image,
+        state_storage_class: args.state_storage_class,
+    };
+    let objects = render::render(&settings, &drivers)?;
+    print!("{}", render::to_yaml(&settings, &drivers, &objects)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What each driver can do, sorted by name.
+fn profiles(
+    global: &Global,
+    args: &ManifestsArgs,
+    host_dirs: &mut Vec<PathBuf>,
+) -> anyhow::Result<Vec<DriverProfile>> {
+    // A builtin driver is this flexd's own code: its capabilities are known without a probe.
+    let needs_probe = args.drivers.is_empty()
+        || args
+            .drivers
+            .iter()
+            .any(|d| !d.contains('=') && builtin_named(d).is_none());
+    let probed = if needs_probe {
+        let config = global.runner_config().with_timeout_for_all(args.timeout);
+        prober::probe_all(
+            &global.plugin_dir,
+            global.layout_policy(),
+            &config,
+            prober::default_parallelism(),
+        )
+        .with_context(|| format!("cannot read plugin dir {}", global.plugin_dir.display()))?
+    } else {
+        Vec::new()
+    };
+    let mut found: Vec<(DriverName, Capabilities)> = Vec::new();
+    if args.drivers.is_empty() {
+        for p in &probed {
+            let Subject::Driver(name) = &p.subject else {
+                tracing::warn!(entry = %p.name, "not a driver name; left out");
+                continue;
+            };
+            found.push((name.clone(), installed(p)?));
+        }
+        if found.is_empty() {
+            bail!(
+                "no drivers in {}: install one, or name drivers with --driver",
+                global.plugin_dir.display()
+            );
+        }
+    }
+    for given in &args.drivers {
+        let (name, json) = match given.split_once('=') {
+            Some((name, json)) => (name, Some(json)),
+            None => (given.as_str(), None),
+        };
+        let name = DriverName::parse(name).with_context(|| format!("--driver {given}"))?;
+        let capabilities = match json {
+            Some(json) => capabilities_from_json(json)
+                .with_context(|| format!("--driver {name}: capabilities"))?,
+            None => match builtin_named(name.as_str()) {
+                Some(b) => builtin(b, host_dirs)?,
+                None => match probed
+                    .iter()
+                    .find(|p| matches!(&p.subject, Subject::Driver(n) if *n == name))
+                {
+                    Some(p) => installed(p)?,
+                    None => bail!(
+                        "driver {name} is not installed in {} (give its capabilities: --driver '{name}={{\"attach\":false}}')",
+                        global.plugin_dir.display()
+                    ),
+                },
+            },
+        };
+        found.push((name, capabilities));
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found.dedup_by(|a, b| a.0 == b.0);
+    found
+        .into_iter()
+        .map(|(name, caps)| DriverProfile::new(name, &caps).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// A probed driver's capabilities; a driver whose init failed is not deployed blind.
+fn installed(p: &Probed) -> anyhow::Result<Capabilities> {
+    match &p.result {
+        Ok(plugin) => Ok(plugin.capabilities),
+        Err(e) => bail!(
+            "driver {}: {e} (fix it, or leave it out with --driver)",
+            p.name
+        ),
+    }
+}
+
+/// Parses capabilities by the rules the driver's own `init` reply is parsed with.
+fn capabilities_from_json(json: &str) -> anyhow::Result<Capabilities> {
+    let value: serde_json::Value = serde_json::from_str(json).context("not JSON")?;
+    if !value.is_object() {
+        bail!("not a JSON object");
+    }
+    let reply = serde_json::json!({ "status": "Success", "capabilities": value });
+    flexvolume::protocol::find_reply(reply.to_string().as_bytes())
+        .and_then(|r| r.capabilities)
+        .context("not a capabilities object")
+}
+
+fn builtin_named(name: &str) -> Option<Builtin> {
+    use clap::ValueEnum as _;
+    Builtin::value_variants()
+        .iter()
+        .copied()
+        .find(|b| b.driver_name() == name)
+}
+
+/// A builtin driver's capabilities (from its own init, run in this process), and the host
+/// directories it keeps volumes in.
+fn builtin(builtin: Builtin, host_dirs: &mut Vec<PathBuf>) -> anyhow::Result<Capabilities> {
+    match builtin {
+        Builtin::Loop => {
+            host_dirs.push(PathBuf::from(flexvolume_loop::DEFAULT_IMAGE_DIR));
+            flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver)
+                .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_read_as_an_init_reply_is() {
+        let caps = capabilities_from_json(r#"{"attach":"false","FSGroup":false}"#).unwrap();
+        assert!(!caps.attach && !caps.fs_group && caps.requires_fs_resize);
+        assert!(capabilities_from_json("[]").is_err());
+        assert!(capabilities_from_json("{").is_err());
+    }
+}
