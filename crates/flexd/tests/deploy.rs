@@ -269,14 +269,25 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
     let docs = documents("flexd.yaml");
     let ds: DaemonSet = one(&docs, "DaemonSet");
     let template = &ds.spec.as_ref().unwrap().template;
+    let pod = template.spec.as_ref().unwrap();
     assert_eq!(
-        template.spec.as_ref().unwrap().share_process_namespace,
+        pod.host_pid,
         Some(true),
-        "flexd must not be pid 1: orphaned driver helpers need a reaper"
+        "flexd must not be pid 1 (orphaned driver helpers need a reaper), and /proc/1 must be the host's init"
+    );
+    assert_ne!(
+        pod.share_process_namespace,
+        Some(true),
+        "refused with hostPID"
     );
     let node = flexd_container(template);
     let args = node.args.clone().unwrap();
     assert_flexd_accepts(&args);
+    assert_eq!(
+        value_of(&args, "--driver-mount-namespace"),
+        "/proc/1/ns/mnt",
+        "drivers must run in the host's mount namespace"
+    );
     assert!(args.contains(&"--mode=node".to_owned()));
     let mounts: Vec<(String, Option<String>)> = node
         .volume_mounts

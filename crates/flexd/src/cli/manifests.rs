@@ -103,7 +103,7 @@ fn profiles(
             .iter()
             .any(|d| !d.contains('=') && builtin_named(d).is_none());
     let probed = if needs_probe {
-        let config = global.runner_config().with_timeout_for_all(args.timeout);
+        let config = global.runner_config()?.with_timeout_for_all(args.timeout);
         prober::probe_all(
             &global.plugin_dir,
             global.layout_policy(),

@@ -425,12 +425,18 @@ fn selector(app: &str) -> LabelSelector {
 }
 
 /// The node DaemonSet's `flexd` arguments.
+/// The host's mount namespace as seen from a pod with `hostPID: true`.
+pub const HOST_MOUNT_NAMESPACE: &str = "/proc/1/ns/mnt";
+
 pub fn node_args(settings: &Settings) -> Vec<String> {
     let kubelet = &settings.kubelet_dir;
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
         format!("--state-dir={}", path(&settings.state_dir)),
         "--log-format=json".to_owned(),
+        // Drivers run as kubelet ran them: with the host's tools, their mounts where kubelet
+        // looks (docs/lifecycle.md#driver-mount-namespace). /proc/1 is the host's init: hostPID.
+        format!("--driver-mount-namespace={HOST_MOUNT_NAMESPACE}"),
         "serve".to_owned(),
         "--mode=node".to_owned(),
         format!("--csi-dir={}", path(&kubelet.join("plugins"))),
@@ -491,10 +497,11 @@ fn node_daemonset(settings: &Settings) -> DaemonSet {
                     service_account_name: Some(NODE.to_owned()),
                     automount_service_account_token: Some(false),
                     priority_class_name: Some("system-node-critical".to_owned()),
-                    // The pause container becomes pid 1 and reaps orphaned driver helpers,
-                    // which would otherwise stay flexd's zombies, counted against their
-                    // call-out's process cap.
-                    share_process_namespace: Some(true),
+                    // The host's pid namespace: /proc/1/ns/mnt is the host's mount
+                    // namespace, and the host's init reaps orphaned driver helpers, which
+                    // would otherwise stay flexd's zombies, counted against their call-out's
+                    // process cap (Kubernetes refuses shareProcessNamespace with hostPID).
+                    host_pid: Some(true),
                     tolerations: Some(vec![Toleration {
                         operator: Some("Exists".to_owned()),
                         ..Default::default()
