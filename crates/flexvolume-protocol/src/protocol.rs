@@ -244,13 +244,14 @@ impl CallOut {
         new_bytes: u64,
         old_bytes: u64,
     ) -> Self {
-        let args = vec![
-            options.to_json().into(),
-            device_mount_dir.into(),
-            new_bytes.to_string().into(),
-            old_bytes.to_string().into(),
-        ];
-        Self::new(CallOutKind::ExpandVolume, args, Some(options))
+        let paths = [device_mount_dir.into()];
+        Self::expand(
+            CallOutKind::ExpandVolume,
+            options,
+            paths,
+            new_bytes,
+            old_bytes,
+        )
     }
     pub fn expand_fs(
         options: &Options,
@@ -259,14 +260,21 @@ impl CallOut {
         new_bytes: u64,
         old_bytes: u64,
     ) -> Self {
-        let args = vec![
-            options.to_json().into(),
-            device.into(),
-            device_mount_dir.into(),
-            new_bytes.to_string().into(),
-            old_bytes.to_string().into(),
-        ];
-        Self::new(CallOutKind::ExpandFs, args, Some(options))
+        let paths = [device.into(), device_mount_dir.into()];
+        Self::expand(CallOutKind::ExpandFs, options, paths, new_bytes, old_bytes)
+    }
+    /// Both expansions take the options, then their paths, then the new and old sizes in bytes.
+    fn expand<const N: usize>(
+        kind: CallOutKind,
+        options: &Options,
+        paths: [OsString; N],
+        new_bytes: u64,
+        old_bytes: u64,
+    ) -> Self {
+        let mut args = vec![options.to_json().into()];
+        args.extend(paths);
+        args.extend([new_bytes.to_string().into(), old_bytes.to_string().into()]);
+        Self::new(kind, args, Some(options))
     }
 
     /// `provision <json>`: the StorageClass parameters, `kubernetes.io/pvOrVolumeName` and the

@@ -264,6 +264,24 @@ mod tests {
         }
     }
 
+    /// The event of `name` installed (or updated) at `path`, its init answered.
+    fn added(name: &str, path: &str) -> ProbeEvent {
+        event(EventKind::Add, name, Some(plugin(name, path)))
+    }
+
+    /// A registry with one static (builtin) plugin.
+    fn with_static(name: &str, path: &str) -> Registry {
+        let registry = Registry::new();
+        registry.register_static(plugin(name, path)).unwrap();
+        registry
+    }
+
+    /// Two copies under one name: the error says which two, so the operator can remove one.
+    fn assert_names_both(err: &dyn std::fmt::Display, one: &str, other: &str) {
+        let text = err.to_string();
+        assert!(text.contains(one) && text.contains(other), "{text}");
+    }
+
     fn name(n: &str) -> DriverName {
         DriverName::parse(n).unwrap()
     }
@@ -281,11 +299,7 @@ mod tests {
                 driver: name("a/x")
             }
         );
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x"));
         assert_eq!(path_of(&registry, "a/x"), PathBuf::from("/p/a~x/x"));
         registry.apply(&event(EventKind::Remove, "a/x", None));
         let removed = registry.find(&name("a/x"), || 2).unwrap_err();
@@ -319,22 +333,14 @@ mod tests {
     #[test]
     fn a_failed_update_is_not_replaced_by_the_older_version() {
         let registry = Registry::new();
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x"));
         registry.apply(&event(EventKind::Failed, "a/x", None));
         let err = registry.find(&name("a/x"), || 0).unwrap_err();
         assert!(matches!(err, LookupError::Failed { .. }), "{err}");
         assert!(err.to_string().contains("exit status 1"));
         assert!(registry.plugin(&name("a/x")).is_none());
         // Fixed: usable again, and the new version is the one used.
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x2")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x2"));
         assert_eq!(path_of(&registry, "a/x"), PathBuf::from("/p/a~x/x2"));
     }
 
@@ -374,39 +380,21 @@ mod tests {
 
     #[test]
     fn duplicate_static_names_are_refused_naming_both() {
-        let registry = Registry::new();
-        registry
-            .register_static(plugin("a/x", "/opt/one/x"))
-            .unwrap();
+        let registry = with_static("a/x", "/opt/one/x");
         let err = registry
             .register_static(plugin("a/x", "/opt/two/x"))
             .unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("/opt/one/x") && text.contains("/opt/two/x"),
-            "{text}"
-        );
+        assert_names_both(&err, "/opt/one/x", "/opt/two/x");
     }
 
     #[test]
     fn a_probed_driver_taking_a_static_name_makes_lookups_name_both() {
-        let registry = Registry::new();
-        registry
-            .register_static(plugin("a/x", "/opt/builtin/x"))
-            .unwrap();
+        let registry = with_static("a/x", "/opt/builtin/x");
         assert!(registry.find(&name("a/x"), || 0).is_ok());
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x"));
         let err = registry.find(&name("a/x"), || 0).unwrap_err();
-        let text = err.to_string();
         assert!(matches!(err, LookupError::MultipleMatched { .. }));
-        assert!(
-            text.contains("/opt/builtin/x") && text.contains("/p/a~x/x"),
-            "{text}"
-        );
+        assert_names_both(&err, "/opt/builtin/x", "/p/a~x/x");
         assert!(registry.plugin(&name("a/x")).is_none());
         // The probed one goes away: the static one is the only match again.
         registry.apply(&event(EventKind::Remove, "a/x", None));
@@ -416,11 +404,7 @@ mod tests {
     #[test]
     fn lookups_by_spec_use_the_spec_driver() {
         let registry = Registry::new();
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x"));
         let spec = VolumeSpec::new("pv".into(), name("a/x"));
         assert!(registry.find_by_spec(&spec, || 0).is_ok());
         let other = VolumeSpec::new("pv".into(), name("a/y"));
@@ -433,11 +417,7 @@ mod tests {
     #[test]
     fn concurrent_lookups_and_updates_never_see_a_torn_state() {
         let registry = Arc::new(Registry::new());
-        registry.apply(&event(
-            EventKind::Add,
-            "a/x",
-            Some(plugin("a/x", "/p/a~x/x")),
-        ));
+        registry.apply(&added("a/x", "/p/a~x/x"));
         std::thread::scope(|scope| {
             let writer = registry.clone();
             scope.spawn(move || {

@@ -14,7 +14,7 @@ use crate::lifecycle::{DriverResolver, Lifecycle, MountRequest};
 use crate::mount;
 use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::{CallOut, Status};
+use crate::protocol::{CallOut, Reply, Status};
 use crate::runner::RunnerConfig;
 use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{StateDir, VolumeRecord};
@@ -160,48 +160,43 @@ fn check_isattached(report: &mut Report, bench: &Bench<'_>) {
     }
     let options = Options::for_volume(bench.spec);
     let call = CallOut::is_attached(&options, &bench.lifecycle.node);
-    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
-    let (verdict, detail) = match reply {
-        Ok(r) if r.status == Status::Success && r.attached == Some(true) => {
-            (Verdict::Pass, "attached: true".to_owned())
-        }
-        Ok(r) if r.status == Status::Success => (
+    let attached = |r: &Reply| match r.attached {
+        Some(true) => (Verdict::Pass, "attached: true".to_owned()),
+        _ => (
             Verdict::Fail,
             "answered attached: false (or nothing) right after attach".to_owned(),
         ),
-        Ok(r) if r.status == Status::NotSupported => (
-            Verdict::Pass,
-            "Not supported (treated as attached)".to_owned(),
-        ),
-        Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
-        Err(e) => (Verdict::Fail, e),
     };
-    report.push(ISATTACHED_CHECK, true, verdict, elapsed, detail);
+    check_call(
+        report,
+        bench,
+        ISATTACHED_CHECK,
+        &call,
+        "treated as attached",
+        attached,
+    );
 }
 
 /// The driver's own mount, again, on the mounted target.
 fn check_mount_again(report: &mut Report, bench: &Bench<'_>) {
     let options = Options::for_mount(bench.spec, &bench.pod, None);
     let call = CallOut::mount(&bench.target, &options);
-    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
-    let (verdict, detail) = match reply {
+    let stacked = |_: &Reply| match bench.mounted_here() {
         // Each retry by kubelet would leak one more mount.
-        Ok(r) if r.status == Status::Success && bench.mounted_here() > 1 => (
+        n if n > 1 => (
             Verdict::Fail,
-            format!(
-                "Success, but the target is now mounted {} times: each repeat stacks a mount",
-                bench.mounted_here()
-            ),
+            format!("Success, but the target is now mounted {n} times: each repeat stacks a mount"),
         ),
-        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
-        Ok(r) if r.status == Status::NotSupported => (
-            Verdict::Pass,
-            "Not supported (flexd bind-mounts the device)".to_owned(),
-        ),
-        Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
-        Err(e) => (Verdict::Fail, e),
+        _ => (Verdict::Pass, "Success".to_owned()),
     };
-    report.push(MOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
+    check_call(
+        report,
+        bench,
+        MOUNT_AGAIN_CHECK,
+        &call,
+        "flexd bind-mounts the device",
+        stacked,
+    );
 }
 
 /// flexd's teardown leaves nothing mounted under the scratch directory.
@@ -239,15 +234,35 @@ fn check_unmount(report: &mut Report, bench: &Bench<'_>) {
 fn check_unmount_again(report: &mut Report, bench: &Bench<'_>) {
     let _ = std::fs::create_dir_all(&bench.target);
     let call = CallOut::unmount(&bench.target);
-    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, &call);
+    check_call(
+        report,
+        bench,
+        UNMOUNT_AGAIN_CHECK,
+        &call,
+        "flexd unmounts itself",
+        |_| (Verdict::Pass, "Success".to_owned()),
+    );
+}
+
+/// Runs one of the driver's own call-outs on the scratch volume as the required check `check`:
+/// Success as `success` judges it, Not supported a pass (flexd's default, `not_supported`,
+/// covers it), any other answer or failure a fail.
+fn check_call(
+    report: &mut Report,
+    bench: &Bench<'_>,
+    check: &str,
+    call: &CallOut,
+    not_supported: &str,
+    success: impl FnOnce(&Reply) -> (Verdict, String),
+) {
+    let (reply, _, elapsed) = run_checked(bench.config, &bench.plugin.driver, call);
     let (verdict, detail) = match reply {
-        Ok(r) if r.status == Status::Success => (Verdict::Pass, "Success".to_owned()),
-        Ok(r) if r.status == Status::NotSupported => (
-            Verdict::Pass,
-            "Not supported (flexd unmounts itself)".to_owned(),
-        ),
+        Ok(r) if r.status == Status::Success => success(&r),
+        Ok(r) if r.status == Status::NotSupported => {
+            (Verdict::Pass, format!("Not supported ({not_supported})"))
+        }
         Ok(r) => (Verdict::Fail, super::provision::answered(&r)),
         Err(e) => (Verdict::Fail, e),
     };
-    report.push(UNMOUNT_AGAIN_CHECK, true, verdict, elapsed, detail);
+    report.push(check, true, verdict, elapsed, detail);
 }

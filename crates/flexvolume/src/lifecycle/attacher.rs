@@ -150,15 +150,26 @@ pub fn unmount_device_keep_dir(
     plugin: &Plugin,
     dir: &Path,
 ) -> Result<(), LifecycleError> {
-    if mount::is_mount_point(dir)? {
-        match plugin.call(&lc.runner, &CallOut::unmount_device(dir)) {
+    unmount_with(lc, plugin, dir, &CallOut::unmount_device(dir))
+}
+
+/// The driver's `call` (unmount or unmountdevice) of what is mounted at `path`, default: plain
+/// unmount. A driver that said Success but left it mounted is not trusted blindly: the mount
+/// is unmounted then.
+pub(super) fn unmount_with(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    path: &Path,
+    call: &CallOut,
+) -> Result<(), LifecycleError> {
+    if mount::is_mount_point(path)? {
+        match plugin.call(&lc.runner, call) {
             Ok(_) => {}
-            Err(e) if e.is_not_supported() => mount::unmount(dir)?,
+            Err(e) if e.is_not_supported() => mount::unmount(path)?,
             Err(e) => return Err(e.into()),
         }
-        // A driver that said Success but left it mounted is not trusted blindly.
-        if mount::is_mount_point(dir)? {
-            mount::unmount(dir)?;
+        if mount::is_mount_point(path)? {
+            mount::unmount(path)?;
         }
     }
     Ok(())

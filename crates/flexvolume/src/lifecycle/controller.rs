@@ -44,23 +44,11 @@ impl Lifecycle {
             });
         }
         let detach_name = attacher::detach_name(lc, plugin, spec)?;
-        let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
         let mut record = VolumeRecord {
-            target: key.clone(),
-            driver: spec.driver.clone(),
-            volume_name: spec.volume_name.clone(),
-            fs_type: spec.fs_type.clone(),
-            read_only: spec.read_only,
-            options: spec.options.clone(),
             attachable: true,
             node: node.to_owned(),
-            device: None,
-            device_mount_dir: None,
             detach_name,
-            pinned: Some(pinned),
-            created_target: false,
-            stage: Stage::Mounting,
-            role: Role::Attach,
+            ..super::target::new_record(lc, plugin, spec, &key, Role::Attach, false)?
         };
         // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
         lc.state.save(&record)?;

@@ -41,7 +41,7 @@ impl Lifecycle {
         resolve: &dyn super::DriverResolver,
     ) -> Result<ExpandOutcome, LifecycleError> {
         self.with_managed(target, resolve, |lc, plugin, record| {
-            expand(lc, plugin, record, new_bytes)
+            grow(lc, plugin, record, new_bytes, false)
         })
     }
 
@@ -54,54 +54,40 @@ impl Lifecycle {
         resolve: &dyn super::DriverResolver,
     ) -> Result<ExpandOutcome, LifecycleError> {
         self.with_managed(target, resolve, |lc, plugin, record| {
-            expand_fs_only(lc, plugin, record, new_bytes)
+            grow(lc, plugin, record, new_bytes, true)
         })
     }
 }
 
-fn expand(
+/// expandvolume (unless `fs_only`: CSI's controller side grew the volume already), then
+/// expandfs, on the device mount dir of an attachable volume, the target itself otherwise.
+fn grow(
     lc: &Lifecycle,
     plugin: &Plugin,
     record: &VolumeRecord,
     new_bytes: u64,
+    fs_only: bool,
 ) -> Result<ExpandOutcome, LifecycleError> {
-    let spec = record.spec()?;
-    let options = Options::for_volume(&spec);
-    // The device mount dir of an attachable volume; the target itself otherwise.
-    let dir = record
-        .device_mount_dir
-        .clone()
-        .unwrap_or_else(|| record.target.clone());
-    let old_bytes = filesystem_bytes(&dir)?;
-    let new_bytes = match plugin.call(
-        &lc.runner,
-        &CallOut::expand_volume(&options, &dir, new_bytes, old_bytes),
-    ) {
-        Ok(reply) => reply.volume_new_size.unwrap_or(new_bytes),
-        Err(e) if e.is_not_supported() => new_bytes,
-        Err(e) => return Err(e.into()),
+    let options = match fs_only {
+        true => None,
+        false => Some(Options::for_volume(&record.spec()?)),
     };
-    let driver_expanded_fs = expand_fs(lc, plugin, record, &dir, new_bytes, old_bytes)?;
-    Ok(ExpandOutcome {
-        target: record.target.clone(),
-        old_bytes,
-        new_bytes,
-        driver_expanded_fs,
-    })
-}
-
-/// expandfs alone (CSI: the controller side grew the volume already).
-fn expand_fs_only(
-    lc: &Lifecycle,
-    plugin: &Plugin,
-    record: &VolumeRecord,
-    new_bytes: u64,
-) -> Result<ExpandOutcome, LifecycleError> {
     let dir = record
         .device_mount_dir
         .clone()
         .unwrap_or_else(|| record.target.clone());
     let old_bytes = filesystem_bytes(&dir)?;
+    let new_bytes = match options {
+        None => new_bytes,
+        Some(options) => match plugin.call(
+            &lc.runner,
+            &CallOut::expand_volume(&options, &dir, new_bytes, old_bytes),
+        ) {
+            Ok(reply) => reply.volume_new_size.unwrap_or(new_bytes),
+            Err(e) if e.is_not_supported() => new_bytes,
+            Err(e) => return Err(e.into()),
+        },
+    };
     let driver_expanded_fs = expand_fs(lc, plugin, record, &dir, new_bytes, old_bytes)?;
     Ok(ExpandOutcome {
         target: record.target.clone(),

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::attacher;
-use super::target::{self, AtPath};
+use super::target::{self, Found};
 use super::{Lifecycle, LifecycleError, MountOutcome, MountRequest};
 use crate::mount::{self, safe_path};
 use crate::options::Options;
@@ -18,55 +18,22 @@ impl Lifecycle {
         self.refuse_overlaps(target, &[], &[Role::Stage])?;
         let target_lock = self.state.lock(target)?;
         let lc = &self.holding(&[&target_lock]);
-        let existing = lc.state.load(target)?;
-        if let Some(record) = &existing {
-            target::same_volume(record, Role::Mount, req.spec, None)?;
-        }
-        let at = target::inspect(target)?;
-        if at == AtPath::Mounted {
-            let Some(record) = existing else {
-                return Err(LifecycleError::ForeignMount {
-                    target: target.clone(),
-                    volume: req.spec.volume_name.clone(),
-                });
-            };
-            tracing::debug!(target = %target.display(), "already mounted");
-            let ownership = finish_set_up(lc, req, &record)?;
-            return Ok(MountOutcome {
-                target: target.clone(),
-                mounted_now: false,
-                device: record.device,
-                device_mount_dir: record.device_mount_dir,
-                formatted: false,
-                ownership,
-            });
-        }
+        let created_target = match target::find(lc, target, Role::Mount, req.spec, None)? {
+            Found::Mounted(record) => {
+                tracing::debug!(target = %target.display(), "already mounted");
+                let (device, dir) = (record.device.clone(), record.device_mount_dir.clone());
+                return already_mounted(lc, req, &record, device, dir);
+            }
+            Found::Unmounted { created_target } => created_target,
+        };
         let plugin = req.plugin;
         let spec = req.spec;
         let attachable = plugin.capabilities.attach;
-        // A retry after a crash knows whether the first attempt created the target.
-        let created_target = match &existing {
-            Some(record) => record.created_target,
-            None => at == AtPath::Absent,
-        };
-        let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+        let record = target::new_record(lc, plugin, spec, target, Role::Mount, created_target)?;
         let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
         let mut record = VolumeRecord {
-            target: target.clone(),
-            driver: spec.driver.clone(),
-            volume_name: spec.volume_name.clone(),
-            fs_type: spec.fs_type.clone(),
-            read_only: spec.read_only,
-            options: spec.options.clone(),
-            attachable,
-            node: lc.node.clone(),
-            device: None,
             device_mount_dir: attachable.then(|| device_dir.clone()),
-            detach_name: spec.volume_name.replace('/', "~"),
-            pinned: Some(pinned),
-            created_target,
-            stage: Stage::Mounting,
-            role: Role::Mount,
+            ..record
         };
         // Written ahead of every effect (the target directory, the attach, the mounts): a crash
         // at any point from here leaves a record from which unmount undoes whatever was done.
@@ -96,33 +63,17 @@ impl Lifecycle {
             let ownership = set_up_ownership(req)?;
             Ok((formatted, ownership))
         })();
-        match result {
-            Ok((formatted, ownership)) => {
-                record.stage = Stage::Mounted;
-                lc.state.save(&record)?;
-                Ok(MountOutcome {
-                    target: target.clone(),
-                    mounted_now: true,
-                    device: record.device,
-                    device_mount_dir: record.device_mount_dir,
-                    formatted,
-                    ownership,
-                })
-            }
-            Err(e) => {
-                let target_mounted = target::still_mounted(target);
-                // An attached volume keeps its record so that unmount can detach it; a plain
-                // one that the failed mount left unmounted has nothing to undo.
-                let keep_for_detach = attachable && side_effects;
-                if !target_mounted && !keep_for_detach {
-                    let _ = lc.state.remove(target);
-                }
-                if !target_mounted {
-                    target::remove_created(&record);
-                }
-                Err(e)
-            }
-        }
+        // An attached volume keeps its record so that unmount can detach it.
+        let keep_for_detach = attachable && side_effects;
+        let (formatted, ownership) = target::finish(lc, &mut record, result, keep_for_detach)?;
+        Ok(MountOutcome {
+            target: target.clone(),
+            mounted_now: true,
+            device: record.device,
+            device_mount_dir: record.device_mount_dir,
+            formatted,
+            ownership,
+        })
     }
 
     /// CSI NodePublish: the driver's mount onto the target or, when it does not support mount,
@@ -145,34 +96,20 @@ impl Lifecycle {
         self.refuse_overlaps(target, &others, &[Role::Stage])?;
         let target_lock = self.state.lock(target)?;
         let lc = &self.holding(&[&target_lock]);
-        let existing = lc.state.load(target)?;
-        if let Some(record) = &existing {
-            target::same_volume(record, Role::Publish, req.spec, Some(staging))?;
-        }
         let staged_device = || {
             staging
                 .and_then(|s| lc.state.load(s).ok().flatten())
                 .and_then(|r| r.device)
         };
-        let at = target::inspect(target)?;
-        if at == AtPath::Mounted {
-            let Some(record) = existing else {
-                return Err(LifecycleError::ForeignMount {
-                    target: target.clone(),
-                    volume: req.spec.volume_name.clone(),
-                });
-            };
-            tracing::debug!(target = %target.display(), "already published");
-            let ownership = finish_set_up(lc, req, &record)?;
-            return Ok(MountOutcome {
-                target: target.clone(),
-                mounted_now: false,
-                device: staged_device(),
-                device_mount_dir: staging.map(Path::to_owned),
-                formatted: false,
-                ownership,
-            });
-        }
+        let found = target::find(lc, target, Role::Publish, req.spec, Some(staging))?;
+        let created_target = match found {
+            Found::Mounted(record) => {
+                tracing::debug!(target = %target.display(), "already published");
+                let dir = staging.map(Path::to_owned);
+                return already_mounted(lc, req, &record, staged_device(), dir);
+            }
+            Found::Unmounted { created_target } => created_target,
+        };
         if let Some(staging) = staging {
             // Binding a staging path nothing was staged on would publish an empty directory.
             if lc
@@ -187,27 +124,10 @@ impl Lifecycle {
         }
         let plugin = req.plugin;
         let spec = req.spec;
-        let created_target = match &existing {
-            Some(record) => record.created_target,
-            None => at == AtPath::Absent,
-        };
-        let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
         let mut record = VolumeRecord {
-            target: target.clone(),
-            driver: spec.driver.clone(),
-            volume_name: spec.volume_name.clone(),
-            fs_type: spec.fs_type.clone(),
-            read_only: spec.read_only,
-            options: spec.options.clone(),
-            attachable: plugin.capabilities.attach,
-            node: lc.node.clone(),
             device: staged_device(),
             device_mount_dir: staging.map(Path::to_owned),
-            detach_name: spec.volume_name.replace('/', "~"),
-            pinned: Some(pinned),
-            created_target,
-            stage: Stage::Mounting,
-            role: Role::Publish,
+            ..target::new_record(lc, plugin, spec, target, Role::Publish, created_target)?
         };
         // Written ahead of the target directory and the mount: a crash from here on leaves a
         // record from which unpublish undoes whatever was done.
@@ -218,29 +138,16 @@ impl Lifecycle {
             mount_target(lc, req, staging.unwrap_or(Path::new("")))?;
             set_up_ownership(req)
         })();
-        match result {
-            Ok(ownership) => {
-                record.stage = Stage::Mounted;
-                lc.state.save(&record)?;
-                Ok(MountOutcome {
-                    target: target.clone(),
-                    mounted_now: true,
-                    device: record.device,
-                    device_mount_dir: record.device_mount_dir,
-                    formatted: false,
-                    ownership,
-                })
-            }
-            Err(e) => {
-                // A mounted target (e.g. a failed ownership pass) keeps its record: a retry
-                // finishes it, an unpublish undoes it.
-                if !target::still_mounted(target) {
-                    let _ = lc.state.remove(target);
-                    target::remove_created(&record);
-                }
-                Err(e)
-            }
-        }
+        // A mounted target (e.g. a failed ownership pass) keeps its record.
+        let ownership = target::finish(lc, &mut record, result, false)?;
+        Ok(MountOutcome {
+            target: target.clone(),
+            mounted_now: true,
+            device: record.device,
+            device_mount_dir: record.device_mount_dir,
+            formatted: false,
+            ownership,
+        })
     }
 }
 
@@ -273,29 +180,39 @@ fn mount_target(
     }
 }
 
+/// A target already mounted with this volume is not mounted again; but a crash (or a failed
+/// ownership pass) between the mount and its last record leaves the stage behind: SetUp is
+/// finished, then recorded.
+fn already_mounted(
+    lc: &Lifecycle,
+    req: &MountRequest<'_>,
+    record: &VolumeRecord,
+    device: Option<String>,
+    device_mount_dir: Option<std::path::PathBuf>,
+) -> Result<MountOutcome, LifecycleError> {
+    let ownership = match record.stage {
+        Stage::Mounted => None,
+        _ => {
+            let ownership = set_up_ownership(req)?;
+            target::mark_mounted(lc, record)?;
+            ownership
+        }
+    };
+    Ok(MountOutcome {
+        target: req.target.to_owned(),
+        mounted_now: false,
+        device,
+        device_mount_dir,
+        formatted: false,
+        ownership,
+    })
+}
+
 /// SetUp(fsGroup): after a successful read-write mount, and when the driver's capabilities
 /// allow it, the volume is made group-owned by the pod's fsGroup (as kubelet does for
 /// FlexVolume; a read-only mount is left alone). The driver also gets the fsGroup as
 /// `kubernetes.io/mounterArgs.FsGroup`, for drivers that apply it themselves with
 /// `fsGroup: false`.
-/// For a target that is already mounted: a crash (or a failed ownership pass) between the
-/// mount and its last record leaves the stage behind; finish SetUp, then record it.
-fn finish_set_up(
-    lc: &Lifecycle,
-    req: &MountRequest<'_>,
-    record: &VolumeRecord,
-) -> Result<Option<crate::ownership::OwnershipReport>, LifecycleError> {
-    if record.stage == Stage::Mounted {
-        return Ok(None);
-    }
-    let ownership = set_up_ownership(req)?;
-    lc.state.save(&VolumeRecord {
-        stage: Stage::Mounted,
-        ..record.clone()
-    })?;
-    Ok(ownership)
-}
-
 fn set_up_ownership(
     req: &MountRequest<'_>,
 ) -> Result<Option<crate::ownership::OwnershipReport>, LifecycleError> {

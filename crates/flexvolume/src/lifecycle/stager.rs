@@ -4,10 +4,10 @@
 //! unstage's.
 
 use super::attacher;
-use super::target::{self, AtPath};
+use super::target::{self, Found};
 use super::{Lifecycle, LifecycleError, StageOutcome, StageRequest};
 use crate::mount::safe_path;
-use crate::state::{Role, Stage, VolumeRecord};
+use crate::state::{Role, VolumeRecord};
 
 impl Lifecycle {
     /// CSI NodeStage: waitforattach, then mountdevice onto the staging path.
@@ -16,55 +16,26 @@ impl Lifecycle {
         self.refuse_overlaps(staging, &[], &[Role::Publish, Role::Mount])?;
         let staging_lock = self.state.lock(staging)?;
         let lc = &self.holding(&[&staging_lock]);
-        let existing = lc.state.load(staging)?;
-        if let Some(record) = &existing {
-            target::same_volume(record, Role::Stage, req.spec, None)?;
-        }
-        let at = target::inspect(staging)?;
-        if at == AtPath::Mounted {
-            let Some(record) = existing else {
-                return Err(LifecycleError::ForeignMount {
-                    target: staging.clone(),
-                    volume: req.spec.volume_name.clone(),
+        let created_target = match target::find(lc, staging, Role::Stage, req.spec, None)? {
+            Found::Mounted(record) => {
+                tracing::debug!(staging = %staging.display(), "already staged");
+                target::mark_mounted(lc, &record)?;
+                return Ok(StageOutcome {
+                    staging: staging.clone(),
+                    staged_now: false,
+                    device: record.device,
+                    formatted: false,
                 });
-            };
-            tracing::debug!(staging = %staging.display(), "already staged");
-            if record.stage != Stage::Mounted {
-                lc.state.save(&VolumeRecord {
-                    stage: Stage::Mounted,
-                    ..record.clone()
-                })?;
             }
-            return Ok(StageOutcome {
-                staging: staging.clone(),
-                staged_now: false,
-                device: record.device,
-                formatted: false,
-            });
-        }
+            Found::Unmounted { created_target } => created_target,
+        };
         let plugin = req.plugin;
         let spec = req.spec;
-        let created_target = match &existing {
-            Some(record) => record.created_target,
-            None => at == AtPath::Absent,
-        };
-        let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
         let mut record = VolumeRecord {
-            target: staging.clone(),
-            driver: spec.driver.clone(),
-            volume_name: spec.volume_name.clone(),
-            fs_type: spec.fs_type.clone(),
-            read_only: spec.read_only,
-            options: spec.options.clone(),
             attachable: true,
-            node: lc.node.clone(),
             device: Some(req.device.to_owned()).filter(|d| !d.is_empty()),
             device_mount_dir: Some(staging.clone()),
-            detach_name: spec.volume_name.replace('/', "~"),
-            pinned: Some(pinned),
-            created_target,
-            stage: Stage::Mounting,
-            role: Role::Stage,
+            ..target::new_record(lc, plugin, spec, staging, Role::Stage, created_target)?
         };
         // Ahead of the directory and the device mount, so unstage can undo a half-done stage.
         lc.state.save(&record)?;
@@ -79,24 +50,12 @@ impl Lifecycle {
             let device = record.device.clone().unwrap_or_default();
             attacher::mount_device(lc, plugin, spec, &device, staging)
         })();
-        match result {
-            Ok(formatted) => {
-                record.stage = Stage::Mounted;
-                lc.state.save(&record)?;
-                Ok(StageOutcome {
-                    staging: staging.clone(),
-                    staged_now: true,
-                    device: record.device,
-                    formatted,
-                })
-            }
-            Err(e) => {
-                if !target::still_mounted(staging) {
-                    let _ = lc.state.remove(staging);
-                    target::remove_created(&record);
-                }
-                Err(e)
-            }
-        }
+        let formatted = target::finish(lc, &mut record, result, false)?;
+        Ok(StageOutcome {
+            staging: staging.clone(),
+            staged_now: true,
+            device: record.device,
+            formatted,
+        })
     }
 }

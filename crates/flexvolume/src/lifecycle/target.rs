@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::{Lifecycle, LifecycleError};
 use crate::mount::{self, safe_path};
+use crate::plugin::Plugin;
 use crate::spec::VolumeSpec;
-use crate::state::{Role, VolumeRecord};
+use crate::state::{Role, Stage, VolumeRecord};
 
 /// What is at a path, found without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,114 @@ pub(super) fn remove_created(record: &VolumeRecord) {
     if record.created_target {
         if let Err(e) = safe_path::remove_dir(&record.target) {
             tracing::warn!(target = %record.target.display(), error = %e, "target directory left in place");
+        }
+    }
+}
+
+/// What a set-up (mount, publish, stage) finds at its checked, locked path.
+pub(super) enum Found {
+    /// This same volume is mounted there already (its record may not say so yet).
+    Mounted(VolumeRecord),
+    /// Nothing is mounted there; whether the directory is (or is to be) flexd's own.
+    Unmounted { created_target: bool },
+}
+
+/// What is at `path` for a set-up of `spec` in `role`: a record there must be this same
+/// volume's (see [`same_volume`]), and a mount there without a record is someone else's.
+pub(super) fn find(
+    lc: &Lifecycle,
+    path: &Path,
+    role: Role,
+    spec: &VolumeSpec,
+    staging: Option<Option<&Path>>,
+) -> Result<Found, LifecycleError> {
+    let existing = lc.state.load(path)?;
+    if let Some(record) = &existing {
+        same_volume(record, role, spec, staging)?;
+    }
+    let at = inspect(path)?;
+    match existing {
+        Some(record) if at == AtPath::Mounted => Ok(Found::Mounted(record)),
+        None if at == AtPath::Mounted => Err(LifecycleError::ForeignMount {
+            target: path.to_owned(),
+            volume: spec.volume_name.clone(),
+        }),
+        // A retry after a crash knows whether the first attempt created the directory.
+        Some(record) => Ok(Found::Unmounted {
+            created_target: record.created_target,
+        }),
+        None => Ok(Found::Unmounted {
+            created_target: at == AtPath::Absent,
+        }),
+    }
+}
+
+/// The record a set-up writes ahead of its first effect: the volume's settings, this node, the
+/// driver pinned for teardown, no device yet, stage Mounting. Callers override what their role
+/// knows better (the device, the device mount dir, the detach name).
+pub(super) fn new_record(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    spec: &VolumeSpec,
+    path: &Path,
+    role: Role,
+    created_target: bool,
+) -> Result<VolumeRecord, LifecycleError> {
+    let pinned = lc.state.pin(&spec.driver.dir_name(), &plugin.driver.path)?;
+    Ok(VolumeRecord {
+        target: path.to_owned(),
+        driver: spec.driver.clone(),
+        volume_name: spec.volume_name.clone(),
+        fs_type: spec.fs_type.clone(),
+        read_only: spec.read_only,
+        options: spec.options.clone(),
+        attachable: plugin.capabilities.attach,
+        node: lc.node.clone(),
+        device: None,
+        device_mount_dir: None,
+        detach_name: spec.volume_name.replace('/', "~"),
+        pinned: Some(pinned),
+        created_target,
+        stage: Stage::Mounting,
+        role,
+    })
+}
+
+/// Records a set-up as done, unless its record says so already.
+pub(super) fn mark_mounted(lc: &Lifecycle, record: &VolumeRecord) -> Result<(), LifecycleError> {
+    if record.stage != Stage::Mounted {
+        lc.state.save(&VolumeRecord {
+            stage: Stage::Mounted,
+            ..record.clone()
+        })?;
+    }
+    Ok(())
+}
+
+/// Ends a set-up whose record was saved before its effects: done, the record says Mounted;
+/// failed, a path the failure left unmounted loses its record (unless `keep_record`: an
+/// attached volume's, which unmount needs to detach) and the directory flexd created, while a
+/// mounted one keeps both (a retry finishes it, a teardown undoes it).
+pub(super) fn finish<T>(
+    lc: &Lifecycle,
+    record: &mut VolumeRecord,
+    result: Result<T, LifecycleError>,
+    keep_record: bool,
+) -> Result<T, LifecycleError> {
+    match result {
+        Ok(done) => {
+            record.stage = Stage::Mounted;
+            lc.state.save(record)?;
+            Ok(done)
+        }
+        Err(e) => {
+            if !still_mounted(&record.target) {
+                if !keep_record {
+                    let _ = lc.state.remove(&record.target);
+                }
+                remove_created(record);
+            }
+            Err(e)
         }
     }
 }

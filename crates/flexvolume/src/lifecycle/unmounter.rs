@@ -6,7 +6,7 @@ use std::path::Path;
 use super::attacher;
 use super::target;
 use super::{Lifecycle, LifecycleError, UnmountOutcome};
-use crate::mount::{self, safe_path};
+use crate::mount::safe_path;
 use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::protocol::CallOut;
@@ -42,6 +42,24 @@ struct Expect<'a> {
     volume: Option<&'a str>,
 }
 
+impl<'a> Expect<'a> {
+    /// A record of `role`, of any volume.
+    fn role(role: Role) -> Self {
+        Expect {
+            role: Some(role),
+            volume: None,
+        }
+    }
+
+    /// A record of `role` for `volume` only.
+    fn volume(role: Role, volume: &'a str) -> Self {
+        Expect {
+            role: Some(role),
+            volume: Some(volume),
+        }
+    }
+}
+
 impl Lifecycle {
     /// Tears down exactly what was done for `target`, whichever operation did it
     /// ([`Lifecycle::mount`], [`Lifecycle::stage`], [`Lifecycle::publish`]).
@@ -67,14 +85,7 @@ impl Lifecycle {
         staging: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        self.teardown(
-            staging,
-            resolve,
-            Expect {
-                role: Some(Role::Stage),
-                volume: None,
-            },
-        )
+        self.teardown(staging, resolve, Expect::role(Role::Stage))
     }
 
     /// [`Lifecycle::unstage`] of `volume` only: a staging path recorded for another volume is
@@ -85,10 +96,7 @@ impl Lifecycle {
         staging: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        let expect = Expect {
-            role: Some(Role::Stage),
-            volume: Some(volume),
-        };
+        let expect = Expect::volume(Role::Stage, volume);
         self.teardown(staging, resolve, expect)
     }
 
@@ -98,14 +106,7 @@ impl Lifecycle {
         target: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        self.teardown(
-            target,
-            resolve,
-            Expect {
-                role: Some(Role::Publish),
-                volume: None,
-            },
-        )
+        self.teardown(target, resolve, Expect::role(Role::Publish))
     }
 
     /// [`Lifecycle::unpublish`] of `volume` only: a target recorded for another volume is
@@ -116,10 +117,7 @@ impl Lifecycle {
         target: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        let expect = Expect {
-            role: Some(Role::Publish),
-            volume: Some(volume),
-        };
+        let expect = Expect::volume(Role::Publish, volume);
         self.teardown(target, resolve, expect)
     }
 
@@ -133,14 +131,7 @@ impl Lifecycle {
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
         let key = self.attachment_key(driver, volume_id, node)?;
-        self.teardown(
-            &key,
-            resolve,
-            Expect {
-                role: Some(Role::Attach),
-                volume: None,
-            },
-        )
+        self.teardown(&key, resolve, Expect::role(Role::Attach))
     }
 
     /// Tears down what the record of `target` says was done.
@@ -261,16 +252,7 @@ fn unmount_target(
     record: &VolumeRecord,
 ) -> Result<(), LifecycleError> {
     let target = record.target.as_path();
-    if mount::is_mount_point(target)? {
-        match plugin.call(&lc.runner, &CallOut::unmount(target)) {
-            Ok(_) => {}
-            Err(e) if e.is_not_supported() => mount::unmount(target)?,
-            Err(e) => return Err(e.into()),
-        }
-        if mount::is_mount_point(target)? {
-            mount::unmount(target)?;
-        }
-    }
+    attacher::unmount_with(lc, plugin, target, &CallOut::unmount(target))?;
     target::remove_created(record);
     Ok(())
 }
