@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{
-    eventually, is_mounted, mount_points, unmount_all_below, Sandbox,
+    is_mounted, mount_points, mount_tmpfs, unmount_all_below, Sandbox,
     ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
 };
 use serve_support::{
-    csi, mount_capability, node_client, publish_request as publish, unpublish_request as unpublish,
-    Server,
+    csi, mount_capability, node_client, publish_request as publish, spawn_publish,
+    unpublish_request as unpublish, wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
 };
 use tonic::Code;
 
@@ -86,10 +86,6 @@ fn code<T>(result: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) 
     }
 }
 
-const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
-mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
-unmount) umount "$2"; echo '{"status":"Success"}';;"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outside() {
     common::require_root!();
@@ -139,14 +135,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
     // Unpublishing through a symlink never unmounts what it leads to (a host mount, here a
     // tmpfs the test put on a scratch directory).
     let host_mount = tempfile::tempdir().unwrap();
-    rustix::mount::mount(
-        "tmpfs",
-        host_mount.path(),
-        "tmpfs",
-        rustix::mount::MountFlags::empty(),
-        None,
-    )
-    .unwrap();
+    mount_tmpfs(host_mount.path(), c"");
     std::os::unix::fs::symlink(host_mount.path(), pods.join("lmnt")).unwrap();
     let (c, _) = code(
         node.node_unpublish_volume(unpublish("vol-a", &pods.join("lmnt")))
@@ -166,14 +155,7 @@ async fn a_mount_flexd_did_not_make_is_never_reported_published() {
     let mut node = node_client(&sock).await;
     let target = server.path("pods/foreign");
     std::fs::create_dir_all(&target).unwrap();
-    rustix::mount::mount(
-        "tmpfs",
-        &target,
-        "tmpfs",
-        rustix::mount::MountFlags::empty(),
-        None,
-    )
-    .unwrap();
+    mount_tmpfs(&target, c"");
     std::fs::write(target.join("someone-else"), "theirs").unwrap();
 
     let (c, message) = code(
@@ -323,25 +305,13 @@ async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
     common::require_root!();
-    let (server, sock) = Server::with_driver(
-        "node",
-        "acme~slow",
-        BLOCKS_AFTER_MOUNTING,
-        "flexvolume-acme--slow",
-    );
+    let (server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let outside = Outside::new();
-    let mut first_client = node_client(&sock).await;
     let mut second = node_client(&sock).await;
     let target = server.path("pods/slow");
     let request = publish("slow-1", &target, None);
-    let first = tokio::spawn({
-        let request = request.clone();
-        async move { first_client.node_publish_volume(request).await }
-    });
-    let mounted = target.clone();
-    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
-        .await
-        .unwrap();
+    let first = spawn_publish(&sock, request.clone()).await;
+    wait_until_mounted(&target).await;
     // Publish and unpublish of the same volume alike: refused at once, never queued behind
     // the call-out (the deadline only guards against a hang).
     let (c, message) = code(

@@ -14,7 +14,8 @@ use common::{
 };
 use serve_support::{
     connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities,
-    node_client, publish_request, registration, unpublish_request, Server,
+    node_client, publish_request, registration, spawn_publish, unpublish_request,
+    wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -620,11 +621,6 @@ async fn a_driver_installed_while_serving_serves_a_publish() {
     assert!(!target.exists());
 }
 
-/// A driver whose mount mounts, then blocks until the test releases it.
-const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
-mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
-unmount) umount "$2"; echo '{"status":"Success"}';;"#;
-
 /// A driver whose mount blocks until released, then fails without mounting.
 const BLOCKS_THEN_FAILS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Failure","message":"backend gone"}'; exit 1;;
@@ -633,20 +629,10 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
     common::require_root!();
-    let (mut server, sock) = Server::with_driver(
-        "node",
-        "acme~slow",
-        BLOCKS_AFTER_MOUNTING,
-        "flexvolume-acme--slow",
-    );
+    let (mut server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let target = server.path("pods/slow");
-    let mut node = node_client(&sock).await;
-    let request = publish_request("slow-1", &target, None);
-    let in_flight = tokio::spawn(async move { node.node_publish_volume(request).await });
-    let mounted = target.clone();
-    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
-        .await
-        .unwrap();
+    let in_flight = spawn_publish(&sock, publish_request("slow-1", &target, None)).await;
+    wait_until_mounted(&target).await;
 
     let server = tokio::task::spawn_blocking(move || {
         server.crash_and_restart();
@@ -679,16 +665,9 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
     common::require_root!();
-    let (mut server, sock) = Server::with_driver(
-        "node",
-        "acme~slow",
-        BLOCKS_THEN_FAILS,
-        "flexvolume-acme--slow",
-    );
+    let (mut server, sock) = Server::slow_node(BLOCKS_THEN_FAILS);
     let target = server.path("pods/never");
-    let mut node = node_client(&sock).await;
-    let request = publish_request("never-1", &target, None);
-    let in_flight = tokio::spawn(async move { node.node_publish_volume(request).await });
+    let in_flight = spawn_publish(&sock, publish_request("never-1", &target, None)).await;
     let server = tokio::task::spawn_blocking(move || {
         eventually("the driver's mount call", || {
             !server.calls_of("mount").is_empty()
@@ -800,28 +779,18 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_call_on_a_volume_in_flight_is_aborted_at_once() {
     common::require_root!();
-    let (server, sock) = Server::with_driver(
-        "node",
-        "acme~slow",
-        BLOCKS_AFTER_MOUNTING,
-        "flexvolume-acme--slow",
-    );
+    let (server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let target = server.path("pods/shared");
-    let mut first_client = node_client(&sock).await;
     let mut second_client = node_client(&sock).await;
     let request = publish_request("shared-1", &target, None);
-    let second_request = request.clone();
-    let first = tokio::spawn(async move { first_client.node_publish_volume(request).await });
-    let mounted = target.clone();
-    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&mounted)))
-        .await
-        .unwrap();
+    let first = spawn_publish(&sock, request.clone()).await;
+    wait_until_mounted(&target).await;
     // While the first call's driver runs, a second call on the volume is refused with ABORTED
     // (CSI: "an operation is pending for this volume") instead of waiting for it; a generous
     // deadline only guards against a hang, it does not measure speed.
     let second = tokio::time::timeout(
         Duration::from_secs(30),
-        second_client.node_publish_volume(second_request),
+        second_client.node_publish_volume(request),
     )
     .await
     .expect("the second call waited for the first instead of being refused");

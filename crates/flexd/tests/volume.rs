@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use common::{
     assert_ext4_grew_or_names_cap_sys_resource, assert_xfs_doubled, eventually, fill_disk as fill,
-    is_mounted, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
+    is_mounted, mount_tmpfs, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
     TMPFS_DRIVER as TMPFS_MOUNT,
 };
 
@@ -1001,14 +1001,7 @@ fn state_files(dir: &Path) -> Vec<String> {
 fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
     common::require_root!();
     let s = Sandbox::new();
-    rustix::mount::mount(
-        "tmpfs",
-        s.state(),
-        "tmpfs",
-        rustix::mount::MountFlags::empty(),
-        c"size=256k",
-    )
-    .unwrap();
+    mount_tmpfs(&s.state(), c"size=256k");
     s.driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     let (ta, tb) = (a.to_str().unwrap(), b.to_str().unwrap());

@@ -43,6 +43,18 @@ impl Harness {
         }
     }
 
+    /// The next event, which must be `kind` for `driver`.
+    fn expect(&self, kind: EventKind, driver: &str) -> ProbeEvent {
+        self.expect_because(kind, driver, "")
+    }
+
+    /// [`Harness::expect`], saying `why` when it is not.
+    fn expect_because(&self, kind: EventKind, driver: &str, why: &str) -> ProbeEvent {
+        let e = self.next();
+        assert_eq!((e.kind, e.driver.as_str()), (kind, driver), "{why}");
+        e
+    }
+
     fn next(&self) -> ProbeEvent {
         match self.events.recv_timeout(PATIENCE) {
             Ok(e) => e,
@@ -100,8 +112,7 @@ fn attach_of(e: &ProbeEvent) -> bool {
 #[test]
 fn s1_a_driver_present_before_start_is_one_add_then_silence() {
     let h = Harness::start(|p| install(p, "acme~drv", &script(false)));
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/drv"));
+    let e = h.expect(EventKind::Add, "acme/drv");
     assert_eq!(
         e.path.as_deref(),
         Some(h.plugin.join("acme~drv/drv").as_path())
@@ -115,11 +126,10 @@ fn s2_install_update_subdir_and_remove() {
     let h = Harness::start(|_| {});
     std::fs::create_dir(h.plugin.join("acme~drv")).unwrap();
     install(&h.plugin, "acme~drv", &script(false));
-    let e = h.next();
-    assert_eq!(
-        (e.kind, e.driver.as_str()),
-        (EventKind::Add, "acme/drv"),
-        "mkdir then the executable: one add"
+    h.expect_because(
+        EventKind::Add,
+        "acme/drv",
+        "mkdir then the executable: one add",
     );
     h.quiet(3);
 
@@ -178,8 +188,7 @@ fn s2b_a_change_undone_while_init_runs_is_one_event() {
     let scratch = h.plugin.join("acme~slow/scratch");
     std::fs::write(&scratch, "x").unwrap();
     std::fs::remove_file(&scratch).unwrap();
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/slow"));
+    h.expect(EventKind::Add, "acme/slow");
     h.quiet(5);
 }
 
@@ -212,8 +221,7 @@ fn s3_empty_dir_is_silent_and_a_removed_plugin_dir_comes_back() {
     // Give the prober a moment to watch it again, then install into it.
     std::thread::sleep(INTERVAL);
     install(&h.plugin, "acme~back", &script(false));
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/back"));
+    h.expect(EventKind::Add, "acme/back");
 }
 
 #[test]
@@ -221,8 +229,7 @@ fn s3b_drivers_in_a_removed_plugin_dir_are_removed() {
     let h = Harness::start(|p| install(p, "acme~drv", &script(false)));
     assert_eq!(h.next().kind, EventKind::Add);
     std::fs::remove_dir_all(&h.plugin).unwrap();
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Remove, "acme/drv"));
+    h.expect(EventKind::Remove, "acme/drv");
 }
 
 #[test]
@@ -236,8 +243,7 @@ fn s4_a_file_ten_directories_deep_is_seen() {
     }
     h.drain();
     std::fs::write(dir.join("deep.txt"), "x").unwrap();
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Update, "acme/drv"));
+    h.expect(EventKind::Update, "acme/drv");
 }
 
 #[test]
@@ -304,12 +310,7 @@ fn s7_a_failed_driver_never_blocks_a_valid_one_and_is_retried_only_when_touched(
     );
     h.quiet(5); // not retried on a timer
     install(&h.plugin, "acme~bad", &script(false));
-    let e = h.next();
-    assert_eq!(
-        (e.kind, e.driver.as_str()),
-        (EventKind::Add, "acme/bad"),
-        "fixed: now ready"
-    );
+    h.expect_because(EventKind::Add, "acme/bad", "fixed: now ready");
 }
 
 #[test]
@@ -372,8 +373,7 @@ fn a_hung_init_does_not_delay_another_driver() {
     install(&h.plugin, "acme~hang", "#!/bin/sh\nsleep 30\n");
     std::thread::sleep(INTERVAL);
     install(&h.plugin, "acme~quick", &script(false));
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/quick"));
+    h.expect(EventKind::Add, "acme/quick");
 }
 
 #[test]
@@ -385,12 +385,10 @@ fn over_the_watch_limit_changes_are_still_found_by_rescans() {
     );
     assert_eq!(h.next().kind, EventKind::Add);
     install(&h.plugin, "acme~b", &script(false));
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Add, "acme/b"));
+    h.expect(EventKind::Add, "acme/b");
     // acme~b could not be watched: a change in it is found by the periodic rescan.
     std::fs::write(h.plugin.join("acme~b/helper"), "x").unwrap();
-    let e = h.next();
-    assert_eq!((e.kind, e.driver.as_str()), (EventKind::Update, "acme/b"));
+    h.expect(EventKind::Update, "acme/b");
     h.quiet(4);
 }
 

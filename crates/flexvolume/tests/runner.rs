@@ -63,6 +63,14 @@ fn init(quirk: &str) -> Result<flexvolume::Reply, CallError> {
     runner::call(&config(), &f.driver.path, &CallOut::init())
 }
 
+/// The protocol error a call failed with; any other failure fails the test.
+fn protocol_error(err: &CallError) -> &ProtocolError {
+    match err {
+        CallError::Protocol { source, .. } => source,
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+}
+
 #[test]
 fn capitalised_keys_are_understood() {
     let reply = init("capitalised").unwrap();
@@ -111,11 +119,8 @@ fn init_reply() -> flexvolume::Reply {
 fn usage_text_instead_of_json_is_an_error_quoting_it() {
     let f = install("usage-text");
     let err = runner::call(&config(), &f.driver.path, &mount_call("/t")).unwrap_err();
-    match &err {
-        CallError::Protocol {
-            source: ProtocolError::NoReply { exit, output, kind },
-            ..
-        } => {
+    match protocol_error(&err) {
+        ProtocolError::NoReply { exit, output, kind } => {
             assert_eq!(*exit, ExitStatus::Code(1));
             assert_eq!(*kind, CallOutKind::Mount);
             assert!(output.starts_with("usage: "), "{output}");
@@ -157,9 +162,8 @@ fn empty_output_is_an_error_naming_the_exit_status() {
     let err = init("empty-output").unwrap_err();
     assert!(
         matches!(
-            &err,
-            CallError::Protocol { source: ProtocolError::NoReply { exit: ExitStatus::Code(0), output, .. }, .. }
-                if output.is_empty()
+            protocol_error(&err),
+            ProtocolError::NoReply { exit: ExitStatus::Code(0), output, .. } if output.is_empty()
         ),
         "{err:?}"
     );
@@ -175,12 +179,9 @@ fn success_with_nonzero_exit_is_a_driver_bug() {
     let err = init("success-exit2").unwrap_err();
     assert!(
         matches!(
-            &err,
-            CallError::Protocol {
-                source: ProtocolError::SuccessWithBadExit {
-                    exit: ExitStatus::Code(2),
-                    ..
-                },
+            protocol_error(&err),
+            ProtocolError::SuccessWithBadExit {
+                exit: ExitStatus::Code(2),
                 ..
             }
         ),
@@ -194,12 +195,9 @@ fn crash_by_signal_is_reported_with_the_signal() {
     let err = init("crash").unwrap_err();
     assert!(
         matches!(
-            &err,
-            CallError::Protocol {
-                source: ProtocolError::NoReply {
-                    exit: ExitStatus::Signal(11),
-                    ..
-                },
+            protocol_error(&err),
+            ProtocolError::NoReply {
+                exit: ExitStatus::Signal(11),
                 ..
             }
         ),
@@ -284,11 +282,8 @@ fn ten_mebibytes_of_output_are_capped_and_the_reply_still_read() {
 fn a_reply_past_the_cap_is_lost_but_the_call_completes() {
     let f = install("big-output");
     let err = runner::call(&config(), &f.driver.path, &mount_call("last")).unwrap_err();
-    match err {
-        CallError::Protocol {
-            source: ProtocolError::NoReply { output, .. },
-            ..
-        } => assert!(
+    match protocol_error(&err) {
+        ProtocolError::NoReply { output, .. } => assert!(
             output.len() < 1024,
             "the quote is truncated: {} bytes",
             output.len()

@@ -89,6 +89,12 @@ impl Server {
         (server, sock)
     }
 
+    /// A node server with driver acme/slow running `cases`, one whose mount blocks until the
+    /// test releases it (`Sandbox::release`): a call that stays in flight.
+    pub fn slow_node(cases: &str) -> (Self, PathBuf) {
+        Self::with_driver("node", "acme~slow", cases, "flexvolume-acme--slow")
+    }
+
     fn spawn(sandbox: &Sandbox, mode: &str, env: &[(&str, &str)], metrics_address: &str) -> Child {
         sandbox
             .command()
@@ -240,6 +246,32 @@ pub fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapabil
             mode: Mode::SingleNodeWriter as i32,
         }),
     })
+}
+
+/// A driver whose mount mounts, then blocks until the test releases it.
+pub const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
+mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
+unmount) umount "$2"; echo '{"status":"Success"}';;"#;
+
+/// The publish of `request` on a connection of its own, in the background (for a call that is
+/// to stay in flight).
+pub async fn spawn_publish(
+    sock: &Path,
+    request: csi::NodePublishVolumeRequest,
+) -> tokio::task::JoinHandle<Result<tonic::Response<csi::NodePublishVolumeResponse>, tonic::Status>>
+{
+    let mut node = node_client(sock).await;
+    tokio::spawn(async move { node.node_publish_volume(request).await })
+}
+
+/// Waits (off the async runtime) until something is mounted at `target`.
+pub async fn wait_until_mounted(target: &Path) {
+    let target = target.to_owned();
+    tokio::task::spawn_blocking(move || {
+        crate::common::eventually("the driver's mount", || crate::common::is_mounted(&target))
+    })
+    .await
+    .unwrap();
 }
 
 pub fn map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
