@@ -105,15 +105,22 @@ mod tests {
 
     const SECOND: Duration = Duration::from_secs(1);
 
+    /// A coalescer an interval wide that has just processed a first change of `key`, at once
+    /// (nothing was pending: a leading edge).
+    fn after_a_first_change(key: &'static str) -> (Instant, Coalescer<&'static str>) {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(SECOND);
+        assert!(c.change(&key, t0));
+        (t0, c)
+    }
+
     fn at(base: Instant, ms: u64) -> Instant {
         base + Duration::from_millis(ms)
     }
 
     #[test]
     fn first_change_after_quiet_is_processed_at_once() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SECOND);
-        assert!(c.change(&"a", t0));
+        let (t0, mut c) = after_a_first_change("a");
         assert_eq!(
             c.next_deadline(),
             None,
@@ -127,9 +134,7 @@ mod tests {
 
     #[test]
     fn changes_inside_the_interval_fold_into_one_trailing_processing() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SECOND);
-        assert!(c.change(&"a", t0));
+        let (t0, mut c) = after_a_first_change("a");
         for ms in [1, 10, 100, 500, 999] {
             assert!(!c.change(&"a", at(t0, ms)));
         }
@@ -142,9 +147,7 @@ mod tests {
 
     #[test]
     fn a_change_right_after_a_trailing_edge_is_not_lost() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SECOND);
-        assert!(c.change(&"a", t0));
+        let (t0, mut c) = after_a_first_change("a");
         assert!(!c.change(&"a", at(t0, 200)));
         assert_eq!(c.due(at(t0, 1000)), vec!["a"]);
         // Right after the trailing processing started: scheduled for the next interval end.
@@ -155,9 +158,7 @@ mod tests {
 
     #[test]
     fn a_late_caller_takes_a_due_trailing_edge_as_a_leading_one() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SECOND);
-        assert!(c.change(&"a", t0));
+        let (t0, mut c) = after_a_first_change("a");
         assert!(!c.change(&"a", at(t0, 500)));
         // Nobody called due() in time; the next change processes at once and clears it.
         assert!(c.change(&"a", at(t0, 1200)));
@@ -166,9 +167,7 @@ mod tests {
 
     #[test]
     fn keys_are_independent() {
-        let t0 = Instant::now();
-        let mut c = Coalescer::new(SECOND);
-        assert!(c.change(&"storm", t0));
+        let (t0, mut c) = after_a_first_change("storm");
         for ms in 1..900 {
             assert!(!c.change(&"storm", at(t0, ms)));
         }
