@@ -216,6 +216,32 @@ fn plugin_for(
     Ok(resolver.find(&spec.driver, in_use)?)
 }
 
+/// The answer of attach, isattached or detach: under `--output json` one object naming the
+/// volume and the node with the command's own `fields`, else the line `text`.
+fn print_node_answer(
+    output: OutputFormat,
+    spec: &VolumeSpec,
+    node: &str,
+    fields: serde_json::Value,
+    text: String,
+) -> anyhow::Result<()> {
+    match output {
+        OutputFormat::Json => {
+            let mut answer = serde_json::json!({ "volume": spec.volume_name, "node": node });
+            if let (Some(answer), serde_json::Value::Object(fields)) =
+                (answer.as_object_mut(), fields)
+            {
+                answer.extend(fields);
+            }
+            super::print_json(&answer)
+        }
+        OutputFormat::Text => {
+            println!("{text}");
+            Ok(())
+        }
+    }
+}
+
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
     let node = global.node_name();
     let lifecycle = Lifecycle {
@@ -229,11 +255,16 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         global.plugin_dir.clone(),
         global.layout_policy(),
     );
+    // The volume a command names, and the driver that serves it.
+    let volume_of = |spec_args: &SpecArgs, default_name: Option<&Path>| {
+        let spec = build_spec(spec_args, default_name)?;
+        let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
+        anyhow::Ok((spec, plugin))
+    };
     match &args.command {
         VolumeCommand::Mount(mount) => {
             let target = std::path::absolute(&mount.target).context("bad --target")?;
-            let spec = build_spec(&mount.spec, Some(&target))?;
-            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
+            let (spec, plugin) = volume_of(&mount.spec, Some(&target))?;
             let pod = PodInfo {
                 name: mount.pod_name.clone(),
                 namespace: mount.pod_namespace.clone(),
@@ -286,42 +317,28 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
             }
         }
         VolumeCommand::Attach(spec_args) => {
-            let spec = build_spec(spec_args, None)?;
-            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
+            let (spec, plugin) = volume_of(spec_args, None)?;
             let device = lifecycle
                 .attach(&plugin, &spec, &node)
                 .with_context(|| format!("cannot attach {} to {node}", spec.volume_name))?;
-            match global.output {
-                OutputFormat::Json => super::print_json(&serde_json::json!({
-                    "volume": spec.volume_name, "node": node, "device": device,
-                }))?,
-                OutputFormat::Text => println!(
-                    "attached {} to {node}: device {}",
-                    spec.volume_name,
-                    if device.is_empty() {
-                        "(not known yet)"
-                    } else {
-                        &device
-                    }
-                ),
-            }
+            let shown = if device.is_empty() {
+                "(not known yet)"
+            } else {
+                &device
+            };
+            let text = format!("attached {} to {node}: device {shown}", spec.volume_name);
+            let fields = serde_json::json!({ "device": device });
+            print_node_answer(global.output, &spec, &node, fields, text)?;
         }
         VolumeCommand::Isattached(spec_args) => {
-            let spec = build_spec(spec_args, None)?;
-            let plugin = plugin_for(&resolver, &lifecycle, &spec)?;
+            let (spec, plugin) = volume_of(spec_args, None)?;
             let attached = lifecycle
                 .is_attached(&plugin, &spec, &node)
                 .with_context(|| format!("cannot tell whether {} is attached", spec.volume_name))?;
-            match global.output {
-                OutputFormat::Json => super::print_json(&serde_json::json!({
-                    "volume": spec.volume_name, "node": node, "attached": attached,
-                }))?,
-                OutputFormat::Text => println!(
-                    "{} is {}attached to {node}",
-                    spec.volume_name,
-                    if attached { "" } else { "not " }
-                ),
-            }
+            let not = if attached { "" } else { "not " };
+            let text = format!("{} is {not}attached to {node}", spec.volume_name);
+            let fields = serde_json::json!({ "attached": attached });
+            print_node_answer(global.output, &spec, &node, fields, text)?;
             if !attached {
                 return Ok(ExitCode::from(exit::NO));
             }
@@ -339,13 +356,9 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
             let (name, ran) = lifecycle
                 .detach(&plugin, &spec, &node)
                 .with_context(|| format!("cannot detach {} from {node}", spec.volume_name))?;
-            match global.output {
-                OutputFormat::Json => super::print_json(&serde_json::json!({
-                    "volume": spec.volume_name, "node": node, "detach_name": name,
-                    "driver_detach_ran": ran,
-                }))?,
-                OutputFormat::Text => println!("detached {name} from {node}"),
-            }
+            let text = format!("detached {name} from {node}");
+            let fields = serde_json::json!({ "detach_name": name, "driver_detach_ran": ran });
+            print_node_answer(global.output, &spec, &node, fields, text)?;
         }
         VolumeCommand::Unmount(unmount) => {
             let target = std::path::absolute(&unmount.target).context("bad --target")?;
