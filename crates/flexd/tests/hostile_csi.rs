@@ -66,9 +66,14 @@ impl Drop for Outside {
     }
 }
 
-fn tmpfs_server() -> (Server, PathBuf) {
-    Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs")
+/// A node server with a tmpfs driver, a client of it, and the stand-in for /etc to watch.
+async fn tmpfs_node() -> (Server, NodeClient, Outside) {
+    let (server, sock) = Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs");
+    let node = node_client(&sock).await;
+    (server, node, Outside::new())
 }
+
+type NodeClient = csi::node_client::NodeClient<tonic::transport::Channel>;
 
 fn stage(volume_id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
@@ -89,9 +94,7 @@ fn code<T>(result: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outside() {
     common::require_root!();
-    let (server, sock) = tmpfs_server();
-    let outside = Outside::new();
-    let mut node = node_client(&sock).await;
+    let (server, mut node, outside) = tmpfs_node().await;
     let pods = server.path("pods");
     std::fs::create_dir(&pods).unwrap();
     std::os::unix::fs::symlink(outside.path(), pods.join("letc")).unwrap();
@@ -150,9 +153,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_flexd_did_not_make_is_never_reported_published() {
     common::require_root!();
-    let (server, sock) = tmpfs_server();
-    let outside = Outside::new();
-    let mut node = node_client(&sock).await;
+    let (server, mut node, outside) = tmpfs_node().await;
     let target = server.path("pods/foreign");
     std::fs::create_dir_all(&target).unwrap();
     mount_tmpfs(&target, c"");
@@ -183,9 +184,7 @@ async fn a_mount_flexd_did_not_make_is_never_reported_published() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_belongs_to_one_volume_with_one_set_of_settings() {
     common::require_root!();
-    let (server, sock) = tmpfs_server();
-    let outside = Outside::new();
-    let mut node = node_client(&sock).await;
+    let (server, mut node, outside) = tmpfs_node().await;
     let target = server.path("pods/uid-1/vol");
 
     node.node_publish_volume(publish("vol-a", &target, None))
@@ -237,9 +236,7 @@ async fn a_target_belongs_to_one_volume_with_one_set_of_settings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
-    let (server, sock) = tmpfs_server();
-    let outside = Outside::new();
-    let mut node = node_client(&sock).await;
+    let (server, mut node, outside) = tmpfs_node().await;
     let target = server.path("pods/vol");
     let megabyte = "x".repeat(1 << 20);
 
