@@ -520,79 +520,82 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     let staging = server.path("s");
     let code = tonic::Code::InvalidArgument;
 
-    let mut no_id = publish_request("", &target, Some(&staging));
-    assert_eq!(
-        error_code(node.node_publish_volume(no_id.clone()).await),
-        code
-    );
-    no_id.volume_id = "v".into();
-    no_id.target_path.clear();
-    assert_eq!(error_code(node.node_publish_volume(no_id).await), code);
+    let mut no_target = publish_request("v", &target, Some(&staging));
+    no_target.target_path.clear();
     let mut no_cap = publish_request("v", &target, Some(&staging));
     no_cap.volume_capability = None;
-    assert_eq!(error_code(node.node_publish_volume(no_cap).await), code);
-    let relative = publish_request("v", Path::new("relative/t"), Some(&staging));
-    assert_eq!(error_code(node.node_publish_volume(relative).await), code);
-    let stage_without_path = csi::NodeStageVolumeRequest {
-        volume_id: "v".into(),
-        volume_capability: mount_capability("ext4", ""),
-        ..Default::default()
-    };
-    assert_eq!(
-        error_code(node.node_stage_volume(stage_without_path).await),
-        code
-    );
-    let stage_without_cap = csi::NodeStageVolumeRequest {
-        volume_id: "v".into(),
-        staging_target_path: staging.display().to_string(),
-        ..Default::default()
-    };
-    assert_eq!(
-        error_code(node.node_stage_volume(stage_without_cap).await),
-        code
-    );
+    let publishes = [
+        ("no volume id", publish_request("", &target, Some(&staging))),
+        ("no target", no_target),
+        ("no capability", no_cap),
+        (
+            "a relative target",
+            publish_request("v", Path::new("relative/t"), Some(&staging)),
+        ),
+    ];
+    for (what, request) in publishes {
+        let got = error_code(node.node_publish_volume(request).await);
+        assert_eq!(got, code, "publish with {what}");
+    }
+    let stages = [
+        (
+            "no staging path",
+            csi::NodeStageVolumeRequest {
+                volume_id: "v".into(),
+                volume_capability: mount_capability("ext4", ""),
+                ..Default::default()
+            },
+        ),
+        (
+            "no capability",
+            csi::NodeStageVolumeRequest {
+                volume_id: "v".into(),
+                staging_target_path: staging.display().to_string(),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (what, request) in stages {
+        let got = error_code(node.node_stage_volume(request).await);
+        assert_eq!(got, code, "stage with {what}");
+    }
     let unstage_without_path = csi::NodeUnstageVolumeRequest {
         volume_id: "v".into(),
         ..Default::default()
     };
-    assert_eq!(
-        error_code(node.node_unstage_volume(unstage_without_path).await),
-        code
-    );
+    let got = error_code(node.node_unstage_volume(unstage_without_path).await);
+    assert_eq!(got, code, "unstage without a staging path");
     let unpublish_without_target = csi::NodeUnpublishVolumeRequest {
         volume_id: "v".into(),
         ..Default::default()
     };
-    assert_eq!(
-        error_code(node.node_unpublish_volume(unpublish_without_target).await),
-        code
-    );
+    let got = error_code(node.node_unpublish_volume(unpublish_without_target).await);
+    assert_eq!(got, code, "unpublish without a target");
     let attach_without_node = csi::ControllerPublishVolumeRequest {
         volume_id: "v".into(),
         volume_capability: mount_capability("ext4", ""),
         ..Default::default()
     };
-    assert_eq!(
-        error_code(
-            controller
-                .controller_publish_volume(attach_without_node)
-                .await
-        ),
-        code
+    let got = error_code(
+        controller
+            .controller_publish_volume(attach_without_node)
+            .await,
     );
+    assert_eq!(got, code, "controller publish without a node");
 
     // An attaching driver's volume is staged first: publishing without (or before) it is a
     // precondition failure, as CSI says.
-    let unstaged = publish_request("v", &target, None);
-    assert_eq!(
-        error_code(node.node_publish_volume(unstaged).await),
-        tonic::Code::FailedPrecondition
-    );
-    let not_staged_yet = publish_request("v", &target, Some(&staging));
-    assert_eq!(
-        error_code(node.node_publish_volume(not_staged_yet).await),
-        tonic::Code::FailedPrecondition
-    );
+    for (what, staging) in [("without", None), ("before", Some(staging.as_path()))] {
+        let got = error_code(
+            node.node_publish_volume(publish_request("v", &target, staging))
+                .await,
+        );
+        assert_eq!(
+            got,
+            tonic::Code::FailedPrecondition,
+            "publish {what} a stage"
+        );
+    }
     assert!(!target.exists(), "a refused publish leaves nothing");
     // Tearing down what was never set up succeeds (CSI idempotency).
     node.node_unpublish_volume(unpublish_request("v", &target))
