@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    eventually, examples, install_example as install, is_mounted, wait_for_path as wait_for,
+    assert_device_mounted, assert_repeat_kept_the_mount, eventually, examples,
+    install_example as install, is_mounted, wait_for_path as wait_for,
     ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
 };
 use serve_support::{
@@ -346,13 +347,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
         1,
         "a staged volume is not staged again"
     );
-    let wait = &server.calls_of("waitforattach")[0];
-    assert_eq!(wait[1], "/dev/fake-1");
-    let mountdevice = &server.calls_of("mountdevice")[0];
-    assert_eq!(
-        (mountdevice[1].as_str(), mountdevice[2].as_str()),
-        (staging.to_str().unwrap(), "/dev/fake-1")
-    );
+    assert_device_mounted(&server, "/dev/fake-1", &staging);
 
     let mut publish = publish_request("pv-1", &target, Some(&staging));
     publish.volume_context = map(&[
@@ -488,15 +483,8 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
     assert_eq!(fs_type_at(&target).as_deref(), Some("tmpfs"));
     std::fs::write(target.join("file"), "kept").unwrap();
     node.node_publish_volume(publish).await.unwrap();
-    assert_eq!(
-        server.calls_of("mount").len(),
-        1,
-        "the repeat does not call the driver"
-    );
-    assert_eq!(
-        std::fs::read_to_string(target.join("file")).unwrap(),
-        "kept"
-    );
+    let mount_calls = server.calls_of("mount").len();
+    assert_repeat_kept_the_mount(mount_calls, &target.join("file"), "kept");
     let mount_options: serde_json::Value =
         serde_json::from_str(&server.calls_of("mount")[0][2]).unwrap();
     assert_eq!(mount_options["kubernetes.io/secret/token"], "czNjcjN0");

@@ -10,8 +10,9 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 use common::{
-    assert_ext4_grew_or_names_cap_sys_resource, assert_xfs_doubled, eventually, fill_disk as fill,
-    is_mounted, mount_tmpfs, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
+    assert_device_mounted, assert_ext4_grew_or_names_cap_sys_resource,
+    assert_repeat_kept_the_mount, assert_xfs_doubled, eventually, fill_disk as fill, is_mounted,
+    mount_tmpfs, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
     TMPFS_DRIVER as TMPFS_MOUNT,
 };
 
@@ -25,15 +26,7 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     assert!(is_mounted(&target));
     std::fs::write(target.join("file"), "data").unwrap();
     ok(&s.volume_mount("acme/tmpfs", t, &[]));
-    assert_eq!(
-        s.calls_of("mount").len(),
-        1,
-        "mounting a mounted target does not call the driver"
-    );
-    assert_eq!(
-        std::fs::read_to_string(target.join("file")).unwrap(),
-        "data"
-    );
+    assert_repeat_kept_the_mount(s.calls_of("mount").len(), &target.join("file"), "data");
 
     let out = s.volume(&["--output", "json", "list"]);
     ok(&out);
@@ -110,13 +103,7 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
         volume_json,
         serde_json::json!({"kubernetes.io/fsType":"ext4","kubernetes.io/pvOrVolumeName":"pv-1","kubernetes.io/readwrite":"rw","server":"s1"})
     );
-    let wait = &s.calls_of("waitforattach")[0];
-    assert_eq!(wait[1], "/dev/fake-1");
-    let mountdevice = &s.calls_of("mountdevice")[0];
-    assert_eq!(
-        (mountdevice[1].as_str(), mountdevice[2].as_str()),
-        (device_dir.to_str().unwrap(), "/dev/fake-1")
-    );
+    assert_device_mounted(&s, "/dev/fake-1", &device_dir);
     let mount = &s.calls_of("mount")[0];
     assert_eq!(mount[1], t);
     let mount_json: Value = serde_json::from_str(&mount[2]).unwrap();

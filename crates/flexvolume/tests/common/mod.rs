@@ -330,6 +330,24 @@ pub fn mounts_below(root: &Path) -> Vec<PathBuf> {
     mounts
 }
 
+/// A mount repeated on its mounted target (CLI or CSI) left the first one as it was: the
+/// driver's mount ran once, and `file`, written into the first mount, still reads `content`.
+pub fn assert_repeat_kept_the_mount(mount_calls: usize, file: &Path, content: &str) {
+    assert_eq!(mount_calls, 1, "the repeat does not call the driver");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), content);
+}
+
+/// The attaching driver was asked to wait for `device`, then to mount it on `dir`.
+pub fn assert_device_mounted(s: &Sandbox, device: &str, dir: &Path) {
+    let wait = &s.calls_of("waitforattach")[0];
+    assert_eq!(wait[1], device);
+    let mountdevice = &s.calls_of("mountdevice")[0];
+    assert_eq!(
+        (mountdevice[1].as_str(), mountdevice[2].as_str()),
+        (dir.to_str().unwrap(), device)
+    );
+}
+
 /// Whether something is mounted on `path`.
 pub fn is_mounted(path: &Path) -> bool {
     let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
