@@ -29,12 +29,9 @@ impl Lifecycle {
         let plugin = req.plugin;
         let spec = req.spec;
         let attachable = plugin.capabilities.attach;
-        let record = target::new_record(lc, plugin, spec, target, Role::Mount, created_target)?;
+        let mut record = target::new_record(lc, plugin, spec, target, Role::Mount, created_target)?;
         let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
-        let mut record = VolumeRecord {
-            device_mount_dir: attachable.then(|| device_dir.clone()),
-            ..record
-        };
+        record.device_mount_dir = attachable.then(|| device_dir.clone());
         // Written ahead of every effect (the target directory, the attach, the mounts): a crash
         // at any point from here leaves a record from which unmount undoes whatever was done.
         lc.state.save(&record)?;

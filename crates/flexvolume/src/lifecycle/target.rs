@@ -51,7 +51,7 @@ pub(super) fn remove_created(record: &VolumeRecord) {
 /// What a set-up (mount, publish, stage) finds at its checked, locked path.
 pub(super) enum Found {
     /// This same volume is mounted there already (its record may not say so yet).
-    Mounted(VolumeRecord),
+    Mounted(Box<VolumeRecord>),
     /// Nothing is mounted there; whether the directory is (or is to be) flexd's own.
     Unmounted { created_target: bool },
 }
@@ -71,7 +71,7 @@ pub(super) fn find(
     }
     let at = inspect(path)?;
     match existing {
-        Some(record) if at == AtPath::Mounted => Ok(Found::Mounted(record)),
+        Some(record) if at == AtPath::Mounted => Ok(Found::Mounted(Box::new(record))),
         None if at == AtPath::Mounted => Err(LifecycleError::ForeignMount {
             target: path.to_owned(),
             volume: spec.volume_name.clone(),
