@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
-use tonic::Code;
+mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
 
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
+use serve_support::{connect, csi};
+use tonic::transport::Channel;
+use tonic::Code;
 
 use csi::controller_client::ControllerClient;
 
@@ -105,28 +105,14 @@ impl Server {
     async fn client(&self) -> ControllerClient<Channel> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let path = self.socket();
-            let connected = Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(
-                            tokio::net::UnixStream::connect(path).await?,
-                        ))
-                    }
-                }))
-                .await;
-            if let Ok(channel) = connected {
-                let mut client = ControllerClient::new(channel);
-                // Served, and the driver's init done (a restarted flexd probes first).
-                if client
-                    .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-                    .await
-                    .is_ok_and(|r| !r.into_inner().capabilities.is_empty())
-                {
-                    return client;
-                }
+            let mut client = ControllerClient::new(connect(&self.socket()).await);
+            // Served, and the driver's init done (a restarted flexd probes first).
+            if client
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                .await
+                .is_ok_and(|r| !r.into_inner().capabilities.is_empty())
+            {
+                return client;
             }
             assert!(Instant::now() < deadline, "flexd never served acme/prov");
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -378,26 +364,7 @@ async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller()
         .spawn()
         .unwrap();
     let socket = root.path().join("plugins/flexvolume-acme--plain/csi.sock");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let channel = loop {
-        let path = socket.clone();
-        let connected = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        if let Ok(channel) = connected {
-            break channel;
-        }
-        assert!(Instant::now() < deadline, "flexd never served acme/plain");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let channel = connect(&socket).await;
     let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
     let plugin = identity
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})

@@ -196,7 +196,7 @@ impl Drop for Server {
 /// Connects to a socket, retrying while nothing listens yet (a socket file a killed flexd
 /// left behind refuses connections until the new one replaces it).
 pub async fn connect(socket: &Path) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let path = socket.to_owned();
         let connected = Endpoint::try_from("http://[::]:50051")
