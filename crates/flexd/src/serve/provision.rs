@@ -46,27 +46,16 @@ fn bytes(value: i64, field: &str) -> Result<u64, Status> {
     u64::try_from(value).map_err(|_| Status::invalid_argument(format!("{field} is negative")))
 }
 
-/// Runs a blocking provisioning operation under the volume's lock.
+/// Runs a blocking provisioning operation under the volume's lock, as every other call on a
+/// volume runs (ABORTED at once while one is in flight).
 async fn run_locked<T: Send + 'static>(
     locks: &VolumeLocks,
     name: &str,
     operation: impl FnOnce() -> Result<T, ProvisionError> + Send + 'static,
 ) -> Result<T, Status> {
-    // One call at a time per volume, as for every other call: a repeat while the first
-    // still runs is ABORTED (the CO retries), not queued behind a call-out.
-    let guard = locks.try_lock(name).ok_or_else(|| {
-        Status::aborted(format!(
-            "an operation is pending for volume {name}: retry when it has finished"
-        ))
-    })?;
-    tokio::task::spawn_blocking(move || {
-        let result = operation();
-        drop(guard);
-        result
-    })
-    .await
-    .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
-    .map_err(|e| status_of(&e))
+    super::node::run_locked(locks, name, move || Ok(operation()))
+        .await?
+        .map_err(|e| status_of(&e))
 }
 
 pub async fn create_volume(
@@ -113,11 +102,7 @@ pub async fn create_volume(
     }
     let plugin = provisioning_plugin(driver)?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
-    let secrets: BTreeMap<String, Vec<u8>> = req
-        .secrets
-        .into_iter()
-        .map(|(k, v)| (k, v.into_bytes()))
-        .collect();
+    let secrets = request::secrets(&req.secrets);
     let lc = lifecycle.clone();
     let id = name.clone();
     let outcome = run_locked(locks, &name, move || {
@@ -150,11 +135,7 @@ pub async fn delete_volume(
 ) -> Result<DeleteVolumeResponse, Status> {
     let volume_id = request::volume_id(&req.volume_id)?.to_owned();
     let plugin = provisioning_plugin(driver)?;
-    let secrets: BTreeMap<String, Vec<u8>> = req
-        .secrets
-        .into_iter()
-        .map(|(k, v)| (k, v.into_bytes()))
-        .collect();
+    let secrets = request::secrets(&req.secrets);
     let lc = lifecycle.clone();
     let id = volume_id.clone();
     let deleted = run_locked(locks, &volume_id, move || {

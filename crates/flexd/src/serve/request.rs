@@ -11,7 +11,7 @@
 //! volume context and secrets), `PATH_MAX` for paths, no NUL byte anywhere, and a volume id
 //! that is safe as a name (see [`volume_id`]). Each violation is INVALID_ARGUMENT.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flexvolume::{DriverName, PodInfo, VolumeSpec};
 use tonic::Status;
@@ -176,11 +176,16 @@ pub fn spec(
         .filter(|(k, _)| !k.starts_with(K8S_CONTEXT_PREFIX))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    spec.secrets = secrets
+    spec.secrets = self::secrets(secrets);
+    Ok(spec)
+}
+
+/// A request's secrets as the call-outs take them.
+pub fn secrets(secrets: &HashMap<String, String>) -> BTreeMap<String, Vec<u8>> {
+    secrets
         .iter()
         .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
-        .collect();
-    Ok(spec)
+        .collect()
 }
 
 /// The pod, from the keys kubelet puts in the volume context (podInfoOnMount).
