@@ -59,15 +59,7 @@ impl Options {
         if let Some(gid) = fs_group {
             extra.insert(FS_GROUP.to_owned(), gid.to_string());
         }
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let mut secret_values = Vec::new();
-        for (key, value) in &spec.secrets {
-            extra.insert(format!("{SECRET_PREFIX}{key}"), b64.encode(value));
-            secret_values.push(String::from_utf8_lossy(value).into_owned());
-        }
-        let mut options = Self::build(spec, extra);
-        options.secret_values = secret_values;
-        options
+        Self::build_with_secrets(spec, extra)
     }
 
     /// Options for `provision` and `delete`: the volume's options (a StorageClass's parameters
@@ -80,6 +72,12 @@ impl Options {
             extra.insert(REQUEST_MIB.to_owned(), bytes.div_ceil(1 << 20).to_string());
             extra.insert(REQUEST_GIB.to_owned(), bytes.div_ceil(1 << 30).to_string());
         }
+        Self::build_with_secrets(spec, extra)
+    }
+
+    /// [`Options::build`] with the spec's secrets too, base64 under their prefix, their values
+    /// kept so that everything shown can redact them.
+    fn build_with_secrets(spec: &VolumeSpec, mut extra: BTreeMap<String, String>) -> Self {
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut secret_values = Vec::new();
         for (key, value) in &spec.secrets {
