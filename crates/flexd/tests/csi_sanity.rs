@@ -8,10 +8,14 @@
 //! root), or named by `CSI_SANITY`. Without it, or without root (the suite mounts), these tests
 //! say loudly that they skipped.
 
+mod common;
+
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::serve_command;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -122,18 +126,7 @@ fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
     assert!(status.success(), "install {install:?}");
     let log = std::fs::File::create(root.join("flexd.log")).unwrap();
     let serve = Serve {
-        child: flexd()
-            .arg("--plugin-dir")
-            .arg(&plugins)
-            .arg("serve")
-            .args(["--mode", "both", "--metrics-address", "127.0.0.1:0"])
-            .arg("--csi-dir")
-            .arg(root.join("csi"))
-            .arg("--registration-dir")
-            .arg(root.join("registry"))
-            .arg("--state-dir")
-            .arg(root.join("state"))
-            .stdout(Stdio::null())
+        child: serve_command(&plugins, root, "both")
             .stderr(log)
             .spawn()
             .unwrap(),

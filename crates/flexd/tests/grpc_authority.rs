@@ -4,11 +4,15 @@
 //! HTTP/2 itself, byte by byte, so each authority is exactly the one under test; the second
 //! uses Python's grpcio (installed from PyPI when absent, skipped loudly when that fails).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::serve_command;
 
 struct Serve {
     child: Child,
@@ -40,21 +44,7 @@ fn serve() -> Serve {
         .status()
         .unwrap();
     assert!(status.success());
-    let child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .arg("serve")
-        .args(["--mode", "both", "--metrics-address", "127.0.0.1:0"])
-        .arg("--csi-dir")
-        .arg(root.join("csi"))
-        .arg("--registration-dir")
-        .arg(root.join("registry"))
-        .arg("--state-dir")
-        .arg(root.join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = serve_command(&plugins, root, "both").spawn().unwrap();
     let socket = root.join("csi").join(CSI_NAME).join("csi.sock");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !socket.exists() {

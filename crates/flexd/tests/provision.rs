@@ -6,12 +6,14 @@
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 mod common;
 #[path = "common/serve.rs"]
 mod serve_support;
+
+use common::serve_command;
 
 use serve_support::{connect, csi};
 use tonic::transport::Channel;
@@ -59,24 +61,7 @@ impl Server {
     }
 
     fn spawn(root: &Path) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_flexd"))
-            .arg("--plugin-dir")
-            .arg(root.join("exec"))
-            .args([
-                "serve",
-                "--mode",
-                "controller",
-                "--metrics-address",
-                "127.0.0.1:0",
-            ])
-            .arg("--csi-dir")
-            .arg(root.join("plugins"))
-            .arg("--registration-dir")
-            .arg(root.join("registry"))
-            .arg("--state-dir")
-            .arg(root.join("state"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        serve_command(&root.join("exec"), root, "controller")
             .spawn()
             .unwrap()
     }
@@ -88,9 +73,7 @@ impl Server {
     }
 
     fn socket(&self) -> PathBuf {
-        self.root
-            .path()
-            .join("plugins/flexvolume-acme--prov/csi.sock")
+        self.root.path().join("csi/flexvolume-acme--prov/csi.sock")
     }
 
     fn calls(&self, kind: &str) -> Vec<String> {
@@ -343,27 +326,10 @@ async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller()
     )
     .unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(root.path().join("exec"))
-        .args([
-            "serve",
-            "--mode",
-            "both",
-            "--metrics-address",
-            "127.0.0.1:0",
-        ])
-        .arg("--csi-dir")
-        .arg(root.path().join("plugins"))
-        .arg("--registration-dir")
-        .arg(root.path().join("registry"))
-        .arg("--state-dir")
-        .arg(root.path().join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    let mut child = serve_command(&root.path().join("exec"), root.path(), "both")
         .spawn()
         .unwrap();
-    let socket = root.path().join("plugins/flexvolume-acme--plain/csi.sock");
+    let socket = root.path().join("csi/flexvolume-acme--plain/csi.sock");
     let channel = connect(&socket).await;
     let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
     let plugin = identity

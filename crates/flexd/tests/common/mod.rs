@@ -40,6 +40,24 @@ pub fn flexd_command(plugin_dir: &Path) -> Command {
     command
 }
 
+/// `flexd serve --mode <mode>` on `plugin_dir`, with the rest under `root`: CSI sockets in
+/// `csi`, registration sockets in `registry`, state in `state`, metrics on a port the system
+/// picks; its output discarded unless the caller says otherwise.
+pub fn serve_command(plugin_dir: &Path, root: &Path, mode: &str) -> Command {
+    let mut command = flexd_command(plugin_dir);
+    command
+        .args(["serve", "--mode", mode, "--metrics-address", "127.0.0.1:0"])
+        .arg("--csi-dir")
+        .arg(root.join("csi"))
+        .arg("--registration-dir")
+        .arg(root.join("registry"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
 /// Runs `flexd --plugin-dir <plugin_dir> <args>`.
 pub fn flexd(plugin_dir: &Path, args: &[&str]) -> Output {
     flexd_command(plugin_dir)
