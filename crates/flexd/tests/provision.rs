@@ -121,6 +121,31 @@ fn capability() -> csi::VolumeCapability {
     }
 }
 
+/// ControllerPublish of `volume_id` to node-7, with no volume context.
+fn attach_to_node_7(volume_id: &str) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: "node-7".into(),
+        volume_capability: Some(capability()),
+        ..Default::default()
+    }
+}
+
+fn detach_from_node_7(volume_id: &str) -> csi::ControllerUnpublishVolumeRequest {
+    csi::ControllerUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: "node-7".into(),
+        ..Default::default()
+    }
+}
+
+fn delete(volume_id: &str) -> csi::DeleteVolumeRequest {
+    csi::DeleteVolumeRequest {
+        volume_id: volume_id.into(),
+        ..Default::default()
+    }
+}
+
 fn create(name: &str, bytes: i64, tier: &str) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: name.into(),
@@ -223,40 +248,20 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     // Published without a volume context (csi-sanity does that): attach gets the options
     // provision returned.
     let published = c
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: "pvc-1".into(),
-            node_id: "node-7".into(),
-            volume_capability: Some(capability()),
-            ..Default::default()
-        })
+        .controller_publish_volume(attach_to_node_7("pvc-1"))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(published.publish_context["device"], "/dev/fake-made");
-    let err = c
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let err = c.delete_volume(delete("pvc-1")).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("node-7"), "{}", err.message());
     assert!(server.calls("delete").is_empty());
-    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: "pvc-1".into(),
-        node_id: "node-7".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    for _ in 0..2 {
-        c.delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-1".into(),
-            ..Default::default()
-        })
+    c.controller_unpublish_volume(detach_from_node_7("pvc-1"))
         .await
         .unwrap();
+    for _ in 0..2 {
+        c.delete_volume(delete("pvc-1")).await.unwrap();
     }
     let delete = server.calls("delete");
     assert_eq!(delete.len(), 1, "a deleted volume is not deleted twice");
@@ -270,36 +275,24 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     // the driver is not asked; a static one the driver does not know is the driver's NotFound.
     let attaches = server.calls("attach").len();
     let err = c
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: "made-up".into(),
-            node_id: "node-7".into(),
-            volume_capability: Some(capability()),
-            ..Default::default()
-        })
+        .controller_publish_volume(attach_to_node_7("made-up"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert_eq!(server.calls("attach").len(), attaches);
     let err = c
         .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: "static-1".into(),
-            node_id: "node-7".into(),
-            volume_capability: Some(capability()),
             volume_context: HashMap::from([("volumeID".to_owned(), "gone".to_owned())]),
-            ..Default::default()
+            ..attach_to_node_7("static-1")
         })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert_eq!(server.calls("attach").len(), attaches + 1);
     // Nothing was attached, so there is nothing to detach.
-    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: "static-1".into(),
-        node_id: "node-7".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    c.controller_unpublish_volume(detach_from_node_7("static-1"))
+        .await
+        .unwrap();
     assert_eq!(server.calls("detach").len(), 1);
     let err = c
         .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
