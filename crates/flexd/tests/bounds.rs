@@ -169,7 +169,14 @@ impl Serve {
             common::install_example(p, "tmpfs/tmpfs", "acme~tmpfs")
         }));
         let socket = serve.socket();
-        eventually("the CSI socket appears", || socket.exists());
+        // flexd binds the registration socket just after the CSI one: a count of flexd's
+        // sockets taken between the two would be one short for the rest of a test.
+        let registration = serve
+            .registration_dir
+            .join("flexvolume-acme--tmpfs-reg.sock");
+        eventually("the CSI and registration sockets appear", || {
+            socket.exists() && registration.exists()
+        });
         serve
     }
 
