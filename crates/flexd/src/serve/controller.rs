@@ -41,36 +41,21 @@ impl Controller for ControllerService {
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        provision::create_volume(
-            &self.driver,
-            &self.lifecycle,
-            &self.locks,
-            request.into_inner(),
-        )
-        .await
-        .map(Response::new)
+        provision::create_volume(self, request).await
     }
 
     async fn delete_volume(
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        provision::delete_volume(
-            &self.driver,
-            &self.lifecycle,
-            &self.locks,
-            request.into_inner(),
-        )
-        .await
-        .map(Response::new)
+        provision::delete_volume(self, request).await
     }
 
     async fn controller_publish_volume(
         &self,
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let node = request::node_id(&req.node_id)?.to_owned();
         request::mount_capability(req.volume_capability.as_ref())?;
         let context = provision::volume_context(
@@ -122,8 +107,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
         let driver = self.driver.name.clone();
@@ -163,15 +147,14 @@ impl Controller for ControllerService {
         &self,
         request: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?;
+        let (req, volume_id) = request::one_volume(request)?;
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument("volume_capabilities is required"));
         }
         // A volume exists when flexd provisioned it, or when the request describes it (a static
         // PV's attributes are its FlexVolume options).
         if req.volume_context.is_empty()
-            && provision::provisioned(&self.lifecycle, &self.driver.name, volume_id)
+            && provision::provisioned(&self.lifecycle, &self.driver.name, &volume_id)
                 .await?
                 .is_none()
         {

@@ -82,8 +82,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
         let spec = request::spec(
             &self.driver.name,
@@ -124,8 +123,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
@@ -142,8 +140,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let target = request::path(&req.target_path, "target_path")?.to_owned();
         let spec = request::spec(
             &self.driver.name,
@@ -203,8 +200,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         let target = request::path(&req.target_path, "target_path")?.to_owned();
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
@@ -221,8 +217,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?;
+        let (req, volume_id) = request::one_volume(request)?;
         request::required(&req.volume_path, "volume_path")?;
         if !ready_plugin(&self.driver)?.capabilities.supports_metrics {
             return Err(Status::unimplemented(format!(
@@ -234,7 +229,7 @@ impl Node for NodeService {
         let path = lookup::volume_at(
             &self.lifecycle,
             &self.driver.name,
-            volume_id,
+            &volume_id,
             &req.volume_path,
         )
         .await?
@@ -280,8 +275,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        let req = request.into_inner();
-        let volume_id = request::volume_id(&req.volume_id)?.to_owned();
+        let (req, volume_id) = request::one_volume(request)?;
         request::required(&req.volume_path, "volume_path")?;
         // The volume must be where the request says, before anything else about it is asked.
         let volume_path = lookup::volume_at(

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use flexvolume::lifecycle::{Lifecycle, ProvisionError, ProvisionRequest, ProvisionedVolume};
 use flexvolume::{DriverName, Plugin};
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
+use super::controller::ControllerService;
 use super::driver::ServedDriver;
 use super::locks::VolumeLocks;
 use super::node::ready_plugin;
@@ -59,11 +60,10 @@ async fn run_locked<T: Send + 'static>(
 }
 
 pub async fn create_volume(
-    driver: &Arc<ServedDriver>,
-    lifecycle: &Arc<Lifecycle>,
-    locks: &VolumeLocks,
-    req: CreateVolumeRequest,
-) -> Result<CreateVolumeResponse, Status> {
+    service: &ControllerService,
+    request: Request<CreateVolumeRequest>,
+) -> Result<Response<CreateVolumeResponse>, Status> {
+    let req = request.into_inner();
     required(&req.name, "name")?;
     // The name is the volume id every later call carries: the same rules.
     let name = request::volume_id(&req.name)?.to_owned();
@@ -100,12 +100,12 @@ pub async fn create_volume(
             "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
         )));
     }
-    let plugin = provisioning_plugin(driver)?;
+    let plugin = provisioning_plugin(&service.driver)?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
     let secrets = request::secrets(&req.secrets);
-    let lc = lifecycle.clone();
+    let lc = service.lifecycle.clone();
     let id = name.clone();
-    let outcome = run_locked(locks, &name, move || {
+    let outcome = run_locked(&service.locks, &name, move || {
         lc.provision(&ProvisionRequest {
             plugin: &plugin,
             name: &id,
@@ -117,33 +117,31 @@ pub async fn create_volume(
         })
     })
     .await?;
-    tracing::info!(driver = %driver.name, volume = %name, bytes = outcome.volume.capacity_bytes, provisioned_now = outcome.provisioned_now, "CreateVolume");
-    Ok(CreateVolumeResponse {
+    tracing::info!(driver = %service.driver.name, volume = %name, bytes = outcome.volume.capacity_bytes, provisioned_now = outcome.provisioned_now, "CreateVolume");
+    Ok(Response::new(CreateVolumeResponse {
         volume: Some(Volume {
             capacity_bytes: i64::try_from(outcome.volume.capacity_bytes).unwrap_or(i64::MAX),
             volume_id: outcome.volume.name.clone(),
             volume_context: outcome.volume.options.into_iter().collect(),
         }),
-    })
+    }))
 }
 
 pub async fn delete_volume(
-    driver: &Arc<ServedDriver>,
-    lifecycle: &Arc<Lifecycle>,
-    locks: &VolumeLocks,
-    req: DeleteVolumeRequest,
-) -> Result<DeleteVolumeResponse, Status> {
-    let volume_id = request::volume_id(&req.volume_id)?.to_owned();
-    let plugin = provisioning_plugin(driver)?;
+    service: &ControllerService,
+    request: Request<DeleteVolumeRequest>,
+) -> Result<Response<DeleteVolumeResponse>, Status> {
+    let (req, volume_id) = request::one_volume(request)?;
+    let plugin = provisioning_plugin(&service.driver)?;
     let secrets = request::secrets(&req.secrets);
-    let lc = lifecycle.clone();
+    let lc = service.lifecycle.clone();
     let id = volume_id.clone();
-    let deleted = run_locked(locks, &volume_id, move || {
+    let deleted = run_locked(&service.locks, &volume_id, move || {
         lc.delete_provisioned(&plugin, &id, &secrets)
     })
     .await?;
-    tracing::info!(driver = %driver.name, volume = %volume_id, deleted, "DeleteVolume");
-    Ok(DeleteVolumeResponse {})
+    tracing::info!(driver = %service.driver.name, volume = %volume_id, deleted, "DeleteVolume");
+    Ok(Response::new(DeleteVolumeResponse {}))
 }
 
 /// The record of a volume flexd provisioned for this driver, if any.

@@ -14,9 +14,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flexvolume::{DriverName, PodInfo, VolumeSpec};
-use tonic::Status;
+use tonic::{Request, Status};
 
-use super::proto::csi::{volume_capability, VolumeCapability};
+use super::proto::csi::{self, volume_capability, VolumeCapability};
 
 /// Keys kubelet adds to the volume context (podInfoOnMount), not the driver's options.
 pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
@@ -27,6 +27,42 @@ pub const MAX_ID_BYTES: usize = 128;
 pub const MAX_NODE_ID_BYTES: usize = 192;
 /// CSI's general limit for a map field (volume context, secrets): keys and values together.
 pub const MAX_MAP_BYTES: usize = 4096;
+
+/// A CSI request about one volume: every such call starts by checking the id it names.
+pub trait OneVolume {
+    fn volume_id_field(&self) -> &str;
+}
+
+macro_rules! one_volume {
+    ($($request:ident),* $(,)?) => {
+        $(impl OneVolume for csi::$request {
+            fn volume_id_field(&self) -> &str {
+                &self.volume_id
+            }
+        })*
+    };
+}
+
+one_volume!(
+    ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest,
+    ValidateVolumeCapabilitiesRequest,
+    DeleteVolumeRequest,
+    NodeStageVolumeRequest,
+    NodeUnstageVolumeRequest,
+    NodePublishVolumeRequest,
+    NodeUnpublishVolumeRequest,
+    NodeGetVolumeStatsRequest,
+    NodeExpandVolumeRequest,
+);
+
+/// The request's message with its volume id checked (see [`volume_id`]), before anything
+/// else of the request is looked at.
+pub fn one_volume<R: OneVolume>(request: Request<R>) -> Result<(R, String), Status> {
+    let req = request.into_inner();
+    let volume_id = volume_id(req.volume_id_field())?.to_owned();
+    Ok((req, volume_id))
+}
 
 /// The volume id, which becomes the volume's name (`kubernetes.io/pvOrVolumeName`) and so a
 /// name the driver and flexd use in paths and commands. CSI calls it opaque, but a FlexVolume
