@@ -117,15 +117,25 @@ pub struct Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "document {}", self.document)?;
-        if !self.object.is_empty() {
-            write!(f, ", {}", self.object)?;
-        }
+        where_in_input(f, self.document, &self.object)?;
         if let Some(volume) = &self.volume {
             write!(f, ", volume {volume:?}")?;
         }
         write!(f, ": {}", self.reason)
     }
+}
+
+/// `document N`, then the object when the document is one: how refusals and notes start.
+fn where_in_input(
+    f: &mut std::fmt::Formatter<'_>,
+    document: usize,
+    object: &str,
+) -> std::fmt::Result {
+    write!(f, "document {document}")?;
+    if !object.is_empty() {
+        write!(f, ", {object}")?;
+    }
+    Ok(())
 }
 
 /// What the conversion did with a document that is not a refusal, for the operator (stderr).
@@ -138,10 +148,7 @@ pub struct Note {
 
 impl std::fmt::Display for Note {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "document {}", self.document)?;
-        if !self.object.is_empty() {
-            write!(f, ", {}", self.object)?;
-        }
+        where_in_input(f, self.document, &self.object)?;
         write!(f, ": {}", self.text)
     }
 }
@@ -325,6 +332,39 @@ struct Run<'a, 'b> {
 }
 
 /// `Kind namespace/name` (or `Kind name`).
+/// An object that runs pods: where its pod spec is, the only part migrated.
+trait Workload {
+    fn pod_spec(&mut self) -> Option<&mut PodSpec>;
+}
+
+impl Workload for Pod {
+    fn pod_spec(&mut self) -> Option<&mut PodSpec> {
+        self.spec.as_mut()
+    }
+}
+
+/// The workloads whose pods come from `spec.template`.
+macro_rules! templated_workloads {
+    ($($kind:ty),*) => {
+        $(impl Workload for $kind {
+            fn pod_spec(&mut self) -> Option<&mut PodSpec> {
+                self.spec.as_mut().and_then(|s| s.template.spec.as_mut())
+            }
+        })*
+    };
+}
+
+templated_workloads!(Deployment, StatefulSet, DaemonSet, Job);
+
+impl Workload for CronJob {
+    fn pod_spec(&mut self) -> Option<&mut PodSpec> {
+        self.spec
+            .as_mut()
+            .and_then(|s| s.job_template.spec.as_mut())
+            .and_then(|s| s.template.spec.as_mut())
+    }
+}
+
 fn describe(kind: &str, meta: &ObjectMeta) -> String {
     let name = meta.name.as_deref().unwrap_or("(no name)");
     match meta.namespace.as_deref() {
@@ -372,6 +412,13 @@ impl Run<'_, '_> {
         });
     }
 
+    /// A document that is not the `kind` it says it is.
+    fn invalid(&mut self, object: &str, kind: &str, error: impl std::fmt::Display) {
+        let error = error.to_string();
+        let kind = kind.to_owned();
+        self.refuse(object, None, Reason::Invalid { kind, error });
+    }
+
     fn note(&mut self, object: &str, text: impl Into<String>) {
         self.migration.notes.push(Note {
             document: self.document,
@@ -398,44 +445,16 @@ impl Run<'_, '_> {
                 match items {
                     Some(Value::Array(items)) => items.into_iter().for_each(|i| self.object(i)),
                     None | Some(Value::Null) => {}
-                    Some(_) => self.refuse(
-                        &kind,
-                        None,
-                        Reason::Invalid {
-                            kind: kind.clone(),
-                            error: "items is not a list".into(),
-                        },
-                    ),
+                    Some(_) => self.invalid(&kind, &kind, "items is not a list"),
                 }
             }
             ("v1", "PersistentVolume") => self.typed(value, Self::persistent_volume),
-            ("v1", "Pod") => self.typed(value, |run, pod: &mut Pod, what| {
-                run.pod_spec(pod.spec.as_mut(), what)
-            }),
-            ("apps/v1", "Deployment") => self.typed(value, |run, o: &mut Deployment, what| {
-                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
-                run.pod_spec(spec, what)
-            }),
-            ("apps/v1", "StatefulSet") => self.typed(value, |run, o: &mut StatefulSet, what| {
-                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
-                run.pod_spec(spec, what)
-            }),
-            ("apps/v1", "DaemonSet") => self.typed(value, |run, o: &mut DaemonSet, what| {
-                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
-                run.pod_spec(spec, what)
-            }),
-            ("batch/v1", "Job") => self.typed(value, |run, o: &mut Job, what| {
-                let spec = o.spec.as_mut().and_then(|s| s.template.spec.as_mut());
-                run.pod_spec(spec, what)
-            }),
-            ("batch/v1", "CronJob") => self.typed(value, |run, o: &mut CronJob, what| {
-                let spec = o
-                    .spec
-                    .as_mut()
-                    .and_then(|s| s.job_template.spec.as_mut())
-                    .and_then(|s| s.template.spec.as_mut());
-                run.pod_spec(spec, what)
-            }),
+            ("v1", "Pod") => self.typed(value, Self::workload::<Pod>),
+            ("apps/v1", "Deployment") => self.typed(value, Self::workload::<Deployment>),
+            ("apps/v1", "StatefulSet") => self.typed(value, Self::workload::<StatefulSet>),
+            ("apps/v1", "DaemonSet") => self.typed(value, Self::workload::<DaemonSet>),
+            ("batch/v1", "Job") => self.typed(value, Self::workload::<Job>),
+            ("batch/v1", "CronJob") => self.typed(value, Self::workload::<CronJob>),
             _ => {
                 let meta: ObjectMeta = value
                     .get("metadata")
@@ -467,16 +486,7 @@ impl Run<'_, '_> {
         let what = describe(kind, &meta);
         let mut object: T = match serde_json::from_value(value) {
             Ok(object) => object,
-            Err(e) => {
-                return self.refuse(
-                    &what,
-                    None,
-                    Reason::Invalid {
-                        kind: kind.to_owned(),
-                        error: e.to_string(),
-                    },
-                )
-            }
+            Err(e) => return self.invalid(&what, kind, e),
         };
         if let Some(owner) = controller(object.metadata()) {
             // Its controller recreates it from the owner's template.
@@ -495,16 +505,7 @@ impl Run<'_, '_> {
         fresh_metadata(object.metadata_mut());
         let mut value = match serde_json::to_value(&object) {
             Ok(value) => value,
-            Err(e) => {
-                return self.refuse(
-                    &what,
-                    None,
-                    Reason::Invalid {
-                        kind: kind.to_owned(),
-                        error: e.to_string(),
-                    },
-                )
-            }
+            Err(e) => return self.invalid(&what, kind, e),
         };
         // The old object's status says nothing true about the new one.
         if let Value::Object(map) = &mut value {
@@ -660,6 +661,10 @@ impl Run<'_, '_> {
     }
 
     /// Converts the inline flexVolumes of a pod spec; false when it has none.
+    fn workload<W: Workload>(&mut self, object: &mut W, what: &str) -> bool {
+        self.pod_spec(object.pod_spec(), what)
+    }
+
     fn pod_spec(&mut self, spec: Option<&mut PodSpec>, what: &str) -> bool {
         let Some(volumes) = spec.and_then(|s| s.volumes.as_mut()) else {
             return false;
