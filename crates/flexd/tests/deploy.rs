@@ -246,15 +246,11 @@ fn flexd_container(template: &PodTemplateSpec) -> Container {
 
 /// `--help` after the real arguments: clap validates everything before it, then prints help.
 fn assert_flexd_accepts(args: &[String]) {
-    let out = std::process::Command::new(common::FLEXD)
-        .args(args)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "flexd refused the arguments {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    common::output_ok(
+        std::process::Command::new(common::FLEXD)
+            .args(args)
+            .arg("--help"),
+        format!("flexd refused the arguments {args:?}"),
     );
 }
 

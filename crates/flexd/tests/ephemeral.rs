@@ -50,12 +50,7 @@ fn ephemeral_context(value: &str) -> std::collections::HashMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alone() {
     common::require_root!();
-    let (server, sock) = Server::with_driver(
-        "node",
-        "acme~tmpfs",
-        common::TMPFS_DRIVER,
-        "flexvolume-acme--tmpfs",
-    );
+    let (server, sock) = Server::acme("node", "tmpfs", common::TMPFS_DRIVER);
     let mut node = node_client(&sock).await;
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -116,12 +111,7 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attaching_driver_refuses_an_inline_volume_with_the_reason() {
-    let (server, sock) = Server::with_driver(
-        "node",
-        "acme~block",
-        common::ATTACHING_DRIVER,
-        "flexvolume-acme--block",
-    );
+    let (server, sock) = Server::acme("node", "block", common::ATTACHING_DRIVER);
     let mut node = node_client(&sock).await;
     let volume_id = kubelet_volume_id(POD_UID, "data");
     let target = server.path("kubelet/pods/p/volumes/kubernetes.io~csi/data/mount");

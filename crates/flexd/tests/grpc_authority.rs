@@ -196,14 +196,9 @@ fn python_grpcio_reaches_flexd_with_its_default_authority_and_others() {
     let path = server.socket.to_string_lossy().into_owned();
     // "-": grpcio's own default (the percent-encoded socket path since 1.57).
     for authority in ["-", "localhost", path.as_str()] {
-        let out = Command::new("python3")
-            .args(["-c", GRPCIO_CLIENT, &path, authority])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "grpcio with authority {authority:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = common::output_ok(
+            Command::new("python3").args(["-c", GRPCIO_CLIENT, &path, authority]),
+            format_args!("grpcio with authority {authority:?}"),
         );
         let hex: String = CSI_NAME.bytes().map(|b| format!("{b:02x}")).collect();
         assert!(

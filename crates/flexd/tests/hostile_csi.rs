@@ -68,7 +68,7 @@ impl Drop for Outside {
 
 /// A node server with a tmpfs driver, a client of it, and the stand-in for /etc to watch.
 async fn tmpfs_node() -> (Server, NodeClient, Outside) {
-    let (server, sock) = Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs");
+    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let node = node_client(&sock).await;
     (server, node, Outside::new())
 }
@@ -339,8 +339,7 @@ async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
     common::require_root!();
-    let (server, sock) =
-        Server::with_driver("node", "acme~block", ATTACHING, "flexvolume-acme--block");
+    let (server, sock) = Server::acme("node", "block", ATTACHING);
     let outside = Outside::new();
     let mut node = node_client(&sock).await;
     let staging = server.path("plugins/staging/vol-s");

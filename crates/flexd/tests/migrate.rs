@@ -899,12 +899,7 @@ fn mount_options(server: &Server, n: usize) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
     common::require_root!();
-    let (server, socket) = Server::with_driver(
-        "node",
-        "acme~logged",
-        TMPFS_DRIVER,
-        "flexvolume-acme--logged",
-    );
+    let (server, socket) = Server::acme("node", "logged", TMPFS_DRIVER);
     let plugins = server.plugin_dir.clone();
     let state_flex = server.path("state-flex");
     let flex_mount = |file: &Path, target: &Path| {

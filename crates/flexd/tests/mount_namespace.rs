@@ -20,16 +20,8 @@ mod serve_support;
 use serve_support::{node_client, publish_request, unpublish_request, Server};
 
 fn run(command: &mut Command) -> Output {
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let what = format!("{command:?} failed");
+    common::output_ok(command.stdin(Stdio::null()), what)
 }
 
 fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
@@ -276,18 +268,13 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
     let scratch = Scratch::new();
     let target = scratch.path("vols/v1");
     std::fs::create_dir(&target).unwrap();
-    let out = scratch
-        .flexd(true)
-        .args(["call", "test/nsdrv", "mount"])
-        .arg(&target)
-        .arg("{}")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mount: {}{}",
-        stdout(&out),
-        stderr(&out)
+    common::output_ok(
+        scratch
+            .flexd(true)
+            .args(["call", "test/nsdrv", "mount"])
+            .arg(&target)
+            .arg("{}"),
+        "mount",
     );
 
     assert!(
@@ -300,17 +287,12 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
         "the driver's mount is in flexd's namespace"
     );
 
-    let out = scratch
-        .flexd(true)
-        .args(["call", "test/nsdrv", "unmount"])
-        .arg(&target)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "unmount: {}{}",
-        stdout(&out),
-        stderr(&out)
+    common::output_ok(
+        scratch
+            .flexd(true)
+            .args(["call", "test/nsdrv", "unmount"])
+            .arg(&target),
+        "unmount",
     );
     assert!(
         !mount_points(&scratch.ns_mountinfo()).contains(&target),

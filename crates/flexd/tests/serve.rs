@@ -266,8 +266,7 @@ fn fs_type_at(path: &Path) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {
     common::require_root!();
-    let (server, sock) =
-        Server::with_driver("both", "acme~block", ATTACHING, "flexvolume-acme--block");
+    let (server, sock) = Server::acme("both", "block", ATTACHING);
     let mut controller = controller_client(&sock).await;
     let mut node = node_client(&sock).await;
 
@@ -463,7 +462,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
     common::require_root!();
-    let (server, sock) = Server::with_driver("node", "acme~tmpfs", TMPFS, "flexvolume-acme--tmpfs");
+    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let mut node = node_client(&sock).await;
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -500,8 +499,7 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
-    let (server, sock) =
-        Server::with_driver("both", "acme~block", ATTACHING, "flexvolume-acme--block");
+    let (server, sock) = Server::acme("both", "block", ATTACHING);
     let mut node = node_client(&sock).await;
     let mut controller = controller_client(&sock).await;
     let target = server.path("t");
@@ -687,8 +685,7 @@ expandfs) echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_and_expansion_of_a_published_volume() {
     common::require_root!();
-    let (server, sock) =
-        Server::with_driver("node", "acme~metered", METERED, "flexvolume-acme--metered");
+    let (server, sock) = Server::acme("node", "metered", METERED);
     let mut node = node_client(&sock).await;
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -800,12 +797,7 @@ async fn a_second_call_on_a_volume_in_flight_is_aborted_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
-    let (server, sock) = Server::with_driver(
-        "controller",
-        "acme~block",
-        ATTACHING,
-        "flexvolume-acme--block",
-    );
+    let (server, sock) = Server::acme("controller", "block", ATTACHING);
     let mut controller = controller_client(&sock).await;
     let published = controller
         .controller_publish_volume(csi::ControllerPublishVolumeRequest {

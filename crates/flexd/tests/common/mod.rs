@@ -81,6 +81,20 @@ pub fn ok(out: &Output) {
     );
 }
 
+/// Runs `command` and asserts that it succeeded, showing `what` and all it said otherwise.
+pub fn output_ok(command: &mut Command, what: impl std::fmt::Display) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// flexd's stdout as JSON.
 pub fn stdout_json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

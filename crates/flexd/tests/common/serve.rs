@@ -89,10 +89,16 @@ impl Server {
         (server, sock)
     }
 
+    /// A server in `mode` with logging driver acme/`driver` running `cases`, and its socket.
+    pub fn acme(mode: &'static str, driver: &str, cases: &str) -> (Self, PathBuf) {
+        let endpoint = format!("flexvolume-acme--{driver}");
+        Self::with_driver(mode, &format!("acme~{driver}"), cases, &endpoint)
+    }
+
     /// A node server with driver acme/slow running `cases`, one whose mount blocks until the
     /// test releases it (`Sandbox::release`): a call that stays in flight.
     pub fn slow_node(cases: &str) -> (Self, PathBuf) {
-        Self::with_driver("node", "acme~slow", cases, "flexvolume-acme--slow")
+        Self::acme("node", "slow", cases)
     }
 
     fn spawn(sandbox: &Sandbox, mode: &str, env: &[(&str, &str)], metrics_address: &str) -> Child {
