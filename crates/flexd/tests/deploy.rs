@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, PersistentVolumeClaim, PodTemplateSpec, ServiceAccount,
+    Container, Namespace, PersistentVolumeClaim, PodSpec, PodTemplateSpec, ServiceAccount, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
@@ -91,16 +92,10 @@ fn check_pod(selector: &LabelSelector, template: &PodTemplateSpec) {
         );
     }
     let pod = template.spec.as_ref().unwrap();
-    let volumes: Vec<&str> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| v.name.as_str())
-        .collect();
     for container in &pod.containers {
         for mount in container.volume_mounts.iter().flatten() {
             assert!(
-                volumes.contains(&mount.name.as_str()),
+                pod.volumes.iter().flatten().any(|v| v.name == mount.name),
                 "mount of undeclared volume {}",
                 mount.name
             );
@@ -180,21 +175,10 @@ fn the_installer_daemonset_mounts_the_host_plugin_dir_at_flexmnt() {
     let docs = documents("installer-daemonset.yaml");
     let ds: DaemonSet = typed(&docs[0]);
     let pod = ds.spec.unwrap().template.spec.unwrap();
-    let mount = pod.containers[0]
-        .volume_mounts
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|m| m.mount_path == "/flexmnt")
-        .unwrap();
-    let volume = pod
-        .volumes
-        .unwrap()
-        .into_iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
+    let mount = mount_where(&pod.containers[0], |m| m.mount_path == "/flexmnt");
+    let volume = volume_where(&pod, |v| v.name == mount.name);
     assert_eq!(
-        volume.host_path.unwrap().path,
+        volume.host_path.as_ref().unwrap().path,
         "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
     );
     // The image's entry point installs into /flexmnt and sleeps.
@@ -242,6 +226,21 @@ fn flexd_container(template: &PodTemplateSpec) -> Container {
         .find(|c| c.name == "flexd")
         .unwrap()
         .clone()
+}
+
+/// The pod's volume `pick` chooses; there must be one.
+fn volume_where(pod: &PodSpec, pick: impl Fn(&Volume) -> bool) -> &Volume {
+    pod.volumes.iter().flatten().find(|v| pick(v)).unwrap()
+}
+
+/// The container's volume mount `pick` chooses; there must be one.
+fn mount_where(container: &Container, pick: impl Fn(&VolumeMount) -> bool) -> &VolumeMount {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| pick(m))
+        .unwrap()
 }
 
 /// `--help` after the real arguments: clap validates everything before it, then prints help.
@@ -306,21 +305,10 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
     // The state detach needs lives on the claim.
     let claim: PersistentVolumeClaim = one(&docs, "PersistentVolumeClaim");
     let pod = template.spec.as_ref().unwrap();
-    let state_volume = pod
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| {
-            v.persistent_volume_claim.as_ref().map(|c| &c.claim_name)
-                == claim.metadata.name.as_ref()
-        })
-        .unwrap();
-    let state_mount = controller
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.name == state_volume.name)
-        .unwrap();
+    let state_volume = volume_where(pod, |v| {
+        v.persistent_volume_claim.as_ref().map(|c| &c.claim_name) == claim.metadata.name.as_ref()
+    });
+    let state_mount = mount_where(&controller, |m| m.name == state_volume.name);
     assert_eq!(state_mount.mount_path, value_of(&args, "--state-dir"));
 
     // The controller attaches and provisions for any node; the resizers' flexd only answers

@@ -148,6 +148,13 @@ impl Scratch {
         self.flexd_with_state(ns, &self.path("state"))
     }
 
+    /// `flexd call test/nsdrv <callout>`, in the driver mount namespace when `ns`.
+    fn call(&self, ns: bool, callout: &str) -> Command {
+        let mut command = self.flexd(ns);
+        command.args(["call", "test/nsdrv", callout]);
+        command
+    }
+
     fn flexd_with_state(&self, ns: bool, state_dir: &std::path::Path) -> Command {
         let mut command = common::clean_flexd();
         command
@@ -213,11 +220,7 @@ fn stdout(out: &Output) -> String {
 fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
     common::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
-    let without = scratch
-        .flexd(false)
-        .args(["call", "test/nsdrv", "init"])
-        .output()
-        .unwrap();
+    let without = scratch.call(false, "init").output().unwrap();
     assert!(
         !without.status.success(),
         "init ran the host tool in flexd's namespace"
@@ -230,11 +233,7 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         stderr(&without)
     );
 
-    let with = scratch
-        .flexd(true)
-        .args(["call", "test/nsdrv", "init"])
-        .output()
-        .unwrap();
+    let with = scratch.call(true, "init").output().unwrap();
     assert!(
         with.status.success(),
         "init through the namespace failed: {}{}",
@@ -268,14 +267,7 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
     let scratch = Scratch::new();
     let target = scratch.path("vols/v1");
     std::fs::create_dir(&target).unwrap();
-    common::output_ok(
-        scratch
-            .flexd(true)
-            .args(["call", "test/nsdrv", "mount"])
-            .arg(&target)
-            .arg("{}"),
-        "mount",
-    );
+    common::output_ok(scratch.call(true, "mount").arg(&target).arg("{}"), "mount");
 
     assert!(
         mount_points(&scratch.ns_mountinfo()).contains(&target),
@@ -287,13 +279,7 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
         "the driver's mount is in flexd's namespace"
     );
 
-    common::output_ok(
-        scratch
-            .flexd(true)
-            .args(["call", "test/nsdrv", "unmount"])
-            .arg(&target),
-        "unmount",
-    );
+    common::output_ok(scratch.call(true, "unmount").arg(&target), "unmount");
     assert!(
         !mount_points(&scratch.ns_mountinfo()).contains(&target),
         "the driver's unmount did not happen in the driver mount namespace"
@@ -381,11 +367,7 @@ fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
         .in_ns("mount")
         .args(["-t", "tmpfs", "hide"])
         .arg(scratch.path("exec")));
-    let out = scratch
-        .flexd(true)
-        .args(["call", "test/nsdrv", "init"])
-        .output()
-        .unwrap();
+    let out = scratch.call(true, "init").output().unwrap();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("must be the same directory at the same path in both"),
