@@ -702,6 +702,16 @@ fn access_mode(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> i32 {
     }
 }
 
+/// The PersistentVolume `flexd migrate -f <file>` prints for the one in `file`.
+fn migrated_pv(plugins: &Path, file: &Path) -> k8s_openapi::api::core::v1::PersistentVolume {
+    let printed = stdout_of(&flexd(
+        plugins,
+        &["migrate", "-f", file.to_str().unwrap()],
+        "",
+    ));
+    serde_yaml_ng::from_str(&printed).unwrap()
+}
+
 fn stdout_of(out: &Output) -> String {
     ok(out);
     text(&out.stdout)
@@ -771,13 +781,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
     );
 
     // The migration, through the binary.
-    let printed = stdout_of(&flexd(
-        &plugins,
-        &["migrate", "-f", old_file.to_str().unwrap()],
-        "",
-    ));
-    let new_pv: k8s_openapi::api::core::v1::PersistentVolume =
-        serde_yaml_ng::from_str(&printed).unwrap();
+    let new_pv = migrated_pv(&plugins, &old_file);
     let source = new_pv.spec.as_ref().unwrap().csi.clone().unwrap();
     assert_eq!(source.volume_handle, "pv-orders");
 
@@ -903,28 +907,19 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
     let plugins = server.plugin_dir.clone();
     let state_flex = server.path("state-flex");
     let flex_mount = |file: &Path, target: &Path| {
+        let mount = [
+            "--state-dir",
+            state_flex.to_str().unwrap(),
+            "volume",
+            "mount",
+            "-f",
+            file.to_str().unwrap(),
+            "--target",
+            target.to_str().unwrap(),
+        ];
         ok(&flexd(
             &plugins,
-            &[
-                "--state-dir",
-                state_flex.to_str().unwrap(),
-                "volume",
-                "mount",
-                "-f",
-                file.to_str().unwrap(),
-                "--target",
-                target.to_str().unwrap(),
-                "--secret",
-                "password=hunter2",
-                "--pod-name",
-                "web-0",
-                "--pod-namespace",
-                "prod",
-                "--pod-uid",
-                "uid-1",
-                "--service-account",
-                "sa",
-            ],
+            &[&mount, &common::POD_MOUNT_ARGS[..]].concat(),
             "",
         ))
     };
@@ -984,14 +979,7 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
         ),
     );
     flex_mount(&old_pv, &server.target("flex-pv"));
-    let printed = stdout_of(&flexd(
-        &plugins,
-        &["migrate", "-f", old_pv.to_str().unwrap()],
-        "",
-    ));
-    let new_pv: k8s_openapi::api::core::v1::PersistentVolume =
-        serde_yaml_ng::from_str(&printed).unwrap();
-    let source = new_pv.spec.unwrap().csi.unwrap();
+    let source = migrated_pv(&plugins, &old_pv).spec.unwrap().csi.unwrap();
     node.node_publish_volume(publish(
         &source.volume_handle,
         &server.target("csi-pv"),

@@ -51,33 +51,30 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     let s = Sandbox::with_driver("acme~block", ATTACHING);
     let target = s.target("pod-vol");
     let t = target.to_str().unwrap();
-    let out = s.volume(&[
-        "--output",
-        "json",
-        "mount",
-        "--driver",
-        "acme/block",
-        "--target",
-        t,
-        "--volume-name",
-        "pv-1",
-        "--fs-type",
-        "ext4",
-        "--fs-group",
-        "2000",
-        "--options",
-        r#"{"server":"s1"}"#,
-        "--secret",
-        "password=hunter2",
-        "--pod-name",
-        "web-0",
-        "--pod-namespace",
-        "prod",
-        "--pod-uid",
-        "uid-1",
-        "--service-account",
-        "sa",
-    ]);
+    let out = s.volume(
+        &[
+            [
+                "--output",
+                "json",
+                "mount",
+                "--driver",
+                "acme/block",
+                "--target",
+                t,
+                "--volume-name",
+                "pv-1",
+                "--fs-type",
+                "ext4",
+                "--fs-group",
+                "2000",
+                "--options",
+                r#"{"server":"s1"}"#,
+            ]
+            .as_slice(),
+            &common::POD_MOUNT_ARGS,
+        ]
+        .concat(),
+    );
     ok(&out);
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["device"], "/dev/fake-1");

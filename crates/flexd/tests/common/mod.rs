@@ -95,6 +95,20 @@ pub fn output_ok(command: &mut Command, what: impl std::fmt::Display) -> Output 
     out
 }
 
+/// The secret and the pod kubelet gives a mount, as `flexd volume mount` arguments.
+pub const POD_MOUNT_ARGS: [&str; 10] = [
+    "--secret",
+    "password=hunter2",
+    "--pod-name",
+    "web-0",
+    "--pod-namespace",
+    "prod",
+    "--pod-uid",
+    "uid-1",
+    "--service-account",
+    "sa",
+];
+
 /// flexd's stdout as JSON.
 pub fn stdout_json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
