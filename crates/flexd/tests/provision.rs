@@ -164,11 +164,8 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     let mut server = Server::start();
     let mut c = server.client().await;
     use csi::controller_service_capability::rpc::Type;
-    let caps: Vec<i32> = c
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+    let caps: Vec<i32> = serve_support::controller_capabilities(&mut c)
         .await
-        .unwrap()
-        .into_inner()
         .capabilities
         .into_iter()
         .filter_map(|cap| {
@@ -325,18 +322,10 @@ async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller()
     let socket = root.path().join("csi/flexvolume-acme--plain/csi.sock");
     let channel = connect(&socket).await;
     let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
-    let plugin = identity
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let plugin = serve_support::plugin_capabilities(&mut identity).await;
     assert!(plugin.capabilities.is_empty(), "{plugin:?}");
     let mut c = ControllerClient::new(channel);
-    let caps = c
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = serve_support::controller_capabilities(&mut c).await;
     assert!(caps.capabilities.is_empty(), "{caps:?}");
     let err = c
         .create_volume(create("pvc-1", 1 << 20, "gold"))

@@ -73,11 +73,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(true));
-    let caps = identity
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = serve_support::plugin_capabilities(&mut identity).await;
     // tmpfs does not attach but provisions ("provision": true): its controller service has
     // CreateVolume/DeleteVolume to offer.
     let controller = csi::plugin_capability::service::Type::ControllerService as i32;
@@ -90,11 +86,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
     );
 
     let mut identity = identity_client(&block_sock).await;
-    let caps = identity
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = serve_support::plugin_capabilities(&mut identity).await;
     let controller = csi::plugin_capability::service::Type::ControllerService as i32;
     assert!(
         caps.capabilities.iter().any(|c| matches!(
@@ -270,11 +262,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     let mut controller = controller_client(&sock).await;
     let mut node = node_client(&sock).await;
 
-    let caps = controller
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = serve_support::controller_capabilities(&mut controller).await;
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
     assert!(caps.capabilities.iter().any(|c| matches!(
         &c.r#type,

@@ -240,6 +240,30 @@ pub async fn controller_client(sock: &Path) -> csi::controller_client::Controlle
     csi::controller_client::ControllerClient::new(connect(sock).await)
 }
 
+/// What the identity service says the plugin offers (the call must succeed).
+pub async fn plugin_capabilities(
+    identity: &mut csi::identity_client::IdentityClient<Channel>,
+) -> csi::GetPluginCapabilitiesResponse {
+    let request = csi::GetPluginCapabilitiesRequest {};
+    identity
+        .get_plugin_capabilities(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// What the controller service says it offers (the call must succeed).
+pub async fn controller_capabilities(
+    controller: &mut csi::controller_client::ControllerClient<Channel>,
+) -> csi::ControllerGetCapabilitiesResponse {
+    let request = csi::ControllerGetCapabilitiesRequest {};
+    controller
+        .controller_get_capabilities(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 pub fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapability> {
     use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
     Some(csi::VolumeCapability {
