@@ -264,10 +264,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 
     let caps = serve_support::controller_capabilities(&mut controller).await;
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
-    assert!(caps.capabilities.iter().any(|c| matches!(
-        &c.r#type,
-        Some(csi::controller_service_capability::Type::Rpc(r)) if r.r#type == publish
-    )));
+    assert!(caps.contains(&publish), "{caps:?}");
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
         .await

@@ -252,16 +252,21 @@ pub async fn plugin_capabilities(
         .into_inner()
 }
 
-/// What the controller service says it offers (the call must succeed).
+/// The RPCs the controller service says it offers, in its order (the call must succeed, and
+/// every capability must name its RPC).
 pub async fn controller_capabilities(
     controller: &mut csi::controller_client::ControllerClient<Channel>,
-) -> csi::ControllerGetCapabilitiesResponse {
+) -> Vec<i32> {
     let request = csi::ControllerGetCapabilitiesRequest {};
-    controller
-        .controller_get_capabilities(request)
-        .await
-        .unwrap()
-        .into_inner()
+    let caps = controller.controller_get_capabilities(request).await;
+    let caps = caps.unwrap().into_inner();
+    caps.capabilities
+        .iter()
+        .map(|c| match &c.r#type {
+            Some(csi::controller_service_capability::Type::Rpc(rpc)) => rpc.r#type,
+            None => panic!("a controller capability names no RPC: {caps:?}"),
+        })
+        .collect()
 }
 
 pub fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapability> {
