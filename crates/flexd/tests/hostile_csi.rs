@@ -95,8 +95,7 @@ fn code<T>(result: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) 
 async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outside() {
     common::require_root!();
     let (server, mut node, outside) = tmpfs_node().await;
-    let pods = server.path("pods");
-    std::fs::create_dir(&pods).unwrap();
+    let pods = server.dir("pods");
     std::os::unix::fs::symlink(outside.path(), pods.join("letc")).unwrap();
     std::os::unix::fs::symlink(outside.path(), pods.join("dirlink")).unwrap();
 
@@ -154,8 +153,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
 async fn a_mount_flexd_did_not_make_is_never_reported_published() {
     common::require_root!();
     let (server, mut node, outside) = tmpfs_node().await;
-    let target = server.path("pods/foreign");
-    std::fs::create_dir_all(&target).unwrap();
+    let target = server.dir("pods/foreign");
     mount_tmpfs(&target, c"");
     std::fs::write(target.join("someone-else"), "theirs").unwrap();
 

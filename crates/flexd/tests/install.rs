@@ -40,8 +40,7 @@ fn install_json(plugin_dir: &Path, source: &Path) -> std::process::Output {
 /// A sandbox with sources of versions v1 and v2 in its own dir (see `versions`).
 fn sandbox_with_versions(write: fn(&Path, &str)) -> (Sandbox, Vec<PathBuf>) {
     let s = Sandbox::new();
-    let src = s.path("src");
-    std::fs::create_dir(&src).unwrap();
+    let src = s.dir("src");
     let sources = versions(&src, write);
     (s, sources)
 }
@@ -256,8 +255,7 @@ fn good_driver_installed() -> (Sandbox, PathBuf, PathBuf) {
 
 /// A source dir of its own in the sandbox, holding driver `good`: (source dir, good).
 fn good_source(s: &Sandbox) -> (PathBuf, PathBuf) {
-    let src = s.path("src");
-    std::fs::create_dir(&src).unwrap();
+    let src = s.dir("src");
     let good = src.join("good");
     write_driver(&good, "good");
     (src, good)
@@ -380,8 +378,7 @@ fn installing_onto_a_full_disk_fails_clearly_and_keeps_the_old_version() {
     let s = Sandbox::new();
     let plugin_dir = s.plugin();
     mount_tmpfs(&plugin_dir, c"size=512k");
-    let src = s.path("src");
-    std::fs::create_dir(&src).unwrap();
+    let src = s.dir("src");
     let (v1, v2, v2_dir) = (src.join("v1"), src.join("v2"), src.join("v2-dir"));
     write_driver(&v1, "v1");
     write_big_driver(&v2, "v2", 64);

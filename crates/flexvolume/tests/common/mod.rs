@@ -431,6 +431,13 @@ impl Sandbox {
         path
     }
 
+    /// Makes directory `name` (and what it is in) in the sandbox; its path.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
