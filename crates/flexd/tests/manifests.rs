@@ -17,6 +17,15 @@ fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// A plugin dir with each (example, driver dir) installed.
+fn plugin_dir(drivers: &[(&str, &str)]) -> tempfile::TempDir {
+    let plugin = tempfile::tempdir().unwrap();
+    for (example, dir_name) in drivers {
+        install(plugin.path(), example, dir_name);
+    }
+    plugin
+}
+
 fn documents(text: &str) -> Vec<Value> {
     use serde::Deserialize as _;
     serde_yaml_ng::Deserializer::from_str(text)
@@ -27,12 +36,13 @@ fn documents(text: &str) -> Vec<Value> {
 
 #[test]
 fn drivers_show_the_csi_name_each_driver_is_served_under() {
-    let plugin = tempfile::tempdir().unwrap();
+    let plugin = plugin_dir(&[
+        ("tmpfs/tmpfs", "acme~tmpfs"),
+        ("attachable/attachable", "Big_Vendor~attachable"),
+        // A valid driver name whose CSI form is not a domain name: served by no one.
+        ("tmpfs/tmpfs", "a.~tmpfs"),
+    ]);
     let p = plugin.path();
-    install(p, "tmpfs/tmpfs", "acme~tmpfs");
-    install(p, "attachable/attachable", "Big_Vendor~attachable");
-    // A valid driver name whose CSI form is not a domain name: served by no one.
-    install(p, "tmpfs/tmpfs", "a.~tmpfs");
 
     let json: Value = serde_json::from_str(&stdout(&flexd(p, &["-o", "json", "drivers"]))).unwrap();
     let csi_names: Vec<(&str, &Value)> = json
@@ -66,10 +76,11 @@ fn drivers_show_the_csi_name_each_driver_is_served_under() {
 
 #[test]
 fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
-    let plugin = tempfile::tempdir().unwrap();
+    let plugin = plugin_dir(&[
+        ("tmpfs/tmpfs", "acme~tmpfs"),
+        ("attachable/attachable", "attachable"),
+    ]);
     let p = plugin.path();
-    install(p, "tmpfs/tmpfs", "acme~tmpfs");
-    install(p, "attachable/attachable", "attachable");
 
     let docs = documents(&stdout(&flexd(p, &["manifests", "--image", "flexd:test"])));
     let csi_drivers: Vec<(&str, bool)> = docs
