@@ -123,11 +123,15 @@ mod tests {
 
     #[test]
     fn documented_examples() {
-        assert_eq!(round_trip("acme/nfs"), "flexvolume-acme--nfs");
-        assert_eq!(round_trip("k8s.io/NFS_v2"), "flexvolume-k8s.io---n-f-s-1v2");
-        assert_eq!(round_trip("nfs"), "flexvolume-nfs");
-        assert_eq!(round_trip("my-vendor/x"), "flexvolume-my-0vendor--x");
-        assert_eq!(round_trip("flexd/loop"), "flexvolume-flexd--loop");
+        for (driver, csi) in [
+            ("acme/nfs", "flexvolume-acme--nfs"),
+            ("k8s.io/NFS_v2", "flexvolume-k8s.io---n-f-s-1v2"),
+            ("nfs", "flexvolume-nfs"),
+            ("my-vendor/x", "flexvolume-my-0vendor--x"),
+            ("flexd/loop", "flexvolume-flexd--loop"),
+        ] {
+            assert_eq!(round_trip(driver), csi);
+        }
     }
 
     #[test]
