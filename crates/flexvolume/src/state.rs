@@ -2,14 +2,18 @@
 //!
 //! `<state-dir>/volumes/<id>.json`, written atomically (temporary file in the same directory,
 //! fsync, rename, fsync of the directory), so a crash leaves the old record or the new one,
-//! never half of one. Secrets are never written. Locks are `flock`s on files under
+//! never half of one. Secrets are never written. One such write per operation: the step that only
+//! says an operation finished (`Mounting` to `Mounted`, nothing else changed) is an empty marker
+//! file `<id>.mounted` beside the record, not synced: a crash that loses it leaves the record
+//! at `Mounting`, the state every operation and reconcile already finish or undo. Locks are `flock`s on files under
 //! `<state-dir>/locks/`: they serialize operations on one target (or one device) across threads
 //! *and* across separate `flexd` processes, and vanish with a crashed process.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -112,6 +116,36 @@ fn driver_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DriverName, D::
         .map_err(|e| serde::de::Error::custom(format!("driver name {text:?}: {e}")))
 }
 
+/// A record parsed, or why it cannot be.
+fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeRecord, StateError> {
+    serde_json::from_slice(bytes).map_err(|e| StateError::Corrupt {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+/// The stable hash of an executable's content, read again only when the file changed.
+fn content_hash(executable: &Path) -> Result<u64, StateError> {
+    let identity = |path: &Path| fs::metadata(path).map(|m| FileIdentity::of(&m));
+    let before = identity(executable).map_err(io_err(executable))?;
+    if let Some((_, hash)) = locked(&PIN_HASHES)
+        .as_ref()
+        .and_then(|m| m.get(executable))
+        .filter(|(known, _)| *known == before)
+    {
+        return Ok(*hash);
+    }
+    let content = fs::read(executable).map_err(io_err(executable))?;
+    let hash = stable_hash(&content);
+    // Remembered only when the file did not change while it was read.
+    if identity(executable).is_ok_and(|after| after == before) {
+        locked(&PIN_HASHES)
+            .get_or_insert_with(HashMap::new)
+            .insert(executable.to_owned(), (before, hash));
+    }
+    Ok(hash)
+}
+
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
 /// names live on disk across upgrades).
 pub fn stable_hash(bytes: &[u8]) -> u64 {
@@ -134,11 +168,52 @@ fn id_of(target: &Path) -> String {
 pub const PIN_GRACE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 /// The lock name that serializes pinning and collecting pins.
 const PINS_LOCK: &str = "pinned drivers";
+/// Taken before [`PINS_LOCK`] within this process (see [`StateDir::pin`]).
+static PINNING: Mutex<()> = Mutex::new(());
 
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct StateDir {
     pub root: PathBuf,
+    /// Records parsed before, by file, with the identity of the file they came from: every save
+    /// renames a new file into place (a new inode), so an unchanged identity is an unchanged
+    /// record. Listing then costs a directory read and a stat per record, not a parse: publish
+    /// lists every record to refuse overlaps, and did so with a parse each (quadratic under a
+    /// burst of publishes).
+    parsed: Arc<Mutex<HashMap<PathBuf, (FileIdentity, VolumeRecord)>>>,
+}
+
+/// What tells one version of a file from another without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Content hashes of driver executables by path and file identity: pinning at every mount
+/// read and hashed the whole executable (megabytes for a compiled driver). Any change to the
+/// file (a write changes its ctime, a replacement its inode) is a miss, so the hash is always
+/// that of the file as it is.
+static PIN_HASHES: Mutex<Option<HashMap<PathBuf, (FileIdentity, u64)>>> = Mutex::new(None);
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// An exclusive lock, released when dropped and every driver process that inherited it (see
@@ -156,7 +231,10 @@ impl Lock {
 
 impl StateDir {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            parsed: Arc::default(),
+        }
     }
 
     fn volumes(&self) -> PathBuf {
@@ -165,6 +243,11 @@ impl StateDir {
 
     pub fn record_path(&self, target: &Path) -> PathBuf {
         self.volumes().join(format!("{}.json", id_of(target)))
+    }
+
+    /// The marker that a record's operation finished (see the module doc).
+    fn marker_path(&self, target: &Path) -> PathBuf {
+        self.volumes().join(format!("{}.mounted", id_of(target)))
     }
 
     /// Locks a name (a target path, a device mount dir) until the guard is dropped.
@@ -204,8 +287,30 @@ impl StateDir {
     }
 
     pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
+        if record.stage == Stage::Mounted {
+            // Only the stage changed: the marker says it, the record stays as written.
+            let on_disk = self.load_record(&record.target).ok().flatten();
+            if on_disk.is_some_and(|r| {
+                r.stage == Stage::Mounting
+                    && VolumeRecord {
+                        stage: Stage::Mounted,
+                        ..r
+                    } == *record
+            }) {
+                let marker = self.marker_path(&record.target);
+                return File::create(&marker).map(drop).map_err(io_err(&marker));
+            }
+        }
         let dir = self.volumes();
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // The record written now says its own stage: an older marker must not override it. The
+        // directory's sync below makes this removal durable with the new record.
+        let marker = self.marker_path(&record.target);
+        match fs::remove_file(&marker) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&marker)(e)),
+        }
         let path = self.record_path(&record.target);
         let temp = dir.join(format!(
             ".{}.{}.tmp",
@@ -236,16 +341,20 @@ impl StateDir {
     }
 
     pub fn load(&self, target: &Path) -> Result<Option<VolumeRecord>, StateError> {
+        let Some(mut record) = self.load_record(target)? else {
+            return Ok(None);
+        };
+        if record.stage == Stage::Mounting && self.marker_path(target).exists() {
+            record.stage = Stage::Mounted;
+        }
+        Ok(Some(record))
+    }
+
+    /// The record file as written, without its marker.
+    fn load_record(&self, target: &Path) -> Result<Option<VolumeRecord>, StateError> {
         let path = self.record_path(target);
         match fs::read(&path) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes)
-                    .map(Some)
-                    .map_err(|e| StateError::Corrupt {
-                        path,
-                        message: e.to_string(),
-                    })
-            }
+            Ok(bytes) => parse(&path, &bytes).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err(&path)(e)),
         }
@@ -253,7 +362,10 @@ impl StateDir {
 
     pub fn remove(&self, target: &Path) -> Result<(), StateError> {
         let path = self.record_path(target);
-        match fs::remove_file(&path) {
+        let removed = fs::remove_file(&path);
+        // After the record: a marker left alone by a crash is removed by the next save.
+        let _ = fs::remove_file(self.marker_path(target));
+        match removed {
             Ok(()) => {
                 let dir = self.volumes();
                 File::open(&dir)
@@ -278,8 +390,9 @@ impl StateDir {
         if !pins.is_dir() {
             return Ok(0);
         }
+        let _queued = locked(&PINNING);
         let _lock = self.lock(Path::new(PINS_LOCK))?;
-        let mut referenced = std::collections::HashSet::new();
+        let mut referenced = HashSet::new();
         for record in self.list()? {
             let Ok(record) = record else { return Ok(0) };
             if let Some(dir) = record.pinned.as_deref().and_then(Path::parent) {
@@ -315,21 +428,51 @@ impl StateDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io_err(&dir)(e)),
         };
-        let mut records = Vec::new();
+        let mut files = Vec::new();
+        let mut markers = HashSet::new();
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name();
-            if crate::layout::is_hidden(&name) || path.extension().is_none_or(|e| e != "json") {
+            if crate::layout::is_hidden(&name) {
                 continue;
             }
-            let record = fs::read(&path).map_err(io_err(&path)).and_then(|bytes| {
-                serde_json::from_slice::<VolumeRecord>(&bytes).map_err(|e| StateError::Corrupt {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("json") => files.push((path, entry)),
+                Some("mounted") => {
+                    markers.insert(path.with_extension("json"));
+                }
+                _ => {}
+            }
+        }
+        let mut parsed = locked(&self.parsed);
+        let mut seen = HashSet::new();
+        let mut records = Vec::new();
+        for (path, entry) in files {
+            let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
+            let cached = parsed
+                .get(&path)
+                .filter(|(known, _)| Some(*known) == identity)
+                .map(|(_, record)| record.clone());
+            let record = match cached {
+                Some(record) => Ok(record),
+                None => fs::read(&path)
+                    .map_err(io_err(&path))
+                    .and_then(|bytes| parse(&path, &bytes)),
+            };
+            if let (Ok(record), Some(identity)) = (&record, identity) {
+                parsed.insert(path.clone(), (identity, record.clone()));
+            }
+            let record = record.map(|mut r| {
+                if r.stage == Stage::Mounting && markers.contains(&path) {
+                    r.stage = Stage::Mounted;
+                }
+                r
             });
+            seen.insert(path);
             records.push(record);
         }
+        parsed.retain(|path, _| seen.contains(path));
+        drop(parsed);
         records.sort_by(|a, b| match (a, b) {
             (Ok(a), Ok(b)) => a.target.cmp(&b.target),
             _ => std::cmp::Ordering::Equal,
@@ -350,15 +493,18 @@ impl StateDir {
     /// Keeps a copy of a driver executable as it is now, so a volume mounted through it can be
     /// torn down after the driver is removed. Hard link when possible (no copy), else a copy.
     pub fn pin(&self, dir_name: &str, executable: &Path) -> Result<PathBuf, StateError> {
-        let content = fs::read(executable).map_err(io_err(executable))?;
-        // Against collect_pins removing this version between our look and our record.
+        let hash = content_hash(executable)?;
+        // Against collect_pins removing this version between our look and our record. This
+        // process's pins queue on a mutex first: a burst of publishes all blocked in flock(2) is
+        // woken all at once at every release, and only one of them gets it.
+        let _queued = locked(&PINNING);
         let _lock = self.lock(Path::new(PINS_LOCK))?;
         let name = executable.file_name().unwrap_or_default();
         let dir = self
             .root
             .join("pinned")
             .join(dir_name)
-            .join(format!("{:016x}", stable_hash(&content)));
+            .join(format!("{hash:016x}"));
         let pinned = dir.join(name);
         if pinned.exists() {
             // Pinned again: collect_pins keeps it for the grace period from now.
@@ -521,6 +667,61 @@ mod tests {
         assert!(!v2.exists() && v3.exists());
         assert_eq!(state.collect_pins(zero).unwrap(), 1);
         assert!(!dir.path().join("state/pinned/acme~drv").exists());
+    }
+
+    #[test]
+    fn finishing_an_operation_is_a_marker_and_the_record_stays_as_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        let target = Path::new("/t/a");
+        let mut rec = record("/t/a");
+        rec.stage = Stage::Mounting;
+        state.save(&rec).unwrap();
+        assert_eq!(
+            state.list().unwrap()[0].as_ref().unwrap().stage,
+            Stage::Mounting
+        );
+        rec.stage = Stage::Mounted;
+        state.save(&rec).unwrap();
+        assert!(state.marker_path(target).exists());
+        assert_eq!(
+            state.load_record(target).unwrap().unwrap().stage,
+            Stage::Mounting
+        );
+        assert_eq!(state.load(target).unwrap(), Some(rec.clone()));
+        assert_eq!(state.list().unwrap()[0].as_ref().unwrap(), &rec);
+        // Anything else changed: a full write, which says its own stage; the marker goes.
+        rec.device = Some("/dev/loop9".into());
+        state.save(&rec).unwrap();
+        assert!(!state.marker_path(target).exists());
+        assert_eq!(state.load_record(target).unwrap(), Some(rec.clone()));
+        assert_eq!(state.list().unwrap()[0].as_ref().unwrap(), &rec);
+        // A new operation's Mounting record is not overridden by an older marker.
+        rec.stage = Stage::Mounting;
+        state.save(&rec).unwrap();
+        rec.stage = Stage::Mounted;
+        state.save(&rec).unwrap();
+        rec.stage = Stage::Mounting;
+        state.save(&rec).unwrap();
+        assert_eq!(state.load(target).unwrap().unwrap().stage, Stage::Mounting);
+        state.remove(target).unwrap();
+        assert_eq!(fs::read_dir(state.volumes()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_changed_executable_is_hashed_again_when_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path().join("state"));
+        let exe = dir.path().join("drv");
+        fs::write(&exe, "v1").unwrap();
+        let v1 = state.pin("acme~drv", &exe).unwrap();
+        assert_eq!(state.pin("acme~drv", &exe).unwrap(), v1);
+        // Rewritten in place with the same size: another version all the same.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::write(&exe, "v2").unwrap();
+        let v2 = state.pin("acme~drv", &exe).unwrap();
+        assert_ne!(v1, v2);
+        assert_eq!(fs::read(&v2).unwrap(), b"v2");
     }
 
     #[test]
