@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serve_support::{node_client, publish_request, unpublish_request, Server};
+use serve_support::{node_client, publish_all_at_once, publish_request, unpublish_request, Server};
 
 /// What flexd gives the tmpfs driver's mount (for the direct baseline).
 const OPTIONS: &str = r#"{"kubernetes.io/fsType":"ext4","kubernetes.io/readwrite":"rw"}"#;
@@ -151,17 +151,7 @@ async fn csi_concurrent(sock: &Path, work: &Path, n: usize) -> Duration {
         .map(|i| (format!("c{i}"), work.join(format!("csi-c{i}"))))
         .collect();
     let start = Instant::now();
-    let calls: Vec<_> = targets
-        .iter()
-        .map(|(id, target)| {
-            let mut node = node.clone();
-            let request = publish_request(id, target, None);
-            tokio::spawn(async move { node.node_publish_volume(request).await })
-        })
-        .collect();
-    for call in calls {
-        call.await.expect("task").expect("publish");
-    }
+    publish_all_at_once(&node, &targets).await;
     let elapsed = start.elapsed();
     for (id, target) in &targets {
         node.clone()

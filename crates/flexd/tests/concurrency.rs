@@ -6,7 +6,7 @@ mod common;
 #[path = "common/serve.rs"]
 mod serve_support;
 
-use serve_support::{node_client, publish_request, unpublish_request, Server};
+use serve_support::{node_client, publish_all_at_once, unpublish_request, Server};
 
 /// Volumes published at once.
 const CALLS: usize = 32;
@@ -33,17 +33,7 @@ async fn publishes_of_different_volumes_run_their_call_outs_at_once_each_exactly
     let volumes: Vec<_> = (0..CALLS)
         .map(|i| (format!("vol-{i}"), server.target(&format!("t{i}"))))
         .collect();
-    let calls: Vec<_> = volumes
-        .iter()
-        .map(|(id, target)| {
-            let mut node = node.clone();
-            let request = publish_request(id, target, None);
-            tokio::spawn(async move { node.node_publish_volume(request).await })
-        })
-        .collect();
-    for call in calls {
-        call.await.unwrap().expect("every publish succeeds");
-    }
+    publish_all_at_once(&node, &volumes).await;
 
     // Exactly once: one mount call-out per target, one record per volume.
     let mounts = server.calls_of("mount");

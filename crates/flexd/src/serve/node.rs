@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use flexvolume::lifecycle::{Lifecycle, LifecycleError, MountRequest, StageRequest};
+use flexvolume::lifecycle::{
+    DriverResolver, Lifecycle, LifecycleError, MountRequest, StageRequest, UnmountOutcome,
+};
 use flexvolume::Plugin;
 use tonic::{Request, Response, Status};
 
@@ -64,6 +66,32 @@ pub async fn run_locked<T: Send + 'static>(
     .await
     .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
     .map_err(|e| status::from_lifecycle(&e))
+}
+
+/// A lifecycle teardown of what is recorded at a path for one volume (unstage, unpublish).
+type Teardown =
+    fn(&Lifecycle, &str, &Path, &dyn DriverResolver) -> Result<UnmountOutcome, LifecycleError>;
+
+impl NodeService {
+    /// NodeUnstage and NodeUnpublish are the same call with another record role: `teardown` of
+    /// `path` for `volume_id` under the volume's lock, with this driver's resolver.
+    async fn tear_down(
+        &self,
+        volume_id: String,
+        path: String,
+        teardown: Teardown,
+        call: &'static str,
+    ) -> Result<(), Status> {
+        let lifecycle = self.lifecycle.clone();
+        let resolver = ServedResolver(self.driver.clone());
+        let id = volume_id.clone();
+        let outcome = run_locked(&self.locks, &volume_id, move || {
+            teardown(&lifecycle, &id, Path::new(&path), &resolver)
+        })
+        .await?;
+        tracing::info!(driver = %self.driver.name, volume = %volume_id, path = %outcome.target.display(), managed = outcome.managed, "{call}");
+        Ok(())
+    }
 }
 
 fn capability(kind: node_service_capability::rpc::Type) -> NodeServiceCapability {
@@ -125,14 +153,13 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
-        let lifecycle = self.lifecycle.clone();
-        let resolver = ServedResolver(self.driver.clone());
-        let id = volume_id.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.unstage_volume(&id, Path::new(&staging), &resolver)
-        })
+        self.tear_down(
+            volume_id,
+            staging,
+            Lifecycle::unstage_volume,
+            "NodeUnstageVolume",
+        )
         .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, staging = %outcome.target.display(), managed = outcome.managed, "NodeUnstageVolume");
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 
@@ -202,14 +229,13 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         let target = request::path(&req.target_path, "target_path")?.to_owned();
-        let lifecycle = self.lifecycle.clone();
-        let resolver = ServedResolver(self.driver.clone());
-        let id = volume_id.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.unpublish_volume(&id, Path::new(&target), &resolver)
-        })
+        self.tear_down(
+            volume_id,
+            target,
+            Lifecycle::unpublish_volume,
+            "NodeUnpublishVolume",
+        )
         .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, target = %outcome.target.display(), managed = outcome.managed, "NodeUnpublishVolume");
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 

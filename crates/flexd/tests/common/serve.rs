@@ -299,6 +299,29 @@ pub async fn spawn_publish(
     tokio::spawn(async move { node.node_publish_volume(request).await })
 }
 
+/// Publishes every `(volume id, target)` at once, each call on its own task over one shared
+/// connection, and waits for all of them; panics naming the volume whose publish failed.
+pub async fn publish_all_at_once(
+    node: &csi::node_client::NodeClient<Channel>,
+    volumes: &[(String, PathBuf)],
+) {
+    let calls: Vec<_> = volumes
+        .iter()
+        .map(|(id, target)| {
+            let mut node = node.clone();
+            let request = publish_request(id, target, None);
+            let id = id.clone();
+            tokio::spawn(async move { (id, node.node_publish_volume(request).await) })
+        })
+        .collect();
+    for call in calls {
+        let (id, result) = call.await.expect("the publish task ran");
+        if let Err(status) = result {
+            panic!("publish of {id} failed: {status:?}");
+        }
+    }
+}
+
 /// Waits (off the async runtime) until something is mounted at `target`.
 pub async fn wait_until_mounted(target: &Path) {
     let target = target.to_owned();

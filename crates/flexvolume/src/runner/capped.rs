@@ -33,10 +33,11 @@ use super::leftovers::{self, remember as remember_leftover};
 
 /// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
-/// Idle cgroups kept at most (one per concurrent call-out is enough); more are removed. Making
-/// one costs a cgroup, a thread and its move into the cgroup: with 32 kept, every burst of 256
-/// publishes made and removed 224 of them (bench/csi.sh: 5.0x the drivers' time, 4.3x with 512).
-const MAX_IDLE: usize = 512;
+/// Idle cgroups kept at most (one per concurrent call-out is enough); more are removed. Each
+/// kept one holds a cgroup and, on cgroup v1, an idle spawner thread: 512 cut a burst of 256
+/// publishes only from 5.0x to 4.3x the drivers' time (bench/csi.sh), not worth 480 idle
+/// threads on every node.
+const MAX_IDLE: usize = 32;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Empty call-out cgroups ready for the next call-outs.
