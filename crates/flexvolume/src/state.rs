@@ -137,8 +137,8 @@ fn content_hash(executable: &Path) -> Result<u64, StateError> {
     }
     let content = fs::read(executable).map_err(io_err(executable))?;
     let hash = stable_hash(&content);
-    // Remembered only when the file did not change while it was read.
-    if identity(executable).is_ok_and(|after| after == before) {
+    // Remembered only when the file did not change while it was read, and had settled.
+    if before.settled() && identity(executable).is_ok_and(|after| after == before) {
         locked(&PIN_HASHES)
             .get_or_insert_with(HashMap::new)
             .insert(executable.to_owned(), (before, hash));
@@ -194,6 +194,22 @@ struct FileIdentity {
 }
 
 impl FileIdentity {
+    /// Whether a cache may trust this identity: the file was last changed at least a second
+    /// ago. Timestamps are coarse (a kernel tick), so a file rewritten within the tick it was
+    /// read in, at the same size and inode (an in-place write; on ext4 a freed inode is reused
+    /// at once), has the same identity with other content ("racy clean", as git calls it). A
+    /// change after this identity was cached moves its ctime past it, so a settled identity
+    /// that still matches is the same content.
+    fn settled(&self) -> bool {
+        let changed = self.mtime.max(self.ctime);
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .is_ok_and(|now| {
+                let now = (now.as_secs() as i64, i64::from(now.subsec_nanos()));
+                (now.0 - changed.0) * 1_000_000_000 + (now.1 - changed.1) >= 1_000_000_000
+            })
+    }
+
     fn of(meta: &fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt;
         Self {
@@ -460,7 +476,9 @@ impl StateDir {
                     .and_then(|bytes| parse(&path, &bytes)),
             };
             if let (Ok(record), Some(identity)) = (&record, identity) {
-                parsed.insert(path.clone(), (identity, record.clone()));
+                if identity.settled() {
+                    parsed.insert(path.clone(), (identity, record.clone()));
+                }
             }
             let record = record.map(|mut r| {
                 if r.stage == Stage::Mounting && markers.contains(&path) {
@@ -620,6 +638,34 @@ mod tests {
         json.as_object_mut().unwrap().remove("role");
         let old: VolumeRecord = serde_json::from_value(json).unwrap();
         assert_eq!(old.role, Role::Mount);
+    }
+
+    #[test]
+    fn only_identities_of_files_unchanged_for_a_second_are_trusted_by_the_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, "v1").unwrap();
+        let fresh = FileIdentity::of(&fs::metadata(&file).unwrap());
+        // Just written: a same-size rewrite within the same tick would look identical.
+        assert!(!fresh.settled());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let aged = |secs: i64| FileIdentity {
+            mtime: (now - secs, 0),
+            ctime: (now - secs, 0),
+            ..fresh
+        };
+        assert!(aged(2).settled());
+        assert!(
+            !FileIdentity {
+                ctime: (now + 1, 0),
+                ..aged(2)
+            }
+            .settled(),
+            "a recent ctime (a write, chmod or rename) is not settled"
+        );
     }
 
     #[test]
