@@ -189,8 +189,7 @@ fn grpcio_available() -> bool {
 #[test]
 fn python_grpcio_reaches_flexd_with_its_default_authority_and_others() {
     if !grpcio_available() {
-        eprintln!("\n!!! SKIPPED grpcio client test: python3 with grpcio is not available (pip install grpcio failed) !!!\n");
-        return;
+        common::skip!("python3 with grpcio is not available (pip install grpcio failed)");
     }
     let server = serve();
     let path = server.socket.to_string_lossy().into_owned();
