@@ -73,6 +73,18 @@ type Teardown =
     fn(&Lifecycle, &str, &Path, &dyn DriverResolver) -> Result<UnmountOutcome, LifecycleError>;
 
 impl NodeService {
+    /// The path `volume_id` is recorded at, when `volume_path` names it (NOT_FOUND otherwise):
+    /// stats and expansion act only on a volume where the request says it is.
+    async fn recorded_path(
+        &self,
+        volume_id: &str,
+        volume_path: &str,
+    ) -> Result<std::path::PathBuf, Status> {
+        let record =
+            lookup::volume_at(&self.lifecycle, &self.driver.name, volume_id, volume_path).await?;
+        Ok(record.target)
+    }
+
     /// NodeUnstage and NodeUnpublish are the same call with another record role: `teardown` of
     /// `path` for `volume_id` under the volume's lock, with this driver's resolver.
     async fn tear_down(
@@ -252,17 +264,8 @@ impl Node for NodeService {
             )));
         }
         // Only a path the volume is recorded at is measured.
-        let path = lookup::volume_at(
-            &self.lifecycle,
-            &self.driver.name,
-            &volume_id,
-            &req.volume_path,
-        )
-        .await?
-        .target
-        .display()
-        .to_string();
-        let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(path.as_str()))
+        let path = self.recorded_path(&volume_id, &req.volume_path).await?;
+        let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&path))
             .await
             .map_err(|e| Status::internal(format!("statvfs did not finish: {e}")))?
             .map_err(|e| match e {
@@ -304,16 +307,7 @@ impl Node for NodeService {
         let (req, volume_id) = request::one_volume(request)?;
         request::required(&req.volume_path, "volume_path")?;
         // The volume must be where the request says, before anything else about it is asked.
-        let volume_path = lookup::volume_at(
-            &self.lifecycle,
-            &self.driver.name,
-            &volume_id,
-            &req.volume_path,
-        )
-        .await?
-        .target
-        .display()
-        .to_string();
+        let volume_path = self.recorded_path(&volume_id, &req.volume_path).await?;
         let new_bytes = req
             .capacity_range
             .as_ref()
@@ -322,14 +316,14 @@ impl Node for NodeService {
             .ok_or_else(|| Status::invalid_argument("capacity_range.required_bytes is required"))?;
         // The filesystem lives on the staging path for a staged volume.
         let recorded = if req.staging_target_path.is_empty() {
-            volume_path.to_owned()
+            volume_path
         } else {
-            request::path(&req.staging_target_path, "staging_target_path")?.to_owned()
+            request::path(&req.staging_target_path, "staging_target_path")?.into()
         };
         let lifecycle = self.lifecycle.clone();
         let resolver = ServedResolver(self.driver.clone());
         let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.expand_fs(Path::new(&recorded), new_bytes as u64, &resolver)
+            lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
         })
         .await?;
         Ok(Response::new(NodeExpandVolumeResponse {
