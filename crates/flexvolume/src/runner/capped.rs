@@ -10,17 +10,17 @@
 //! - cgroup v1 (hybrid hosts) lets one thread sit in another cgroup than its process. Each
 //!   call-out cgroup has a *spawner* thread living in it; a child is born in its parent
 //!   thread's cgroup, so the spawner's `posix_spawn` puts the driver straight inside.
-//! - cgroup v2 has no such per-thread membership; there the child joins between fork and exec
-//!   (and pays the move).
+//! - cgroup v2 has no such per-thread membership, but `clone3` can start a process inside a
+//!   cgroup (`CLONE_INTO_CGROUP`, Linux 5.7): no move at all (see `runner/spawn.rs`). Where
+//!   that is missing, the child joins before its exec, and pays the move.
 //!
 //! Cgroups (with their spawners) are pooled: making a cgroup and a thread costs one move,
 //! once, when the pool grows.
 
 use std::io;
 use std::num::NonZeroU32;
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Mutex;
@@ -30,6 +30,7 @@ use rustix::process::{Pid, Signal};
 
 use super::cgroup::hierarchy;
 use super::leftovers::{self, remember as remember_leftover};
+use super::spawn::{Placement, Process, Request};
 
 /// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -43,11 +44,13 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Empty call-out cgroups ready for the next call-outs.
 static IDLE: Mutex<Vec<Pooled>> = Mutex::new(Vec::new());
 
-/// An idle cgroup: its `pids.max` as last written, and its spawner if it has one (v1).
+/// An idle cgroup: its `pids.max` as last written, and its spawner (v1) or open directory
+/// (v2) once it has one.
 struct Pooled {
     dir: PathBuf,
     max: Option<NonZeroU32>,
     spawner: Option<Spawner>,
+    handle: Option<OwnedFd>,
 }
 
 /// Call-out cgroups where helpers of finished call-outs still run (FUSE daemons, or helpers
@@ -91,6 +94,7 @@ fn sweep_leftovers() {
             dir,
             max: None,
             spawner: None,
+            handle: None,
         });
     }
 }
@@ -164,7 +168,7 @@ fn tasks_in(dir: &Path) -> io::Result<u64> {
 
 /// A thread living in one call-out cgroup, spawning the drivers of the call-outs that use it.
 struct Spawner {
-    jobs: Sender<(Command, SyncSender<io::Result<Child>>)>,
+    jobs: Sender<(Request, SyncSender<io::Result<Process>>)>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -185,10 +189,10 @@ impl Spawner {
         }
     }
 
-    fn spawn(&self, command: Command) -> io::Result<Child> {
+    fn spawn(&self, request: &Request) -> io::Result<Process> {
         let (reply_tx, reply) = mpsc::sync_channel(1);
         self.jobs
-            .send((command, reply_tx))
+            .send((request.clone(), reply_tx))
             .map_err(|_| io::Error::other("the spawner thread is gone"))?;
         reply
             .recv()
@@ -204,7 +208,7 @@ impl Spawner {
 
 fn spawner_main(
     tasks: &Path,
-    inbox: &Receiver<(Command, SyncSender<io::Result<Child>>)>,
+    inbox: &Receiver<(Request, SyncSender<io::Result<Process>>)>,
     ready: &SyncSender<io::Result<()>>,
 ) {
     let tid = rustix::thread::gettid().as_raw_nonzero().to_string();
@@ -213,18 +217,20 @@ fn spawner_main(
         return;
     }
     let _ = ready.send(Ok(()));
-    for (mut command, reply) in inbox {
-        let _ = reply.send(command.spawn());
+    for (request, reply) in inbox {
+        // Born in this thread's cgroup.
+        let _ = reply.send(request.spawn(Placement::Inherited));
     }
 }
 
-/// Moves the calling process into the cgroup whose `cgroup.procs` is open as `procs`. Called in
-/// the child between fork and exec: one `write`, async-signal-safe, no allocation. The file is
-/// opened by the parent, so the join does not depend on what the child's paths resolve to (a
-/// child that enters the driver's mount namespace sees other cgroup paths, if any).
-fn join_from_child(procs: &std::fs::File) -> io::Result<()> {
-    rustix::io::write(procs, b"0")?;
-    Ok(())
+/// A cgroup directory, open for `CLONE_INTO_CGROUP` (which takes no `O_PATH` descriptor).
+fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// The cgroup of one running call-out.
@@ -233,6 +239,8 @@ pub(crate) struct CallCgroup {
     max: NonZeroU32,
     v2: bool,
     spawner: Option<Spawner>,
+    /// The directory, open (v2): what a driver is started in.
+    handle: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for CallCgroup {
@@ -256,6 +264,7 @@ impl CallCgroup {
             dir,
             max: had,
             spawner,
+            handle,
         } = match reused {
             // Gone only if someone removed it by hand; then make a new one.
             Some(pooled) if pooled.dir.is_dir() => pooled,
@@ -272,6 +281,7 @@ impl CallCgroup {
                     dir,
                     max: None,
                     spawner: None,
+                    handle: None,
                 }
             }
         };
@@ -281,6 +291,7 @@ impl CallCgroup {
                 dir,
                 max: None,
                 spawner,
+                handle: None,
             });
             None
         };
@@ -295,11 +306,15 @@ impl CallCgroup {
                 return give_up(dir, spawner, e, "cannot set pids.max");
             }
         }
-        let spawner = match (hierarchy.v2, spawner) {
-            (true, _) => None,
-            (false, Some(spawner)) => Some(spawner),
-            (false, None) => match Spawner::start(&dir) {
-                Ok(spawner) => Some(spawner),
+        let (spawner, handle) = match (hierarchy.v2, spawner, handle) {
+            (true, _, Some(handle)) => (None, Some(handle)),
+            (true, _, None) => match open_dir(&dir) {
+                Ok(handle) => (None, Some(handle)),
+                Err(e) => return give_up(dir, None, e, "cannot open the cgroup"),
+            },
+            (false, Some(spawner), _) => (Some(spawner), None),
+            (false, None, _) => match Spawner::start(&dir) {
+                Ok(spawner) => (Some(spawner), None),
                 Err(e) => return give_up(dir, None, e, "cannot start a spawner in the cgroup"),
             },
         };
@@ -308,27 +323,17 @@ impl CallCgroup {
             max,
             v2: hierarchy.v2,
             spawner,
+            handle,
         })
     }
 
-    /// Spawns `command` inside this cgroup, so that not even the driver's first fork is
-    /// outside it.
-    pub(crate) fn spawn(&self, mut command: Command) -> io::Result<Child> {
-        match &self.spawner {
-            Some(spawner) => spawner.spawn(command),
-            None => {
-                // Close-on-exec: open in the child until its exec, in no driver after.
-                let procs = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(self.dir.join("cgroup.procs"))?;
-                // SAFETY: runs in the forked child before exec; `join_from_child` only calls
-                // write, which is async-signal-safe, and allocates nothing. The closure owns
-                // the file, so it is open until the command is dropped after the spawn.
-                unsafe {
-                    command.pre_exec(move || join_from_child(&procs));
-                }
-                command.spawn()
-            }
+    /// Starts the driver inside this cgroup, so that not even its first fork is outside it.
+    pub(crate) fn spawn(&self, request: &Request) -> io::Result<Process> {
+        match (&self.spawner, &self.handle) {
+            (Some(spawner), _) => spawner.spawn(request),
+            // The handle is ours until the call-out ends, so open for the whole spawn.
+            (None, Some(handle)) => request.spawn(Placement::Cgroup(handle.as_raw_fd())),
+            (None, None) => Err(io::Error::other("the call-out cgroup is not open")),
         }
     }
 
@@ -375,6 +380,7 @@ impl CallCgroup {
                 dir: self.dir,
                 max: Some(self.max),
                 spawner: self.spawner,
+                handle: self.handle,
             });
         } else {
             if let Some(spawner) = self.spawner {

@@ -18,20 +18,21 @@ mod capped;
 mod cgroup;
 mod leftovers;
 mod namespace;
+mod spawn;
 
 use capped::CallCgroup;
 pub use capped::{lingering, remove_own_cgroups};
 pub use cgroup::{process_cap, CALLOUTS_DIR};
 pub use namespace::{MountNamespace, NamespaceError, Propagation};
+use spawn::{Placement, Process, Request};
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::num::NonZeroU32;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -422,60 +423,41 @@ fn argv_fits(
 const TEXT_BUSY_RETRIES: u32 = 5;
 const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
 
-/// Spawns the driver. ETXTBSY is retried briefly: in a multi-threaded host, another thread's
-/// fork can hold a just-written executable open for writing until its own exec, which makes our
-/// exec of that file fail for a moment even though nobody is writing it any more.
+/// Spawns the driver (see `runner/spawn.rs`). ETXTBSY is retried briefly: in a multi-threaded
+/// host, another thread's fork can hold a just-written executable open for writing until its
+/// own exec, which makes our exec of that file fail for a moment even though nobody is writing
+/// it any more.
 ///
 /// In another mount `namespace`, the child enters it as its last step before exec: everything
-/// else (pipes, `/dev/null`, the process group, the inherited locks, the cgroup, joined through
-/// a descriptor opened here) is flexd's, while the executable and all the driver does resolve
-/// in the driver's namespace.
+/// else (pipes, `/dev/null`, the process group, the inherited locks, the cgroup) is flexd's,
+/// while the executable and all the driver does resolve in the driver's namespace.
 fn spawn(
     program: &Path,
     argv: &[&std::ffi::OsStr],
     held_locks: &[std::sync::Arc<std::fs::File>],
     namespace: Option<&MountNamespace>,
     cgroup: Option<&CallCgroup>,
-) -> Result<Child, CallError> {
+) -> Result<Process, CallError> {
     use std::os::fd::AsRawFd;
+    let spawn_error = |source: io::Error| CallError::Spawn {
+        path: program.to_owned(),
+        source,
+    };
     let mut pause = TEXT_BUSY_PAUSE;
     let mut tries = 0;
-    let inherited: Vec<i32> = held_locks.iter().map(|f| f.as_raw_fd()).collect();
+    // The descriptors stay open for the whole call: the config holds the locks' `Arc<File>`s
+    // and the namespace.
+    let request = Request::new(
+        program,
+        argv,
+        held_locks.iter().map(|f| f.as_raw_fd()).collect(),
+        namespace.map(MountNamespace::raw_fd),
+    )
+    .map_err(spawn_error)?;
     loop {
-        let mut command = Command::new(program);
-        command
-            .args(argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        if !inherited.is_empty() {
-            let inherited = inherited.clone();
-            // SAFETY: runs in the forked child before exec and only calls fcntl(F_SETFD), which
-            // is async-signal-safe; the fds are open in the parent for the whole call (the
-            // `Arc<File>`s in the config outlive the spawn), so they are open in the child.
-            unsafe {
-                command.pre_exec(move || {
-                    for &fd in &inherited {
-                        let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
-                        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
-                    }
-                    Ok(())
-                });
-            }
-        }
-        if let Some(namespace) = namespace {
-            let fd = namespace.raw_fd();
-            // SAFETY: runs in the forked child before exec; `enter_from_child` is one setns,
-            // async-signal-safe, no allocation. `fd` stays open in the parent (the config holds
-            // the namespace) until the spawn returns.
-            unsafe {
-                command.pre_exec(move || namespace::enter_from_child(fd));
-            }
-        }
         let result = match cgroup {
-            Some(cgroup) => cgroup.spawn(command),
-            None => command.spawn(),
+            Some(cgroup) => cgroup.spawn(&request),
+            None => request.spawn(Placement::Inherited),
         };
         match result {
             Err(e)
@@ -497,10 +479,7 @@ fn spawn(
                     ),
                     None => source,
                 };
-                return Err(CallError::Spawn {
-                    path: program.to_owned(),
-                    source,
-                });
+                return Err(spawn_error(source));
             }
             Ok(child) => return Ok(child),
         }
@@ -515,17 +494,19 @@ enum Supervised {
 /// Captures output until the driver exits or times out; reaps it in both cases.
 fn supervise(
     config: &RunnerConfig,
-    child: &mut Child,
+    child: &mut Process,
     cgroup: Option<&CallCgroup>,
     timeout: Duration,
     start: Instant,
 ) -> Result<RawOutput, Supervised> {
-    let mut out = Capture::new(child.stdout.take().map(OwnedFd::from), config.output_cap)
-        .map_err(Supervised::Io)?;
-    let mut err = Capture::new(child.stderr.take().map(OwnedFd::from), config.output_cap)
-        .map_err(Supervised::Io)?;
-    let pid = Pid::from_raw(child.id() as i32);
-    let pidfd = pid.and_then(|pid| rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok());
+    let mut out = Capture::new(child.stdout.take(), config.output_cap).map_err(Supervised::Io)?;
+    let mut err = Capture::new(child.stderr.take(), config.output_cap).map_err(Supervised::Io)?;
+    // Made with the process where clone3 works; else opened now (kernels without pidfd have
+    // neither, and fall back to polling).
+    let pidfd = child.take_pidfd().or_else(|| {
+        let pid = Pid::from_raw(child.id() as i32)?;
+        rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok()
+    });
 
     let deadline = start + timeout;
     let exited =
@@ -562,7 +543,7 @@ fn supervise(
 
 /// Pumps both pipes until the process exits (true) or the deadline passes (false).
 fn wait_until(
-    child: &mut Child,
+    child: &mut Process,
     pidfd: Option<&OwnedFd>,
     out: &mut Capture,
     err: &mut Capture,
@@ -625,7 +606,7 @@ fn poll_ready(fd: &OwnedFd) -> bool {
 /// SIGTERM to the group (and to helpers in the call-out's cgroup that left the group), a grace
 /// period, then SIGKILL; always reaps the driver. The caller empties the cgroup afterwards.
 fn kill_group(
-    child: &mut Child,
+    child: &mut Process,
     cgroup: Option<&CallCgroup>,
     pidfd: Option<&OwnedFd>,
     out: &mut Capture,

@@ -234,7 +234,7 @@ impl MountNamespace {
         }
     }
 
-    /// The descriptor a forked child enters with [`enter_from_child`].
+    /// The descriptor a starting driver enters (see `runner/spawn.rs`).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -296,17 +296,6 @@ fn identity(dir: &Path) -> Option<(u64, u64)> {
 fn enter(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::thread::move_into_link_name_space(fd, Some(LinkNameSpaceType::Mount))?;
     Ok(())
-}
-
-/// Moves the calling (forked, single-threaded) process into the mount namespace `fd`. Called
-/// between fork and exec: one `setns`, async-signal-safe, no allocation. The process's root and
-/// working directory become the namespace's root.
-///
-/// # Safety
-/// `fd` must be open in the calling process (the parent keeps the [`MountNamespace`] for the
-/// whole spawn).
-pub(crate) unsafe fn enter_from_child(fd: RawFd) -> io::Result<()> {
-    enter(BorrowedFd::borrow_raw(fd))
 }
 
 #[cfg(test)]
