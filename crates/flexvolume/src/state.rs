@@ -180,7 +180,41 @@ pub struct StateDir {
     /// record. Listing then costs a directory read and a stat per record, not a parse: publish
     /// lists every record to refuse overlaps, and did so with a parse each (quadratic under a
     /// burst of publishes).
-    parsed: Arc<Mutex<HashMap<PathBuf, (FileIdentity, VolumeRecord)>>>,
+    parsed: Arc<Mutex<HashMap<PathBuf, Parsed>>>,
+}
+
+/// A cached record and the identity of the file it is.
+#[derive(Debug, Clone)]
+struct Parsed {
+    identity: FileIdentity,
+    record: VolumeRecord,
+    /// Saved by this process, its identity taken from the open file after the rename: trusted
+    /// at once, not only once settled. Each save stamps its file with an mtime of its own (see
+    /// [`unique_mtime`]), so another save that reused the inode within the same tick, at the
+    /// same size, still differs. In a burst of publishes every record is fresh; without this
+    /// each publish parsed all of them again.
+    saved_here: bool,
+}
+
+impl Parsed {
+    fn trusted(&self, identity: Option<FileIdentity>) -> bool {
+        Some(self.identity) == identity && (self.saved_here || self.identity.settled())
+    }
+}
+
+/// An mtime for a record file that no other save has: now, with nanoseconds that count per
+/// save and differ per process.
+fn unique_mtime() -> std::time::SystemTime {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let n = SAVES.fetch_add(1, Ordering::Relaxed);
+    let nanos =
+        (u64::from(std::process::id()).wrapping_mul(0x9e37_79b9) + n * 7919) % 1_000_000_000;
+    std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos as u32)
 }
 
 /// What tells one version of a file from another without reading it.
@@ -340,19 +374,39 @@ impl StateDir {
         let written = File::create(&temp)
             .and_then(|mut file| {
                 file.write_all(&json)?;
-                file.sync_all()
+                file.set_modified(unique_mtime())?;
+                file.sync_all()?;
+                Ok(file)
             })
             .map_err(io_err(&temp))
-            .and_then(|()| fs::rename(&temp, &path).map_err(io_err(&path)));
-        if let Err(e) = written {
-            // A full disk or a failing device: the old record stays as it was, and no
-            // half-written temp file is left to fill the disk further.
-            let _ = fs::remove_file(&temp);
-            return Err(e);
-        }
+            .and_then(|file| {
+                fs::rename(&temp, &path).map_err(io_err(&path))?;
+                Ok(file)
+            });
+        let file = match written {
+            Ok(file) => file,
+            Err(e) => {
+                // A full disk or a failing device: the old record stays as it was, and no
+                // half-written temp file is left to fill the disk further.
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
         File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&dir))?;
+        // The identity of what we wrote, after the rename changed its ctime: whatever replaces
+        // it later is another inode, or the same inode with another mtime.
+        if let Ok(meta) = file.metadata() {
+            locked(&self.parsed).insert(
+                path,
+                Parsed {
+                    identity: FileIdentity::of(&meta),
+                    record: record.clone(),
+                    saved_here: true,
+                },
+            );
+        }
         Ok(())
     }
 
@@ -467,8 +521,8 @@ impl StateDir {
             let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
             let cached = parsed
                 .get(&path)
-                .filter(|(known, _)| Some(*known) == identity)
-                .map(|(_, record)| record.clone());
+                .filter(|known| known.trusted(identity))
+                .map(|known| known.record.clone());
             let record = match cached {
                 Some(record) => Ok(record),
                 None => fs::read(&path)
@@ -477,7 +531,12 @@ impl StateDir {
             };
             if let (Ok(record), Some(identity)) = (&record, identity) {
                 if identity.settled() {
-                    parsed.insert(path.clone(), (identity, record.clone()));
+                    let parsed_now = Parsed {
+                        identity,
+                        record: record.clone(),
+                        saved_here: false,
+                    };
+                    parsed.insert(path.clone(), parsed_now);
                 }
             }
             let record = record.map(|mut r| {
@@ -638,6 +697,48 @@ mod tests {
         json.as_object_mut().unwrap().remove("role");
         let old: VolumeRecord = serde_json::from_value(json).unwrap();
         assert_eq!(old.role, Role::Mount);
+    }
+
+    #[test]
+    fn a_record_saved_here_is_listed_from_the_cache_and_a_rewrite_elsewhere_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = StateDir::new(dir.path());
+        let elsewhere = StateDir::new(dir.path()); // another flexd: its own cache
+        let with_device = |device: &str| VolumeRecord {
+            device: Some(device.into()),
+            ..record("/t/a")
+        };
+        here.save(&with_device("/dev/loop0")).unwrap();
+        let listed = |state: &StateDir| -> Vec<Option<String>> {
+            state
+                .list()
+                .unwrap()
+                .into_iter()
+                .map(|r| r.unwrap().device)
+                .collect()
+        };
+        // Trusted at once, though just written: this process wrote it.
+        let cached = locked(&here.parsed).values().all(|p| p.saved_here);
+        assert!(cached);
+        assert_eq!(listed(&here), [Some("/dev/loop0".into())]);
+        // Rewritten by another process, at the same size, maybe within the same tick and with
+        // an inode reused: the cache must not answer the old record.
+        let mtime = || {
+            fs::metadata(here.record_path(Path::new("/t/a")))
+                .unwrap()
+                .modified()
+                .unwrap()
+        };
+        let mut mtimes = vec![mtime()];
+        for device in ["/dev/loop1", "/dev/loop0", "/dev/loop2"] {
+            elsewhere.save(&with_device(device)).unwrap();
+            mtimes.push(mtime());
+        }
+        assert_eq!(listed(&here), [Some("/dev/loop2".into())]);
+        // What makes that hold when all else matches: each save has an mtime of its own.
+        mtimes.sort();
+        mtimes.dedup();
+        assert_eq!(mtimes.len(), 4);
     }
 
     #[test]

@@ -254,7 +254,9 @@ pub fn compile_tiny_driver(dir: &Path, optimized: bool) -> PathBuf {
     let mut command = Command::new(rustc);
     command.args(["--edition", "2021"]);
     if optimized {
-        command.args(["-C", "opt-level=3"]);
+        // Static too, for benches: exec then reads one file, not ld.so and libc as well (in
+        // the VM those come over 9p, about 100 ms a call-out, which buries what is measured).
+        command.args(["-C", "opt-level=3", "-C", "target-feature=+crt-static"]);
     }
     let status = command
         .arg("-o")
