@@ -9,7 +9,7 @@
 //! call-out:
 //! - cgroup v1 (hybrid hosts) lets one thread sit in another cgroup than its process. Each
 //!   call-out cgroup has a *spawner* thread living in it; a child is born in its parent
-//!   thread's cgroup, so the spawner's `posix_spawn` puts the driver straight inside.
+//!   thread's cgroup, so a driver the spawner starts is born inside.
 //! - cgroup v2 has no such per-thread membership, but `clone3` can start a process inside a
 //!   cgroup (`CLONE_INTO_CGROUP`, Linux 5.7): no move at all (see `runner/spawn.rs`). Where
 //!   that is missing, the child joins before its exec, and pays the move.
