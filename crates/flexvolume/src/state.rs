@@ -180,7 +180,8 @@ pub struct StateDir {
     /// record. Listing then costs a directory read and a stat per record, not a parse: publish
     /// lists every record to refuse overlaps, and did so with a parse each (quadratic under a
     /// burst of publishes).
-    parsed: Arc<Mutex<HashMap<PathBuf, Parsed>>>,
+    /// Keyed by the record's id (its file name without `.json`).
+    parsed: Arc<Mutex<HashMap<String, Parsed>>>,
 }
 
 /// A cached record and the identity of the file it is.
@@ -399,7 +400,7 @@ impl StateDir {
         // it later is another inode, or the same inode with another mtime.
         if let Ok(meta) = file.metadata() {
             locked(&self.parsed).insert(
-                path,
+                id_of(&record.target),
                 Parsed {
                     identity: FileIdentity::of(&meta),
                     record: record.clone(),
@@ -457,7 +458,25 @@ impl StateDir {
     /// while any record is unreadable: what it references is unknown.
     pub fn collect_pins(&self, grace: std::time::Duration) -> Result<usize, StateError> {
         let pins = self.root.join("pinned");
-        if !pins.is_dir() {
+        let now = std::time::SystemTime::now();
+        let pinned_lately = |version: &Path| {
+            fs::symlink_metadata(version)
+                .and_then(|m| m.modified())
+                .map(|t| now.duration_since(t).unwrap_or_default() < grace)
+                .unwrap_or(true)
+        };
+        let versions = || {
+            fs::read_dir(&pins)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .flat_map(|driver| fs::read_dir(driver.path()).into_iter().flatten().flatten())
+                .map(|version| version.path())
+        };
+        // Every unmount asks; reading every record to answer is wasted while no version is past
+        // its grace (the usual case: a handful of versions, pinned lately), and a burst of
+        // unpublishes did it once each.
+        if !versions().any(|version| !pinned_lately(&version)) {
             return Ok(0);
         }
         let _queued = locked(&PINNING);
@@ -469,23 +488,16 @@ impl StateDir {
                 referenced.insert(dir.to_owned());
             }
         }
-        let now = std::time::SystemTime::now();
         let mut removed = 0;
-        for driver_dir in fs::read_dir(&pins).map_err(io_err(&pins))?.flatten() {
-            let driver_dir = driver_dir.path();
-            for version in fs::read_dir(&driver_dir).into_iter().flatten().flatten() {
-                let version = version.path();
-                let pinned_lately = fs::symlink_metadata(&version)
-                    .and_then(|m| m.modified())
-                    .map(|t| now.duration_since(t).unwrap_or_default() < grace)
-                    .unwrap_or(true);
-                if referenced.contains(&version) || pinned_lately {
-                    continue;
-                }
-                fs::remove_dir_all(&version).map_err(io_err(&version))?;
-                removed += 1;
+        for version in versions().collect::<Vec<_>>() {
+            if referenced.contains(&version) || pinned_lately(&version) {
+                continue;
             }
-            let _ = fs::remove_dir(&driver_dir); // only when empty
+            fs::remove_dir_all(&version).map_err(io_err(&version))?;
+            removed += 1;
+        }
+        for driver_dir in fs::read_dir(&pins).into_iter().flatten().flatten() {
+            let _ = fs::remove_dir(driver_dir.path()); // only when empty
         }
         Ok(removed)
     }
@@ -498,60 +510,66 @@ impl StateDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io_err(&dir)(e)),
         };
+        // By file name (a short id), not by path: a burst of publishes lists every record
+        // once per publish, so hashing and comparing here is per record, per publish.
         let mut files = Vec::new();
         let mut markers = HashSet::new();
         for entry in entries.flatten() {
-            let path = entry.path();
             let name = entry.file_name();
             if crate::layout::is_hidden(&name) {
                 continue;
             }
-            match path.extension().and_then(|e| e.to_str()) {
-                Some("json") => files.push((path, entry)),
-                Some("mounted") => {
-                    markers.insert(path.with_extension("json"));
-                }
-                _ => {}
+            let Some(name) = name.to_str() else { continue };
+            if let Some(id) = name.strip_suffix(".json") {
+                files.push((id.to_owned(), entry));
+            } else if let Some(id) = name.strip_suffix(".mounted") {
+                markers.insert(id.to_owned());
             }
         }
         let mut parsed = locked(&self.parsed);
         let mut seen = HashSet::new();
         let mut records = Vec::new();
-        for (path, entry) in files {
+        for (id, entry) in files {
             let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
             let cached = parsed
-                .get(&path)
+                .get(&id)
                 .filter(|known| known.trusted(identity))
                 .map(|known| known.record.clone());
             let record = match cached {
                 Some(record) => Ok(record),
-                None => fs::read(&path)
-                    .map_err(io_err(&path))
-                    .and_then(|bytes| parse(&path, &bytes)),
-            };
-            if let (Ok(record), Some(identity)) = (&record, identity) {
-                if identity.settled() {
-                    let parsed_now = Parsed {
-                        identity,
-                        record: record.clone(),
-                        saved_here: false,
-                    };
-                    parsed.insert(path.clone(), parsed_now);
+                None => {
+                    let path = entry.path();
+                    let record = fs::read(&path)
+                        .map_err(io_err(&path))
+                        .and_then(|bytes| parse(&path, &bytes));
+                    if let (Ok(record), Some(identity)) = (&record, identity) {
+                        if identity.settled() {
+                            let parsed_now = Parsed {
+                                identity,
+                                record: record.clone(),
+                                saved_here: false,
+                            };
+                            parsed.insert(id.clone(), parsed_now);
+                        }
+                    }
+                    record
                 }
-            }
+            };
             let record = record.map(|mut r| {
-                if r.stage == Stage::Mounting && markers.contains(&path) {
+                if r.stage == Stage::Mounting && markers.contains(&id) {
                     r.stage = Stage::Mounted;
                 }
                 r
             });
-            seen.insert(path);
+            seen.insert(id);
             records.push(record);
         }
-        parsed.retain(|path, _| seen.contains(path));
+        parsed.retain(|id, _| seen.contains(id));
         drop(parsed);
+        // By the target's bytes: the order is for people and stable output, and comparing
+        // paths component by component was a visible share of a burst's CPU.
         records.sort_by(|a, b| match (a, b) {
-            (Ok(a), Ok(b)) => a.target.cmp(&b.target),
+            (Ok(a), Ok(b)) => a.target.as_os_str().cmp(b.target.as_os_str()),
             _ => std::cmp::Ordering::Equal,
         });
         Ok(records)

