@@ -214,6 +214,6 @@ fn main() {
         cycle_bench(&rt, cycles, rounds);
     }
     if concurrent > 0 {
-        concurrency_bench(&rt, concurrent, delay, rounds.min(3));
+        concurrency_bench(&rt, concurrent, delay, rounds);
     }
 }

@@ -502,12 +502,40 @@ impl StateDir {
         Ok(removed)
     }
 
-    /// Every record; unreadable ones are reported, not hidden.
+    /// Every record; unreadable ones are reported, not hidden. Sorted by target.
     pub fn list(&self) -> Result<Vec<Result<VolumeRecord, StateError>>, StateError> {
+        let mut records = Vec::new();
+        self.visit(|record| records.push(record.cloned()))?;
+        // By the target's bytes: the order is for people and stable output, and comparing
+        // paths component by component was a visible share of a burst's CPU.
+        records.sort_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.target.as_os_str().cmp(b.target.as_os_str()),
+            _ => std::cmp::Ordering::Equal,
+        });
+        Ok(records)
+    }
+
+    /// The target and role of every readable record: what overlap checks need, without a copy
+    /// of each whole record (every publish of a burst asks, for every record).
+    pub fn targets(&self) -> Result<Vec<(PathBuf, Role)>, StateError> {
+        let mut targets = Vec::new();
+        self.visit(|record| {
+            if let Ok(record) = record {
+                targets.push((record.target.clone(), record.role));
+            }
+        })?;
+        Ok(targets)
+    }
+
+    /// Calls `f` with every record (its marker applied), in directory order.
+    fn visit(
+        &self,
+        mut f: impl FnMut(Result<&VolumeRecord, StateError>),
+    ) -> Result<(), StateError> {
         let dir = self.volumes();
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_err(&dir)(e)),
         };
         // By file name (a short id), not by path: a burst of publishes lists every record
@@ -528,51 +556,48 @@ impl StateDir {
         }
         let mut parsed = locked(&self.parsed);
         let mut seen = HashSet::new();
-        let mut records = Vec::new();
         for (id, entry) in files {
             let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
-            let cached = parsed
-                .get(&id)
-                .filter(|known| known.trusted(identity))
-                .map(|known| known.record.clone());
-            let record = match cached {
-                Some(record) => Ok(record),
+            let marked = markers.contains(&id);
+            let with_marker = |record: &VolumeRecord| {
+                let mut record = record.clone();
+                record.stage = Stage::Mounted;
+                record
+            };
+            match parsed.get(&id).filter(|known| known.trusted(identity)) {
+                Some(known) if marked && known.record.stage == Stage::Mounting => {
+                    f(Ok(&with_marker(&known.record)));
+                }
+                Some(known) => f(Ok(&known.record)),
                 None => {
                     let path = entry.path();
                     let record = fs::read(&path)
                         .map_err(io_err(&path))
                         .and_then(|bytes| parse(&path, &bytes));
-                    if let (Ok(record), Some(identity)) = (&record, identity) {
-                        if identity.settled() {
-                            let parsed_now = Parsed {
-                                identity,
-                                record: record.clone(),
-                                saved_here: false,
-                            };
-                            parsed.insert(id.clone(), parsed_now);
+                    match record {
+                        Ok(record) => {
+                            if marked && record.stage == Stage::Mounting {
+                                f(Ok(&with_marker(&record)));
+                            } else {
+                                f(Ok(&record));
+                            }
+                            if let Some(identity) = identity.filter(FileIdentity::settled) {
+                                let parsed_now = Parsed {
+                                    identity,
+                                    record,
+                                    saved_here: false,
+                                };
+                                parsed.insert(id.clone(), parsed_now);
+                            }
                         }
+                        Err(e) => f(Err(e)),
                     }
-                    record
                 }
-            };
-            let record = record.map(|mut r| {
-                if r.stage == Stage::Mounting && markers.contains(&id) {
-                    r.stage = Stage::Mounted;
-                }
-                r
-            });
+            }
             seen.insert(id);
-            records.push(record);
         }
         parsed.retain(|id, _| seen.contains(id));
-        drop(parsed);
-        // By the target's bytes: the order is for people and stable output, and comparing
-        // paths component by component was a visible share of a burst's CPU.
-        records.sort_by(|a, b| match (a, b) {
-            (Ok(a), Ok(b)) => a.target.as_os_str().cmp(b.target.as_os_str()),
-            _ => std::cmp::Ordering::Equal,
-        });
-        Ok(records)
+        Ok(())
     }
 
     /// How many recorded volumes depend on a driver (docs/discovery.md#in-use). Unreadable

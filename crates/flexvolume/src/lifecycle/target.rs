@@ -191,13 +191,13 @@ impl Lifecycle {
         let mut checks: Vec<(&'static str, PathBuf)> = vec![("flexd's state dir", state_root)];
         checks.extend(others.iter().map(|(what, p)| (*what, p.to_path_buf())));
         if !roles.is_empty() {
-            for record in self.state.list()?.into_iter().flatten() {
-                if roles.contains(&record.role) && record.target != path {
-                    let what = match record.role {
+            for (target, role) in self.state.targets()? {
+                if roles.contains(&role) && target != path {
+                    let what = match role {
                         Role::Stage => "the staging path",
                         _ => "the volume target",
                     };
-                    checks.push((what, record.target));
+                    checks.push((what, target));
                 }
             }
         }
