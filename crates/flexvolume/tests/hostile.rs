@@ -584,9 +584,11 @@ fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
 }
 
 /// The driver script of the escape tests: a helper leaves the process group (`setsid`),
-/// ignores SIGTERM, and the driver hangs.
+/// ignores SIGTERM, and the driver hangs once the helper has said its pid (so the timeout
+/// never comes before the helper exists, however slow the machine).
 const ESCAPING_DRIVER: &str = "#!/bin/sh\n\
     setsid sh -c 'trap \"\" TERM; echo $$ > \"$0\"; while :; do sleep 1; done' \"$2.escaped\" &\n\
+    until [ -s \"$2.escaped\" ]; do sleep 0.05; done\n\
     sleep 1000\n";
 
 fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallError, i32) {
@@ -601,7 +603,9 @@ fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallErro
         max_processes,
         ..RunnerConfig::default()
     }
-    .with_timeout_for_all(Duration::from_millis(1500));
+    // Generous: in a VM without KVM, with the other tests of this file running, the driver
+    // and its helper took more than 1.5 s to start (three execs and a fork).
+    .with_timeout_for_all(Duration::from_secs(5));
     let err = runner::call(&config, &exe, &call).unwrap_err();
     (err, read_pid(&work.path().join("helper.escaped")))
 }
