@@ -277,9 +277,13 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let resolver = Arc::new(Resolver::new(Arc::new(Registry::new()), runner.clone()));
+    // Every publish lists the records to refuse overlaps: a daemon learns their changes from
+    // inotify rather than stat'ing each record each time.
+    let state = global.state();
+    state.watch_records();
     let lifecycle = Arc::new(Lifecycle {
         runner: runner.clone(),
-        state: global.state(),
+        state,
         node: global.node_name(),
     });
     let config = ProberConfig::for_host(

@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::name::DriverName;
 
+mod watch;
+use watch::RecordWatch;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("state {path}: {source}")]
@@ -180,8 +183,43 @@ pub struct StateDir {
     /// record. Listing then costs a directory read and a stat per record, not a parse: publish
     /// lists every record to refuse overlaps, and did so with a parse each (quadratic under a
     /// burst of publishes).
-    /// Keyed by the record's id (its file name without `.json`).
-    parsed: Arc<Mutex<HashMap<String, Parsed>>>,
+    parsed: Arc<Mutex<RecordCache>>,
+}
+
+/// Parsed records keyed by id (the file name without `.json`).
+#[derive(Debug, Default)]
+struct RecordCache {
+    records: HashMap<String, Parsed>,
+    watching: Watching,
+}
+
+/// Whether listings learn what changed from inotify (see [`StateDir::watch_records`]).
+#[derive(Debug, Default)]
+enum Watching {
+    /// Every listing reads the directory and stats every record (a short-lived command).
+    #[default]
+    No,
+    /// Wanted, not (or no longer) in place: the next listing reads everything and watches.
+    Wanted,
+    /// `records` holds every readable record of the directory as of the last drain, with its
+    /// marker; `unreadable` names the others, read again (and reported) at every listing.
+    Complete {
+        watch: RecordWatch,
+        unreadable: HashSet<String>,
+    },
+}
+
+impl Watching {
+    /// The watch and what it knows when complete, leaving `Wanted` in its place.
+    fn take_complete(&mut self) -> Option<(RecordWatch, HashSet<String>)> {
+        match std::mem::replace(self, Watching::Wanted) {
+            Watching::Complete { watch, unreadable } => Some((watch, unreadable)),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
 }
 
 /// A cached record and the identity of the file it is.
@@ -195,9 +233,23 @@ struct Parsed {
     /// same size, still differs. In a burst of publishes every record is fresh; without this
     /// each publish parsed all of them again.
     saved_here: bool,
+    /// Whether the record's `.mounted` marker was there when last looked at; kept up to date
+    /// only while watching (otherwise each listing sees markers in the directory).
+    marked: bool,
 }
 
 impl Parsed {
+    /// The record with its marker applied.
+    fn marked_record(&self) -> std::borrow::Cow<'_, VolumeRecord> {
+        if self.marked && self.record.stage == Stage::Mounting {
+            let mut record = self.record.clone();
+            record.stage = Stage::Mounted;
+            std::borrow::Cow::Owned(record)
+        } else {
+            std::borrow::Cow::Borrowed(&self.record)
+        }
+    }
+
     fn trusted(&self, identity: Option<FileIdentity>) -> bool {
         Some(self.identity) == identity && (self.saved_here || self.identity.settled())
     }
@@ -219,7 +271,7 @@ fn unique_mtime() -> std::time::SystemTime {
 }
 
 /// What tells one version of a file from another without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 struct FileIdentity {
     dev: u64,
     ino: u64,
@@ -285,6 +337,16 @@ impl StateDir {
         Self {
             root: root.into(),
             parsed: Arc::default(),
+        }
+    }
+
+    /// Listings from now on learn which records changed from inotify instead of stat'ing every
+    /// record (see `watch.rs`): for a long-running flexd, whose every publish lists the records
+    /// to refuse overlaps. Without inotify (no instance left) listings work as before.
+    pub fn watch_records(&self) {
+        let mut cache = locked(&self.parsed);
+        if matches!(cache.watching, Watching::No) {
+            cache.watching = Watching::Wanted;
         }
     }
 
@@ -399,12 +461,13 @@ impl StateDir {
         // The identity of what we wrote, after the rename changed its ctime: whatever replaces
         // it later is another inode, or the same inode with another mtime.
         if let Ok(meta) = file.metadata() {
-            locked(&self.parsed).insert(
+            locked(&self.parsed).records.insert(
                 id_of(&record.target),
                 Parsed {
                     identity: FileIdentity::of(&meta),
                     record: record.clone(),
                     saved_here: true,
+                    marked: false,
                 },
             );
         }
@@ -527,19 +590,52 @@ impl StateDir {
         Ok(targets)
     }
 
-    /// Calls `f` with every record (its marker applied), in directory order.
+    /// Calls `f` with every record (its marker applied), in no particular order.
     fn visit(
         &self,
         mut f: impl FnMut(Result<&VolumeRecord, StateError>),
     ) -> Result<(), StateError> {
         let dir = self.volumes();
+        // Held from before the directory is read: a listing forgets the records it did not find,
+        // and one saved (cached) between its read of the directory and that clean-up was lost,
+        // then read and parsed by every later listing until it settled (a second into a burst).
+        let mut guard = locked(&self.parsed);
+        let cache = &mut *guard;
+        if let Some((mut watch, mut unreadable)) = cache.watching.take_complete() {
+            let changed = watch.drain();
+            if !changed.everything {
+                let mut errors = Vec::new();
+                let recheck: Vec<String> =
+                    changed.ids.into_iter().chain(unreadable.drain()).collect();
+                for id in recheck {
+                    if let Err(e) = self.reread(&mut cache.records, &id) {
+                        unreadable.insert(id);
+                        errors.push(e);
+                    }
+                }
+                for known in cache.records.values() {
+                    f(Ok(&known.marked_record()));
+                }
+                errors.into_iter().for_each(|e| f(Err(e)));
+                cache.watching = Watching::Complete { watch, unreadable };
+                return Ok(());
+            }
+            // Left as Wanted: read everything, and watch afresh.
+        }
+        // Watched from before the directory is read: a change made while it is read is
+        // queued for the next listing.
+        let watch = match cache.watching {
+            Watching::No => None,
+            _ => RecordWatch::new(&dir).ok(),
+        };
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_err(&dir)(e)),
         };
-        // By file name (a short id), not by path: a burst of publishes lists every record
-        // once per publish, so hashing and comparing here is per record, per publish.
+        // By file name (a short id), not by path: without a watch a burst of publishes lists
+        // every record once per publish, so hashing and comparing here is per record, per
+        // publish.
         let mut files = Vec::new();
         let mut markers = HashSet::new();
         for entry in entries.flatten() {
@@ -554,21 +650,17 @@ impl StateDir {
                 markers.insert(id.to_owned());
             }
         }
-        let mut parsed = locked(&self.parsed);
+        let parsed = &mut cache.records;
         let mut seen = HashSet::new();
+        let mut unreadable = HashSet::new();
         for (id, entry) in files {
             let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
             let marked = markers.contains(&id);
-            let with_marker = |record: &VolumeRecord| {
-                let mut record = record.clone();
-                record.stage = Stage::Mounted;
-                record
-            };
-            match parsed.get(&id).filter(|known| known.trusted(identity)) {
-                Some(known) if marked && known.record.stage == Stage::Mounting => {
-                    f(Ok(&with_marker(&known.record)));
+            match parsed.get_mut(&id).filter(|known| known.trusted(identity)) {
+                Some(known) => {
+                    known.marked = marked;
+                    f(Ok(&known.marked_record()));
                 }
-                Some(known) => f(Ok(&known.record)),
                 None => {
                     let path = entry.path();
                     let record = fs::read(&path)
@@ -576,28 +668,77 @@ impl StateDir {
                         .and_then(|bytes| parse(&path, &bytes));
                     match record {
                         Ok(record) => {
-                            if marked && record.stage == Stage::Mounting {
-                                f(Ok(&with_marker(&record)));
-                            } else {
-                                f(Ok(&record));
-                            }
-                            if let Some(identity) = identity.filter(FileIdentity::settled) {
-                                let parsed_now = Parsed {
-                                    identity,
-                                    record,
-                                    saved_here: false,
-                                };
+                            let parsed_now = Parsed {
+                                identity: identity.unwrap_or_default(),
+                                record,
+                                saved_here: false,
+                                marked,
+                            };
+                            f(Ok(&parsed_now.marked_record()));
+                            // Cached when it cannot be changed unseen: watched since before it
+                            // was read, or settled.
+                            if watch.is_some() || identity.is_some_and(|i| i.settled()) {
                                 parsed.insert(id.clone(), parsed_now);
                             }
                         }
-                        Err(e) => f(Err(e)),
+                        Err(e) => {
+                            unreadable.insert(id.clone());
+                            f(Err(e));
+                        }
                     }
                 }
             }
             seen.insert(id);
         }
         parsed.retain(|id, _| seen.contains(id));
+        if let Some(watch) = watch {
+            cache.watching = Watching::Complete { watch, unreadable };
+        }
         Ok(())
+    }
+
+    /// Brings one cached record up to date with its files (a watch said they changed).
+    fn reread(&self, records: &mut HashMap<String, Parsed>, id: &str) -> Result<(), StateError> {
+        let path = self.volumes().join(format!("{id}.json"));
+        let marked = self.volumes().join(format!("{id}.mounted")).exists();
+        let identity = match fs::symlink_metadata(&path) {
+            Ok(meta) => FileIdentity::of(&meta),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                records.remove(id);
+                return Ok(());
+            }
+            Err(e) => {
+                records.remove(id);
+                return Err(io_err(&path)(e));
+            }
+        };
+        // This process's own save, as it left it: no need to read it back.
+        if let Some(known) = records
+            .get_mut(id)
+            .filter(|known| known.saved_here && known.identity == identity)
+        {
+            known.marked = marked;
+            return Ok(());
+        }
+        let record = fs::read(&path)
+            .map_err(io_err(&path))
+            .and_then(|bytes| parse(&path, &bytes));
+        match record {
+            Ok(record) => {
+                let parsed = Parsed {
+                    identity,
+                    record,
+                    saved_here: false,
+                    marked,
+                };
+                records.insert(id.to_owned(), parsed);
+                Ok(())
+            }
+            Err(e) => {
+                records.remove(id);
+                Err(e)
+            }
+        }
     }
 
     /// How many recorded volumes depend on a driver (docs/discovery.md#in-use). Unreadable
@@ -699,6 +840,115 @@ mod tests {
         assert_eq!(names.len(), 1);
     }
 
+    /// Every change made by anyone is in a watched listing, though no record file is stat'ed
+    /// unless an event names it.
+    #[test]
+    fn a_watched_listing_sees_every_change_made_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = StateDir::new(dir.path());
+        here.watch_records();
+        let elsewhere = StateDir::new(dir.path());
+        let listed = |state: &StateDir| -> Vec<(PathBuf, Stage, Option<String>)> {
+            state
+                .list()
+                .unwrap()
+                .into_iter()
+                .map(|r| r.map(|r| (r.target, r.stage, r.device)).unwrap())
+                .collect()
+        };
+        let watching =
+            |state: &StateDir| matches!(locked(&state.parsed).watching, Watching::Complete { .. });
+        // No directory yet: nothing to watch, nothing listed, and no error.
+        assert!(listed(&here).is_empty());
+        assert!(!watching(&here));
+        here.save(&record("/t/a")).unwrap();
+        assert_eq!(listed(&here).len(), 1);
+        assert!(watching(&here), "watched once the directory exists");
+        // A new record, and a rewrite at the same size within the same tick.
+        elsewhere.save(&record("/t/b")).unwrap();
+        let with_device = |device: &str| VolumeRecord {
+            device: Some(device.into()),
+            stage: Stage::Mounting,
+            ..record("/t/a")
+        };
+        elsewhere.save(&with_device("/dev/loop1")).unwrap();
+        assert_eq!(
+            listed(&here),
+            [
+                ("/t/a".into(), Stage::Mounting, Some("/dev/loop1".into())),
+                ("/t/b".into(), Stage::Mounted, Some("/dev/loop0".into())),
+            ]
+        );
+        // Written in place by hand, at the same size: seen, though no rename happened.
+        let path = here.record_path(Path::new("/t/a"));
+        let text = fs::read_to_string(&path).unwrap().replace("loop1", "loop7");
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        assert_eq!(listed(&here)[0].2.as_deref(), Some("/dev/loop7"));
+        // A marker that finishes the operation, made elsewhere.
+        elsewhere
+            .save(&VolumeRecord {
+                stage: Stage::Mounted,
+                ..with_device("/dev/loop7")
+            })
+            .unwrap();
+        assert!(elsewhere.marker_path(Path::new("/t/a")).exists());
+        assert_eq!(listed(&here)[0].1, Stage::Mounted);
+        // Broken, reported at every listing, and listed again once mended.
+        fs::write(&path, "{not json").unwrap();
+        for _ in 0..2 {
+            let records = here.list().unwrap();
+            assert_eq!(records.iter().filter(|r| r.is_err()).count(), 1);
+            assert_eq!(records.iter().filter(|r| r.is_ok()).count(), 1);
+        }
+        elsewhere.save(&record("/t/a")).unwrap();
+        assert_eq!(listed(&here).len(), 2);
+        // Removed elsewhere.
+        elsewhere.remove(Path::new("/t/b")).unwrap();
+        assert_eq!(
+            listed(&here),
+            [("/t/a".into(), Stage::Mounted, Some("/dev/loop0".into()))]
+        );
+        // The whole directory swapped for another: listed afresh, and watched again.
+        let volumes = here.volumes();
+        fs::rename(&volumes, dir.path().join("old-volumes")).unwrap();
+        elsewhere.save(&record("/t/c")).unwrap();
+        assert_eq!(
+            listed(&here),
+            [("/t/c".into(), Stage::Mounted, Some("/dev/loop0".into()))]
+        );
+        assert!(watching(&here));
+        elsewhere.save(&record("/t/d")).unwrap();
+        assert_eq!(listed(&here).len(), 2);
+    }
+
+    /// A listing forgets the records it did not find, but not one saved while it read the
+    /// directory: in a burst of publishes such a record was read and parsed again by every
+    /// listing for a second (until settled).
+    #[test]
+    fn records_saved_during_a_listing_stay_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        let savers: Vec<_> = (0..4)
+            .map(|t| {
+                let state = state.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        state.save(&record(&format!("/t/{t}/{i}"))).unwrap();
+                        state.targets().unwrap();
+                    }
+                })
+            })
+            .collect();
+        savers.into_iter().for_each(|s| s.join().unwrap());
+        let cached = locked(&state.parsed).records.len();
+        assert_eq!(cached, 200, "every record this process saved is cached");
+    }
+
     #[test]
     fn a_corrupt_record_is_reported() {
         let dir = tempfile::tempdir().unwrap();
@@ -761,7 +1011,7 @@ mod tests {
                 .collect()
         };
         // Trusted at once, though just written: this process wrote it.
-        let cached = locked(&here.parsed).values().all(|p| p.saved_here);
+        let cached = locked(&here.parsed).records.values().all(|p| p.saved_here);
         assert!(cached);
         assert_eq!(listed(&here), [Some("/dev/loop0".into())]);
         // Rewritten by another process, at the same size, maybe within the same tick and with
