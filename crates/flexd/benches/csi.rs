@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use serve_support::{node_client, publish_all_at_once, publish_request, unpublish_request, Server};
 
+/// flexd logs at its default level, as on a node (tests run it at debug).
+const PRODUCTION_LOGGING: &[(&str, &str)] = &[("RUST_LOG", "info")];
+
 /// What flexd gives the tmpfs driver's mount (for the direct baseline).
 const OPTIONS: &str = r#"{"kubernetes.io/fsType":"ext4","kubernetes.io/readwrite":"rw"}"#;
 
@@ -79,7 +82,9 @@ async fn csi_cycles(sock: &Path, work: &Path, round: usize, cycles: usize) -> Du
 }
 
 fn cycle_bench(rt: &tokio::runtime::Runtime, cycles: usize, rounds: usize) {
-    let server = Server::start(|p| common::install_example(p, "tmpfs/tmpfs", "bench~tmpfs"));
+    let server = Server::start_with("node", PRODUCTION_LOGGING, |p| {
+        common::install_example(p, "tmpfs/tmpfs", "bench~tmpfs")
+    });
     let sock = server.csi_dir.join("flexvolume-bench--tmpfs/csi.sock");
     common::wait_for_path(&sock);
     let exe = common::executable_of(&server.plugin_dir, "bench~tmpfs");
@@ -145,25 +150,31 @@ fn direct_concurrent(exe: &Path, work: &Path, n: usize) -> Duration {
     start.elapsed()
 }
 
-async fn csi_concurrent(sock: &Path, work: &Path, n: usize) -> Duration {
+/// The wall time of `n` publishes at once, and flexd's CPU time over them.
+async fn csi_concurrent(
+    server: &Server,
+    sock: &Path,
+    work: &Path,
+    n: usize,
+) -> (Duration, Duration) {
     let node = node_client(sock).await;
     let targets: Vec<(String, PathBuf)> = (0..n)
         .map(|i| (format!("c{i}"), work.join(format!("csi-c{i}"))))
         .collect();
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), server.cpu_time());
     publish_all_at_once(&node, &targets).await;
-    let elapsed = start.elapsed();
+    let (elapsed, cpu) = (start.elapsed(), server.cpu_time() - cpu);
     for (id, target) in &targets {
         node.clone()
             .node_unpublish_volume(unpublish_request(id, target))
             .await
             .expect("unpublish");
     }
-    elapsed
+    (elapsed, cpu)
 }
 
 fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds: usize) {
-    let server = Server::start(|p| {
+    let server = Server::start_with("node", PRODUCTION_LOGGING, |p| {
         std::fs::create_dir_all(p.join("bench~slow")).unwrap();
         common::write_exe(&common::executable_of(p, "bench~slow"), &slow_driver(delay));
     });
@@ -171,18 +182,20 @@ fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds:
     common::wait_for_path(&sock);
     let exe = common::executable_of(&server.plugin_dir, "bench~slow");
     let work = server.path("work");
-    let mut ratios = Vec::new();
+    let (mut ratios, mut cpu_ms) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let (direct, csi) = if round % 2 == 0 {
+        let (direct, (csi, cpu)) = if round % 2 == 0 {
             let d = direct_concurrent(&exe, &work, n);
-            (d, rt.block_on(csi_concurrent(&sock, &work, n)))
+            (d, rt.block_on(csi_concurrent(&server, &sock, &work, n)))
         } else {
-            let c = rt.block_on(csi_concurrent(&sock, &work, n));
+            let c = rt.block_on(csi_concurrent(&server, &sock, &work, n));
             (direct_concurrent(&exe, &work, n), c)
         };
+        let cpu_per_call = cpu.as_secs_f64() * 1000.0 / n as f64;
+        cpu_ms.push(cpu_per_call);
         assert!(server.records().is_empty(), "every volume unpublished");
         println!(
-            "concurrent round {round}: {n} driver runs at once {:.2} s, {n} NodePublishVolume at once {:.2} s, ratio {:.2}",
+            "concurrent round {round}: {n} driver runs at once {:.2} s, {n} NodePublishVolume at once {:.2} s (flexd CPU {cpu_per_call:.2} ms per call), ratio {:.2}",
             direct.as_secs_f64(),
             csi.as_secs_f64(),
             csi.as_secs_f64() / direct.as_secs_f64()
@@ -190,8 +203,9 @@ fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds:
         ratios.push(csi.as_secs_f64() / direct.as_secs_f64());
     }
     println!(
-        "concurrent median ratio {:.2} ({n} calls, mount {delay} s; target <= 1.3)",
-        median(ratios)
+        "concurrent median ratio {:.2} ({n} calls, mount {delay} s; target <= 1.3), flexd CPU {:.2} ms per call",
+        median(ratios),
+        median(cpu_ms)
     );
 }
 

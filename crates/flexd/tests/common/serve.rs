@@ -114,7 +114,12 @@ impl Server {
             .arg(sandbox.state())
             .args(["--node-name", "node-1"])
             .args(["--metrics-address", metrics_address])
-            .args(["--log-level", "debug"])
+            // Debug for tests; a RUST_LOG in `env` (benchmarks: logging as in production) wins.
+            .args(
+                ["--log-level", "debug"]
+                    .iter()
+                    .filter(|_| !env.iter().any(|(k, _)| *k == "RUST_LOG")),
+            )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(
@@ -143,6 +148,19 @@ impl Server {
     /// What flexd logged so far.
     pub fn flexd_log(&self) -> String {
         std::fs::read_to_string(self.path("flexd.log")).unwrap_or_default()
+    }
+
+    /// The CPU time flexd itself has used so far (user + system, its threads, not its drivers):
+    /// for benchmarks that say what flexd costs per call beside the wall time.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("flexd's /proc stat");
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+        let fields: Vec<&str> = after.split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        let per_second = rustix::param::clock_ticks_per_second();
+        Duration::from_secs_f64(ticks as f64 / per_second as f64)
     }
 
     /// The volume records in the state dir.
