@@ -44,13 +44,29 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Empty call-out cgroups ready for the next call-outs.
 static IDLE: Mutex<Vec<Pooled>> = Mutex::new(Vec::new());
 
-/// An idle cgroup: its `pids.max` as last written, and its spawner (v1) or open directory
-/// (v2) once it has one.
+/// An idle cgroup: its `pids.max` as last written, and what starts drivers in it once it has
+/// one.
 struct Pooled {
     dir: PathBuf,
     max: Option<NonZeroU32>,
-    spawner: Option<Spawner>,
-    handle: Option<OwnedFd>,
+    starter: Option<Starter>,
+}
+
+/// What starts a driver inside a call-out cgroup.
+enum Starter {
+    /// cgroup v1: a thread living in the cgroup; a child is born in its parent thread's cgroup.
+    Spawner(Spawner),
+    /// cgroup v2: the cgroup's directory, open, for `clone3(CLONE_INTO_CGROUP)`.
+    Dir(OwnedFd),
+}
+
+impl Starter {
+    /// Done with it: a spawner's thread must end (leaving the cgroup) before the cgroup can go.
+    fn retire(self) {
+        if let Starter::Spawner(spawner) = self {
+            spawner.stop();
+        }
+    }
 }
 
 /// Call-out cgroups where helpers of finished call-outs still run (FUSE daemons, or helpers
@@ -93,8 +109,7 @@ fn sweep_leftovers() {
         park(Pooled {
             dir,
             max: None,
-            spawner: None,
-            handle: None,
+            starter: None,
         });
     }
 }
@@ -111,9 +126,9 @@ pub fn remove_own_cgroups() -> usize {
     // Spawner threads live in their cgroups (v1): they must end before a cgroup can go.
     let pooled = std::mem::take(&mut *lock(&IDLE));
     let mut removed = 0;
-    for Pooled { dir, spawner, .. } in pooled {
-        if let Some(spawner) = spawner {
-            spawner.stop();
+    for Pooled { dir, starter, .. } in pooled {
+        if let Some(starter) = starter {
+            starter.retire();
         }
         removed += usize::from(std::fs::remove_dir(&dir).is_ok());
     }
@@ -132,10 +147,9 @@ fn park(pooled: Pooled) {
         return;
     }
     drop(idle);
-    let Pooled { dir, spawner, .. } = pooled;
-    // The spawner's thread must end (leaving the cgroup) before the cgroup can go.
-    if let Some(spawner) = spawner {
-        spawner.stop();
+    let Pooled { dir, starter, .. } = pooled;
+    if let Some(starter) = starter {
+        starter.retire();
     }
     if std::fs::remove_dir(&dir).is_err() {
         remember_leftover(dir);
@@ -239,10 +253,7 @@ fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
 pub(crate) struct CallCgroup {
     dir: PathBuf,
     max: NonZeroU32,
-    v2: bool,
-    spawner: Option<Spawner>,
-    /// The directory, open (v2): what a driver is started in.
-    handle: Option<OwnedFd>,
+    starter: Starter,
 }
 
 impl std::fmt::Debug for CallCgroup {
@@ -265,8 +276,7 @@ impl CallCgroup {
         let Pooled {
             dir,
             max: had,
-            spawner,
-            handle,
+            starter,
         } = match reused {
             // Gone only if someone removed it by hand; then make a new one.
             Some(pooled) if pooled.dir.is_dir() => pooled,
@@ -282,18 +292,16 @@ impl CallCgroup {
                 Pooled {
                     dir,
                     max: None,
-                    spawner: None,
-                    handle: None,
+                    starter: None,
                 }
             }
         };
-        let give_up = |dir: PathBuf, spawner: Option<Spawner>, e: io::Error, what: &str| {
+        let give_up = |dir: PathBuf, starter: Option<Starter>, e: io::Error, what: &str| {
             tracing::warn!(dir = %dir.display(), error = %e, "{what}; this call-out runs uncapped");
             park(Pooled {
                 dir,
                 max: None,
-                spawner,
-                handle: None,
+                starter,
             });
             None
         };
@@ -305,37 +313,30 @@ impl CallCgroup {
                 max.get() + 1
             };
             if let Err(e) = std::fs::write(dir.join("pids.max"), limit.to_string()) {
-                return give_up(dir, spawner, e, "cannot set pids.max");
+                return give_up(dir, starter, e, "cannot set pids.max");
             }
         }
-        let (spawner, handle) = match (hierarchy.v2, spawner, handle) {
-            (true, _, Some(handle)) => (None, Some(handle)),
-            (true, _, None) => match open_dir(&dir) {
-                Ok(handle) => (None, Some(handle)),
+        // The hierarchy never changes while flexd runs: a pooled starter is of its kind.
+        let starter = match starter {
+            Some(starter) => starter,
+            None if hierarchy.v2 => match open_dir(&dir) {
+                Ok(handle) => Starter::Dir(handle),
                 Err(e) => return give_up(dir, None, e, "cannot open the cgroup"),
             },
-            (false, Some(spawner), _) => (Some(spawner), None),
-            (false, None, _) => match Spawner::start(&dir) {
-                Ok(spawner) => (Some(spawner), None),
+            None => match Spawner::start(&dir) {
+                Ok(spawner) => Starter::Spawner(spawner),
                 Err(e) => return give_up(dir, None, e, "cannot start a spawner in the cgroup"),
             },
         };
-        Some(Self {
-            dir,
-            max,
-            v2: hierarchy.v2,
-            spawner,
-            handle,
-        })
+        Some(Self { dir, max, starter })
     }
 
     /// Starts the driver inside this cgroup, so that not even its first fork is outside it.
     pub(crate) fn spawn(&self, request: &Request) -> io::Result<Process> {
-        match (&self.spawner, &self.handle) {
-            (Some(spawner), _) => spawner.spawn(request),
+        match &self.starter {
+            Starter::Spawner(spawner) => spawner.spawn(request),
             // The handle is ours until the call-out ends, so open for the whole spawn.
-            (None, Some(handle)) => request.spawn(Placement::Cgroup(handle.as_raw_fd())),
-            (None, None) => Err(io::Error::other("the call-out cgroup is not open")),
+            Starter::Dir(handle) => request.spawn(Placement::Cgroup(handle.as_raw_fd())),
         }
     }
 
@@ -356,7 +357,8 @@ impl CallCgroup {
         let deadline = Instant::now() + KILL_DEADLINE;
         // cgroup.kill (v2, Linux 5.14) kills the whole cgroup at once, forks in flight
         // included; elsewhere a process may fork between our read and our kill, hence the loop.
-        let killed_at_once = self.v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok();
+        let v2 = matches!(self.starter, Starter::Dir(_));
+        let killed_at_once = v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok();
         loop {
             let members = self.members();
             if members.is_empty() || Instant::now() >= deadline {
@@ -376,18 +378,16 @@ impl CallCgroup {
     /// run (FUSE daemons), or not yet reaped, is kept aside until they are gone, and its spawner
     /// retires.
     pub(crate) fn release(self) {
-        let own = u64::from(self.spawner.is_some());
+        // On v1 the spawner thread is one of the cgroup's tasks.
+        let own = u64::from(matches!(self.starter, Starter::Spawner(_)));
         if tasks_in(&self.dir).is_ok_and(|n| n == own) {
             park(Pooled {
                 dir: self.dir,
                 max: Some(self.max),
-                spawner: self.spawner,
-                handle: self.handle,
+                starter: Some(self.starter),
             });
         } else {
-            if let Some(spawner) = self.spawner {
-                spawner.stop();
-            }
+            self.starter.retire();
             remember_leftover(self.dir);
         }
     }
