@@ -129,6 +129,26 @@ fn open_step(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
     }
 }
 
+/// `path` (checked) opened in one `openat2` from `/`, with what it is; `None` when that fails
+/// for any reason (a symlink, a missing component, a kernel before 5.6). The kernel refuses a
+/// symlink as any component but the last, which `O_PATH | O_NOFOLLOW` opens itself: refused
+/// here. The same guarantee as the walk, in one lookup instead of three system calls per
+/// component (a publish walks its target three times); when it fails, the walk says why.
+fn open_whole(path: &Path) -> Option<(OwnedFd, FileType)> {
+    let root = open_root().ok()?;
+    let relative: PathBuf = names(path).collect();
+    let fd = if relative.as_os_str().is_empty() {
+        root
+    } else {
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let resolve =
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::BENEATH;
+        rustix::fs::openat2(&root, &relative, flags, Mode::empty(), resolve).ok()?
+    };
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd).ok()?.st_mode);
+    (kind != FileType::Symlink).then_some((fd, kind))
+}
+
 /// What a name in `dir` is, not following it.
 fn kind_of(dir: BorrowedFd<'_>, name: &OsStr) -> Result<Option<FileType>, Errno> {
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -151,6 +171,9 @@ pub enum Found {
 /// as any component is an error; so is a non-directory before the last component.
 pub fn open(path: &Path) -> Result<Found, PathError> {
     let path = check(path)?;
+    if let Some((fd, _)) = open_whole(&path) {
+        return Ok(Found::Present(fd));
+    }
     let mut dir = open_root().map_err(|source| PathError::Io {
         path: path.clone(),
         source,
@@ -247,6 +270,32 @@ pub fn create_dir(path: &Path) -> Result<(OwnedFd, bool), PathError> {
         path: path.clone(),
         source,
     };
+    // What a publish meets: the directory there, or only its last component missing.
+    match open_whole(&path) {
+        Some((fd, FileType::Directory)) => return Ok((fd, false)),
+        Some(_) => {} // not a directory: the walk says which component
+        None => {
+            if let (Some(parent), Some(name)) = (path.parent(), path.file_name()) {
+                if let Some((parent, FileType::Directory)) = open_whole(parent) {
+                    match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => {
+                            // Ours: opened as the walk would (a symlink swapped in is refused).
+                            let fd = open_step(parent.as_fd(), name).map_err(|_| {
+                                PathError::Symlink {
+                                    path: path.clone(),
+                                    component: path.clone(),
+                                }
+                            })?;
+                            require_dir(&fd, &path)?;
+                            return Ok((fd, true));
+                        }
+                        Err(Errno::EXIST) => {} // made meanwhile, or not a directory: the walk
+                        Err(e) => return Err(io(e.into())),
+                    }
+                }
+            }
+        }
+    }
     let mut dir = open_root().map_err(io)?;
     let mut walked = PathBuf::from("/");
     let mut created_last = false;
@@ -421,6 +470,13 @@ mod tests {
             PathError::NotDirectory { .. }
         ));
 
+        assert!(matches!(
+            create_dir(&root.join("file")).unwrap_err(),
+            PathError::NotDirectory { .. }
+        ));
+        // Only the last component missing (a publish's target): made in its parent.
+        let (_, created) = create_dir(&root.join("real/c")).unwrap();
+        assert!(created && root.join("real/c").is_dir());
         let (fd, created) = create_dir(&root.join("real/a/b")).unwrap();
         assert!(created && root.join("real/a/b").is_dir());
         assert!(!is_mount_root(&fd, &root.join("real/a/b")).unwrap());
