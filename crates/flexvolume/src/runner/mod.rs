@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::num::NonZeroU32;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -288,7 +288,9 @@ pub fn run_argv(
     kind: CallOutKind,
     argv: &[&std::ffi::OsStr],
 ) -> Result<RawOutput, CallError> {
-    argv_fits(program, kind, argv)?;
+    // Read once: what the size check counts is what the driver gets.
+    let envp = spawn::environment();
+    argv_fits(program, kind, argv, &envp)?;
     let start = Instant::now();
     let timeout = config.timeout_for(kind);
     let io_err = |source| CallError::Io {
@@ -310,14 +312,21 @@ pub fn run_argv(
         }
         _ => program,
     };
-    let mut cgroup = config.max_processes.and_then(CallCgroup::create);
-    let mut child = match spawn(
+    // The descriptors stay open for the whole call: the config holds the locks' `Arc<File>`s
+    // and the namespace.
+    let request = Request::new(
         program,
         argv,
-        &config.held_locks,
-        namespace,
-        cgroup.as_ref(),
-    ) {
+        envp,
+        config.held_locks.iter().map(|f| f.as_raw_fd()).collect(),
+        namespace.map(MountNamespace::raw_fd),
+    )
+    .map_err(|source| CallError::Spawn {
+        path: program.to_owned(),
+        source,
+    })?;
+    let mut cgroup = config.max_processes.and_then(CallCgroup::create);
+    let mut child = match spawn(program, &request, namespace, cgroup.as_ref()) {
         Err(CallError::Spawn { source, .. }) if cgroup.is_some() => {
             // Joining the cgroup failed in the child (it is ours and empty, so this is odd):
             // a driver that runs uncapped beats a volume that cannot mount.
@@ -325,7 +334,7 @@ pub fn run_argv(
             if let Some(cgroup) = cgroup.take() {
                 cgroup.release();
             }
-            spawn(program, argv, &config.held_locks, namespace, None)?
+            spawn(program, &request, namespace, None)?
         }
         other => other?,
     };
@@ -379,6 +388,7 @@ fn argv_fits(
     program: &Path,
     kind: CallOutKind,
     argv: &[&std::ffi::OsStr],
+    envp: &[std::ffi::CString],
 ) -> Result<(), CallError> {
     use std::os::unix::ffi::OsStrExt;
     let refuse = |reason: String| CallError::Arguments {
@@ -405,7 +415,7 @@ fn argv_fits(
     let strings = |items: &mut dyn Iterator<Item = usize>| -> usize {
         items.map(|len| len + 1 + pointer).sum::<usize>() + pointer
     };
-    let env = strings(&mut std::env::vars_os().map(|(k, v)| k.len() + 1 + v.len()));
+    let env = strings(&mut envp.iter().map(|pair| pair.as_bytes().len()));
     let args = strings(
         &mut std::iter::once(program.as_os_str().len()).chain(argv.iter().map(|a| a.len())),
     );
@@ -433,30 +443,19 @@ const TEXT_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// while the executable and all the driver does resolve in the driver's namespace.
 fn spawn(
     program: &Path,
-    argv: &[&std::ffi::OsStr],
-    held_locks: &[std::sync::Arc<std::fs::File>],
+    request: &Request,
     namespace: Option<&MountNamespace>,
     cgroup: Option<&CallCgroup>,
 ) -> Result<Process, CallError> {
-    use std::os::fd::AsRawFd;
     let spawn_error = |source: io::Error| CallError::Spawn {
         path: program.to_owned(),
         source,
     };
     let mut pause = TEXT_BUSY_PAUSE;
     let mut tries = 0;
-    // The descriptors stay open for the whole call: the config holds the locks' `Arc<File>`s
-    // and the namespace.
-    let request = Request::new(
-        program,
-        argv,
-        held_locks.iter().map(|f| f.as_raw_fd()).collect(),
-        namespace.map(MountNamespace::raw_fd),
-    )
-    .map_err(spawn_error)?;
     loop {
         let result = match cgroup {
-            Some(cgroup) => cgroup.spawn(&request),
+            Some(cgroup) => cgroup.spawn(request),
             None => request.spawn(Placement::Inherited),
         };
         match result {
@@ -686,19 +685,20 @@ mod argv_tests {
     fn argv_the_kernel_would_refuse_is_refused_before_exec() {
         let program = Path::new("/bin/true");
         let kind = CallOutKind::Mount;
+        let env = spawn::environment();
         let fits = "x".repeat(max_arg_strlen() - 1);
-        assert!(argv_fits(program, kind, &[fits.as_ref()]).is_ok());
+        assert!(argv_fits(program, kind, &[fits.as_ref()], &env).is_ok());
         let one_more = "x".repeat(max_arg_strlen());
-        let err = argv_fits(program, kind, &[one_more.as_ref()]).unwrap_err();
+        let err = argv_fits(program, kind, &[one_more.as_ref()], &env).unwrap_err();
         assert!(err.to_string().contains("MAX_ARG_STRLEN"), "{err}");
         let nul = "a\0b";
-        assert!(argv_fits(program, kind, &[nul.as_ref()]).is_err());
+        assert!(argv_fits(program, kind, &[nul.as_ref()], &env).is_err());
         // Many arguments each within the per-string limit, together beyond ARG_MAX.
         let chunk = "y".repeat(max_arg_strlen() / 2);
         let many: Vec<&std::ffi::OsStr> = (0..(arg_max() / chunk.len() + 2))
             .map(|_| chunk.as_ref())
             .collect();
-        let err = argv_fits(program, kind, &many).unwrap_err();
+        let err = argv_fits(program, kind, &many, &env).unwrap_err();
         assert!(err.to_string().contains("ARG_MAX"), "{err}");
         // The real exec agrees: what passes the check runs.
         let config = RunnerConfig::default();

@@ -65,12 +65,25 @@ pub(crate) struct Process {
     status: Option<ExitStatus>,
 }
 
+/// flexd's environment as `KEY=value` strings, what a driver gets.
+pub(crate) fn environment() -> Vec<CString> {
+    std::env::vars_os()
+        .filter_map(|(key, value)| {
+            let mut pair = key.into_vec();
+            pair.push(b'=');
+            pair.extend_from_slice(value.as_bytes());
+            CString::new(pair).ok()
+        })
+        .collect()
+}
+
 impl Request {
     /// `program` run with `argv` (after argv[0], which is `program`) in flexd's environment.
     /// A `program` without a slash is looked up in `PATH`, as std does.
     pub(crate) fn new(
         program: &Path,
         argv: &[&OsStr],
+        envp: Vec<CString>,
         inherit: Vec<RawFd>,
         namespace: Option<RawFd>,
     ) -> io::Result<Self> {
@@ -85,14 +98,6 @@ impl Request {
         for arg in argv {
             args.push(c(arg)?);
         }
-        let envp = std::env::vars_os()
-            .filter_map(|(key, value)| {
-                let mut pair = key.into_vec();
-                pair.push(b'=');
-                pair.extend_from_slice(value.as_bytes());
-                CString::new(pair).ok()
-            })
-            .collect();
         Ok(Self {
             program: c(resolved.as_os_str())?,
             argv: args,
@@ -639,7 +644,8 @@ mod tests {
         try_clone3: bool,
     ) -> (ExitStatus, String, String) {
         let argv: Vec<&OsStr> = argv.iter().map(OsStr::new).collect();
-        let request = Request::new(Path::new(program), &argv, inherit, None).unwrap();
+        let request =
+            Request::new(Path::new(program), &argv, environment(), inherit, None).unwrap();
         let mut process = request.spawn_by(Placement::Inherited, try_clone3).unwrap();
         let mut out = String::new();
         let mut err = String::new();
@@ -742,8 +748,14 @@ mod tests {
 
     #[test]
     fn a_failed_exec_is_the_error_and_leaves_no_zombie() {
-        let request =
-            Request::new(Path::new("/nonexistent/driver"), &[], Vec::new(), None).unwrap();
+        let request = Request::new(
+            Path::new("/nonexistent/driver"),
+            &[],
+            environment(),
+            Vec::new(),
+            None,
+        )
+        .unwrap();
         for try_clone3 in [true, false] {
             let err = request
                 .spawn_by(Placement::Inherited, try_clone3)
@@ -753,7 +765,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let text = dir.path().join("not-executable");
         std::fs::write(&text, "data").unwrap();
-        let err = Request::new(&text, &[], Vec::new(), None)
+        let err = Request::new(&text, &[], environment(), Vec::new(), None)
             .unwrap()
             .spawn(Placement::Inherited)
             .unwrap_err();
@@ -780,7 +792,8 @@ mod tests {
 
     #[test]
     fn a_pidfd_comes_with_the_process_where_clone3_works() {
-        let request = Request::new(Path::new("/bin/true"), &[], Vec::new(), None).unwrap();
+        let request =
+            Request::new(Path::new("/bin/true"), &[], environment(), Vec::new(), None).unwrap();
         let mut process = request.spawn(Placement::Inherited).unwrap();
         let pidfd = process.take_pidfd();
         assert!(process.wait().unwrap().success());
