@@ -28,6 +28,8 @@ if [ -z "$disk" ]; then
   disk=$work/mnt
 fi
 for dir in "$disk" /dev/shm; do
-  echo "== state dir on $(stat -f -c %T "$dir") ($dir)"
+  what=$(stat -f -c %T "$dir")
+  [ -z "${DISK:-}" ] && [ "$dir" = "$disk" ] && what="a fresh journaled ext4 on a loop device"
+  echo "== state dir on $what ($dir)"
   TMPDIR=$dir cargo bench -q -p flexd --bench csi -- "${args[@]}"
 done
