@@ -52,13 +52,9 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
     common::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", common::TMPFS_DRIVER);
     let mut node = node_client(&sock).await;
-    let caps = node
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = node_capabilities(&mut node).await;
     let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(!node_capabilities(&caps).contains(&stage));
+    assert!(!caps.contains(&stage));
 
     let volume_id = kubelet_volume_id(POD_UID, "scratch");
     let target = server.path(&format!(

@@ -265,13 +265,9 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     let caps = serve_support::controller_capabilities(&mut controller).await;
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
     assert!(caps.contains(&publish), "{caps:?}");
-    let caps = node
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = node_capabilities(&mut node).await;
     let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(node_capabilities(&caps).contains(&stage));
+    assert!(caps.contains(&stage));
     let info = node
         .node_get_info(csi::NodeGetInfoRequest {})
         .await
@@ -449,16 +445,9 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
     common::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let mut node = node_client(&sock).await;
-    let caps = node
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = node_capabilities(&mut node).await;
     let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(
-        !node_capabilities(&caps).contains(&stage),
-        "a plain driver is not staged"
-    );
+    assert!(!caps.contains(&stage), "a plain driver is not staged");
 
     let target = server.path("kubelet/pods/uid-2/volumes/v");
     let mut publish = publish_request("vol-a", &target, None);
@@ -672,13 +661,9 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
     common::require_root!();
     let (server, sock) = Server::acme("node", "metered", METERED);
     let mut node = node_client(&sock).await;
-    let caps = node
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let caps = node_capabilities(&mut node).await;
     let stats = csi::node_service_capability::rpc::Type::GetVolumeStats as i32;
-    assert!(node_capabilities(&caps).contains(&stats));
+    assert!(caps.contains(&stats));
     let target = server.path("pods/metered");
     node.node_publish_volume(publish_request("m-1", &target, None))
         .await

@@ -378,7 +378,11 @@ pub fn unpublish_request(volume_id: &str, target: &Path) -> csi::NodeUnpublishVo
     }
 }
 
-pub fn node_capabilities(caps: &csi::NodeGetCapabilitiesResponse) -> Vec<i32> {
+pub async fn node_capabilities(node: &mut csi::node_client::NodeClient<Channel>) -> Vec<i32> {
+    let caps = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await;
+    let caps = caps.unwrap().into_inner();
     caps.capabilities
         .iter()
         .filter_map(|c| {
