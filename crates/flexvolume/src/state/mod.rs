@@ -239,6 +239,17 @@ struct Parsed {
 }
 
 impl Parsed {
+    /// The record file at `path` read and parsed, as it is on disk now.
+    fn read(path: &Path, identity: FileIdentity, marked: bool) -> Result<Self, StateError> {
+        let bytes = fs::read(path).map_err(io_err(path))?;
+        Ok(Self {
+            identity,
+            record: parse(path, &bytes)?,
+            saved_here: false,
+            marked,
+        })
+    }
+
     /// The record with its marker applied.
     fn marked_record(&self) -> std::borrow::Cow<'_, VolumeRecord> {
         if self.marked && self.record.stage == Stage::Mounting {
@@ -487,6 +498,20 @@ impl StateDir {
     /// The record file as written, without its marker.
     fn load_record(&self, target: &Path) -> Result<Option<VolumeRecord>, StateError> {
         let path = self.record_path(target);
+        // A cached record the listing would trust (this process saved it, or it settled) with
+        // the file's identity unchanged: no read and parse. Every publish's last step, which
+        // turns the record into a marker, asks.
+        if let Ok(meta) = fs::symlink_metadata(&path) {
+            let identity = FileIdentity::of(&meta);
+            let cache = locked(&self.parsed);
+            if let Some(known) = cache
+                .records
+                .get(&id_of(target))
+                .filter(|known| known.trusted(Some(identity)))
+            {
+                return Ok(Some(known.record.clone()));
+            }
+        }
         match fs::read(&path) {
             Ok(bytes) => parse(&path, &bytes).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -662,18 +687,9 @@ impl StateDir {
                     f(Ok(&known.marked_record()));
                 }
                 None => {
-                    let path = entry.path();
-                    let record = fs::read(&path)
-                        .map_err(io_err(&path))
-                        .and_then(|bytes| parse(&path, &bytes));
-                    match record {
-                        Ok(record) => {
-                            let parsed_now = Parsed {
-                                identity: identity.unwrap_or_default(),
-                                record,
-                                saved_here: false,
-                                marked,
-                            };
+                    let read = Parsed::read(&entry.path(), identity.unwrap_or_default(), marked);
+                    match read {
+                        Ok(parsed_now) => {
                             f(Ok(&parsed_now.marked_record()));
                             // Cached when it cannot be changed unseen: watched since before it
                             // was read, or settled.
@@ -699,8 +715,9 @@ impl StateDir {
 
     /// Brings one cached record up to date with its files (a watch said they changed).
     fn reread(&self, records: &mut HashMap<String, Parsed>, id: &str) -> Result<(), StateError> {
-        let path = self.volumes().join(format!("{id}.json"));
-        let marked = self.volumes().join(format!("{id}.mounted")).exists();
+        let dir = self.volumes();
+        let path = dir.join(format!("{id}.json"));
+        let marked = dir.join(format!("{id}.mounted")).exists();
         let identity = match fs::symlink_metadata(&path) {
             Ok(meta) => FileIdentity::of(&meta),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -720,17 +737,8 @@ impl StateDir {
             known.marked = marked;
             return Ok(());
         }
-        let record = fs::read(&path)
-            .map_err(io_err(&path))
-            .and_then(|bytes| parse(&path, &bytes));
-        match record {
-            Ok(record) => {
-                let parsed = Parsed {
-                    identity,
-                    record,
-                    saved_here: false,
-                    marked,
-                };
+        match Parsed::read(&path, identity, marked) {
+            Ok(parsed) => {
                 records.insert(id.to_owned(), parsed);
                 Ok(())
             }
