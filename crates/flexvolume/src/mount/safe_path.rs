@@ -270,31 +270,8 @@ pub fn create_dir(path: &Path) -> Result<(OwnedFd, bool), PathError> {
         path: path.clone(),
         source,
     };
-    // What a publish meets: the directory there, or only its last component missing.
-    match open_whole(&path) {
-        Some((fd, FileType::Directory)) => return Ok((fd, false)),
-        Some(_) => {} // not a directory: the walk says which component
-        None => {
-            if let (Some(parent), Some(name)) = (path.parent(), path.file_name()) {
-                if let Some((parent, FileType::Directory)) = open_whole(parent) {
-                    match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
-                        Ok(()) => {
-                            // Ours: opened as the walk would (a symlink swapped in is refused).
-                            let fd = open_step(parent.as_fd(), name).map_err(|_| {
-                                PathError::Symlink {
-                                    path: path.clone(),
-                                    component: path.clone(),
-                                }
-                            })?;
-                            require_dir(&fd, &path)?;
-                            return Ok((fd, true));
-                        }
-                        Err(Errno::EXIST) => {} // made meanwhile, or not a directory: the walk
-                        Err(e) => return Err(io(e.into())),
-                    }
-                }
-            }
-        }
+    if let Some(done) = create_dir_at_once(&path) {
+        return done;
     }
     let mut dir = open_root().map_err(io)?;
     let mut walked = PathBuf::from("/");
@@ -356,6 +333,39 @@ pub fn create_dir(path: &Path) -> Result<(OwnedFd, bool), PathError> {
         }
     }
     Ok((dir, created_last))
+}
+
+/// [`create_dir`] for what a publish meets, without the walk: the directory is there, or only
+/// its last component is missing. `None` for anything else: the walk then says which component
+/// is wrong.
+fn create_dir_at_once(path: &Path) -> Option<Result<(OwnedFd, bool), PathError>> {
+    match open_whole(path) {
+        Some((fd, FileType::Directory)) => return Some(Ok((fd, false))),
+        Some(_) => return None,
+        None => {}
+    }
+    let (parent, name) = (path.parent()?, path.file_name()?);
+    let (parent, FileType::Directory) = open_whole(parent)? else {
+        return None;
+    };
+    match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) => {}
+        Err(Errno::EXIST) => return None, // made meanwhile, or not a directory
+        Err(e) => {
+            return Some(Err(PathError::Io {
+                path: path.to_owned(),
+                source: e.into(),
+            }))
+        }
+    }
+    // Ours: opened as the walk would (a symlink swapped in is refused).
+    let opened = open_step(parent.as_fd(), name)
+        .map_err(|_| PathError::Symlink {
+            path: path.to_owned(),
+            component: path.to_owned(),
+        })
+        .and_then(|fd| require_dir(&fd, path).map(|()| (fd, true)));
+    Some(opened)
 }
 
 /// Removes the empty directory `path` with `unlinkat` in its parent's descriptor (found without
