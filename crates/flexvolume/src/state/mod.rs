@@ -1036,6 +1036,9 @@ mod tests {
             mtimes.push(mtime());
         }
         assert_eq!(listed(&here), [Some("/dev/loop2".into())]);
+        // Loading it agrees: the cached copy answers only for the file this process wrote.
+        let loaded = here.load(Path::new("/t/a")).unwrap().unwrap();
+        assert_eq!(loaded.device.as_deref(), Some("/dev/loop2"));
         // What makes that hold when all else matches: each save has an mtime of its own.
         mtimes.sort();
         mtimes.dedup();
