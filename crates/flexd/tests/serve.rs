@@ -802,3 +802,55 @@ async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
         .join("flexvolume-acme--block-reg.sock")
         .exists());
 }
+
+/// Relative directories on the command line mean the working directory's, for good: attach
+/// records a path under the state dir, and detach must find it again (a relative
+/// `--state-dir` once made every ControllerUnpublish fail with INVALID_ARGUMENT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relative_directories_are_resolved_once_and_detach_finds_what_attach_recorded() {
+    let cwd = tempfile::tempdir().unwrap();
+    common::install_example(
+        &cwd.path().join("exec"),
+        "attachable/attachable",
+        "acme~attachable",
+    );
+    let mut child = common::clean_flexd()
+        .current_dir(cwd.path())
+        .args([
+            "--plugin-dir",
+            "exec",
+            "--state-dir",
+            "state",
+            "--node-name",
+            "node-1",
+        ])
+        .args([
+            "serve",
+            "--mode",
+            "both",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ])
+        .args(["--csi-dir", "csi", "--registration-dir", "registry"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = cwd.path().join("csi/flexvolume-acme--attachable/csi.sock");
+    let mut controller = controller_client(&socket).await;
+    let publish = csi::ControllerPublishVolumeRequest {
+        volume_id: "pv-1".into(),
+        node_id: "node-1".into(),
+        volume_capability: mount_capability("ext4", ""),
+        ..Default::default()
+    };
+    controller.controller_publish_volume(publish).await.unwrap();
+    let unpublish = csi::ControllerUnpublishVolumeRequest {
+        volume_id: "pv-1".into(),
+        node_id: "node-1".into(),
+        ..Default::default()
+    };
+    let detached = controller.controller_unpublish_volume(unpublish).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    detached.unwrap();
+}

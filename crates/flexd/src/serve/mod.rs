@@ -55,10 +55,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Mode::Node)]
     pub mode: Mode,
     /// Where each driver's CSI socket lives: <csi-dir>/<csi-name>/csi.sock.
-    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    #[arg(long, default_value = "/var/lib/kubelet/plugins", value_parser = crate::settings::parse_dir)]
     pub csi_dir: PathBuf,
     /// kubelet's plugin registration directory.
-    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry", value_parser = crate::settings::parse_dir)]
     pub registration_dir: PathBuf,
     /// Where /metrics (Prometheus text) and /healthz are served.
     #[arg(long, default_value = "127.0.0.1:9808")]

@@ -21,11 +21,11 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/flexd";
 #[command(next_help_heading = "Global options")]
 pub struct Global {
     /// The FlexVolume plugin dir (kubelet's --volume-plugin-dir).
-    #[arg(long, global = true, env = "FLEXD_PLUGIN_DIR", default_value = DEFAULT_PLUGIN_DIR)]
+    #[arg(long, global = true, env = "FLEXD_PLUGIN_DIR", default_value = DEFAULT_PLUGIN_DIR, value_parser = parse_dir)]
     pub plugin_dir: PathBuf,
     /// flexd's state: what must survive a crash to undo operations (volume records, locks,
     /// pinned driver copies). Every command that mounts, unmounts or removes drivers uses it.
-    #[arg(long, global = true, env = "FLEXD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    #[arg(long, global = true, env = "FLEXD_STATE_DIR", default_value = DEFAULT_STATE_DIR, value_parser = parse_dir)]
     pub state_dir: PathBuf,
     /// This node's name, as Kubernetes knows it (attach, detach, NodeGetInfo); default: the
     /// host name.
@@ -155,6 +155,17 @@ pub enum LogFormat {
     Text,
     /// One JSON object per event, fields flattened (for log collectors).
     Json,
+}
+
+/// A directory flag, made absolute against the working directory once, at parsing: records
+/// and call-outs keep paths that must mean the same directory whatever the working directory
+/// of a later command or driver (a relative `--state-dir state` once broke detach, whose
+/// record path the state dir refused as relative).
+pub fn parse_dir(text: &str) -> Result<PathBuf, String> {
+    if text.is_empty() {
+        return Err("a directory is required, not an empty string".to_owned());
+    }
+    std::path::absolute(text).map_err(|e| format!("cannot make {text:?} absolute: {e}"))
 }
 
 /// Durations as written everywhere in the CLI: `500ms`, `2s`, `10m`.
