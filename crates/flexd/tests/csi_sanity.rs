@@ -1,56 +1,66 @@
-//! The official CSI conformance suite, csi-sanity (kubernetes-csi/csi-test v5.3.1), against a
-//! real `flexd serve --mode both`: the builtin loop driver (attach, stage, provisioning,
-//! expansion, metrics) and the node-only tmpfs example. Both must have zero failures; specs of
-//! capabilities flexd does not offer (snapshots, listing, cloning, …) are skipped by the suite
-//! itself (the README lists them).
+//! The official CSI conformance suite, csi-sanity (kubernetes-csi/csi-test, pinned in
+//! `tests/e2e/go.mod`), against a real `flexd serve --mode both` for every shape a driver can
+//! have: {attaches, does not} × {provisions, does not} × {expands, does not} (one shell driver,
+//! `tests/drivers/shape`, with its capabilities written in), the example drivers and the
+//! builtin loop driver. Each must have zero failures.
 //!
-//! The suite is a Go binary built from `../shared/tools/csi-sanity` (relative to the repository
-//! root), or named by `CSI_SANITY`. Without it, or without root (the suite mounts), these tests
-//! say loudly that they skipped.
+//! What the suite runs is decided by what flexd itself says the driver offers, and the test
+//! first checks that this is what the driver's capabilities call for:
+//! - no controller side (neither attach nor provision): the endpoint must answer the Controller
+//!   service `UNIMPLEMENTED`, and the suite's `[Controller Server]` specs are skipped, as the
+//!   suite documents for node-only plugins (kubernetes-csi/csi-test#208);
+//! - no `CREATE_DELETE_VOLUME`: the specs that call CreateVolume without asking whether the
+//!   plugin offers it (kubernetes-csi/csi-test#214, open) are skipped by name
+//!   ([`NEEDS_CREATE_VOLUME`]; the README lists them).
+//!
+//! The suite is built from the Go module proxy by `tests/e2e/tools.sh` (cached per machine), or
+//! named by `CSI_SANITY`. Without Go, or without root (the suite mounts), these tests say loudly
+//! that they skipped.
 
 mod common;
+#[path = "common/serve.rs"]
+mod serve_support;
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::serve_command;
+use common::{repo_path, serve_command};
+use serve_support::csi;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+/// The specs that call CreateVolume whatever the plugin's capabilities
+/// (kubernetes-csi/csi-test#214): skipped for a driver that does not provision.
+const NEEDS_CREATE_VOLUME: [&str; 11] = [
+    "Node Service NodeUnpublishVolume should remove target path",
+    "Node Service NodeExpandVolume should fail when no volume path is provided",
+    "Node Service NodeExpandVolume should work if node-expand is called after node-publish",
+    "Node Service NodeStageVolume should fail when no volume capability is provided",
+    "Node Service should work",
+    "Node Service should be idempotent",
+    "Controller Service [Controller Server] ControllerPublishVolume should fail when the node does not exist",
+    "Controller Service [Controller Server] ValidateVolumeCapabilities should fail when no volume capabilities are provided",
+    "Controller Service [Controller Server] ValidateVolumeCapabilities should return appropriate values (no optional values added)",
+    "Controller Service [Controller Server] volume lifecycle should work",
+    "Controller Service [Controller Server] volume lifecycle should be idempotent",
+];
 
-/// The csi-sanity binary: `$CSI_SANITY`, else what `../shared/tools/csi-sanity` prints (it
-/// builds the suite once per machine), else the cache that script fills.
-fn csi_sanity() -> Option<PathBuf> {
+/// The csi-sanity binary: `$CSI_SANITY`, else what `tests/e2e/tools.sh csi-sanity` builds (once
+/// per machine and pin). `Err` says why there is none.
+fn csi_sanity() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("CSI_SANITY") {
-        return Some(PathBuf::from(path));
+        return Ok(PathBuf::from(path));
     }
-    let script = repo_root().join("../shared/tools/csi-sanity");
-    if script.is_file() {
-        if let Ok(out) = Command::new(&script).stderr(Stdio::inherit()).output() {
-            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            if out.status.success() && path.is_file() {
-                return Some(path);
-            }
-        }
+    let out = Command::new(repo_path("tests/e2e/tools.sh"))
+        .arg("csi-sanity")
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run tests/e2e/tools.sh: {e}"))?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && path.is_file() {
+        Ok(path)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
     }
-    let home = std::env::var_os("HOME")?;
-    let cached = Path::new(&home).join(".cache/flexd-tools/csi-sanity-5.3.1/csi-sanity");
-    cached.is_file().then_some(cached)
-}
-
-/// Says on the real stderr (libtest does not capture it) that the suite did not run.
-fn skip(why: &str) {
-    common::report_skip("csi-sanity conformance", why);
-}
-
-fn flexd() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_flexd"))
 }
 
 struct Serve {
@@ -102,29 +112,79 @@ fn counts(output: &str) -> Option<Counts> {
     })
 }
 
-/// Installs one driver, serves it in both modes, runs the suite against its socket.
-fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
-    if !rustix::process::geteuid().is_root() {
-        return skip("needs root (the suite stages and publishes real volumes)");
+/// One driver under test: how it is installed, and what its capabilities call for.
+struct Subject<'a> {
+    /// `flexd install` arguments.
+    install: Vec<String>,
+    /// The suite's `--csi.testvolumeparameters` (YAML; `$ROOT` is the test's directory).
+    parameters: Option<&'a str>,
+    attaches: bool,
+    provisions: bool,
+}
+
+/// What flexd's endpoint says the driver offers: the Identity's CONTROLLER_SERVICE and the
+/// controller's RPCs (checked to be UNIMPLEMENTED when the service is not offered).
+async fn offered(socket: &Path) -> (bool, Vec<i32>) {
+    let mut identity = serve_support::identity_client(socket).await;
+    let controller_service = serve_support::plugin_capabilities(&mut identity)
+        .await
+        .capabilities
+        .iter()
+        .any(|c| {
+            matches!(
+                &c.r#type,
+                Some(csi::plugin_capability::Type::Service(s))
+                    if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32
+            )
+        });
+    let mut controller = serve_support::controller_client(socket).await;
+    if controller_service {
+        let rpcs = serve_support::controller_capabilities(&mut controller).await;
+        return (true, rpcs);
     }
-    let Some(sanity) = csi_sanity() else {
-        return skip(
-            "no csi-sanity: run ../shared/tools/csi-sanity once (it builds it) or set CSI_SANITY",
+    let answer = controller
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await;
+    assert_eq!(
+        answer.map(|_| ()).unwrap_err().code(),
+        tonic::Code::Unimplemented,
+        "a driver without a controller side must not serve the Controller service"
+    );
+    (false, Vec::new())
+}
+
+/// Installs one driver, serves it in both modes, runs the suite against its socket.
+fn conformance(subject: Subject<'_>) {
+    if !common::is_root() {
+        return common::report_skip(
+            "csi-sanity conformance",
+            "needs root (the suite stages and publishes real volumes)",
         );
+    }
+    let sanity = match csi_sanity() {
+        Ok(path) => path,
+        Err(why) => {
+            return common::report_skip(
+                "csi-sanity conformance",
+                &format!("no csi-sanity (install Go, or set CSI_SANITY): {why}"),
+            )
+        }
     };
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let plugins = root.join("plugins");
-    let status = flexd()
-        .arg("--plugin-dir")
-        .arg(&plugins)
+    let installed = common::flexd_command(&plugins)
         .arg("install")
-        .args(install)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .args(&subject.install)
+        .output()
         .unwrap();
-    assert!(status.success(), "install {install:?}");
+    common::ok(&installed);
+    // The name flexd serves it under, as `flexd drivers` reports it.
+    let drivers = common::flexd(&plugins, &["drivers", "-o", "json"]);
+    common::ok(&drivers);
+    let drivers: serde_json::Value = serde_json::from_slice(&drivers.stdout).unwrap();
+    let csi_name = drivers[0]["csiName"].as_str().unwrap().to_owned();
+    let csi_name = csi_name.as_str();
     let log = std::fs::File::create(root.join("flexd.log")).unwrap();
     let serve = Serve {
         child: serve_command(&plugins, root, "both")
@@ -138,6 +198,21 @@ fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
         assert!(Instant::now() < deadline, "flexd never served {csi_name}");
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (controller_service, rpcs) = runtime.block_on(offered(&socket));
+    let provisions =
+        rpcs.contains(&(csi::controller_service_capability::rpc::Type::CreateDeleteVolume as i32));
+    assert_eq!(
+        controller_service,
+        subject.attaches || subject.provisions,
+        "{csi_name}: the Controller service is offered exactly when the driver attaches or provisions"
+    );
+    assert_eq!(
+        provisions, subject.provisions,
+        "{csi_name}: CREATE_DELETE_VOLUME"
+    );
+
     let mut args = vec![
         format!("--csi.endpoint=unix://{}", socket.display()),
         // The suite creates these itself and wants them absent.
@@ -145,32 +220,32 @@ fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
         format!("--csi.stagingdir={}", root.join("staging").display()),
         "--ginkgo.no-color".to_owned(),
     ];
-    if let Some(yaml) = parameters {
+    let mut skips = Vec::new();
+    if !controller_service {
+        skips.push(r"\[Controller.Server\]".to_owned());
+    }
+    if !provisions {
+        skips.extend(NEEDS_CREATE_VOLUME.iter().map(|s| regex_quote(s)));
+    }
+    if !skips.is_empty() {
+        args.push(format!("--ginkgo.skip={}", skips.join("|")));
+    }
+    if let Some(yaml) = subject.parameters {
         let file = root.join("parameters.yaml");
         std::fs::write(&file, yaml.replace("$ROOT", &root.display().to_string())).unwrap();
         args.push(format!("--csi.testvolumeparameters={}", file.display()));
     }
-    let mut child = Command::new(&sanity)
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut output = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut output)
-        .unwrap();
-    let mut errors = String::new();
-    let _ = child.stderr.take().unwrap().read_to_string(&mut errors);
-    let exit = child.wait().unwrap();
+    let run = Command::new(&sanity).args(&args).output().unwrap();
     drop(serve);
     unmount_all_under(root);
+    let output = String::from_utf8_lossy(&run.stdout);
+    let errors = String::from_utf8_lossy(&run.stderr);
     let log = std::fs::read_to_string(root.join("flexd.log")).unwrap_or_default();
     let Some(counts) = counts(&output) else {
-        panic!("no csi-sanity summary ({exit}):\n{output}\n{errors}\nflexd log:\n{log}");
+        panic!(
+            "no csi-sanity summary ({}):\n{output}\n{errors}\nflexd log:\n{log}",
+            run.status
+        );
     };
     eprintln!(
         "csi-sanity against {csi_name}: {} passed, {} failed, {} skipped",
@@ -178,7 +253,7 @@ fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
     );
     let failures: Vec<&str> = output.lines().filter(|l| l.contains("[FAIL]")).collect();
     assert!(
-        counts.failed == 0 && exit.success(),
+        counts.failed == 0 && run.status.success(),
         "csi-sanity against {csi_name}: {} failed:\n{}\n\n{output}\nflexd log:\n{log}",
         counts.failed,
         failures.join("\n")
@@ -186,24 +261,133 @@ fn conformance(install: &[&str], csi_name: &str, parameters: Option<&str>) {
     assert!(counts.passed > 0);
 }
 
-#[test]
-fn csi_sanity_passes_against_the_builtin_loop_driver() {
-    conformance(
-        &["--builtin", "loop"],
-        "flexvolume-flexd--loop",
-        // Images in the test's own directory, not /var/lib/flexd-loop.
-        Some("imageDir: $ROOT/images\n"),
+/// A spec's full name as a ginkgo regular expression that matches it literally.
+fn regex_quote(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if r"\.+*?()|[]{}^$".contains(c) {
+                format!("\\{c}")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// `tests/drivers/shape` with these capabilities, installed as `acme/<name>`.
+fn shape(attaches: bool, provisions: bool, expands: bool) {
+    let name = format!(
+        "{}-{}-{}",
+        if attaches { "attach" } else { "noattach" },
+        if provisions { "provision" } else { "static" },
+        if expands { "expand" } else { "fixed" },
     );
+    let source = std::fs::read_to_string(repo_path("tests/drivers/shape")).unwrap();
+    let capabilities = format!(
+        "CAPABILITIES='{{\"attach\":{attaches},\"provision\":{provisions},\"requiresFSResize\":{expands}}}'"
+    );
+    let line = source
+        .lines()
+        .find(|l| l.starts_with("CAPABILITIES="))
+        .expect("tests/drivers/shape sets CAPABILITIES");
+    let driver = tempfile::tempdir().unwrap();
+    let path = driver.path().join(&name);
+    common::write_exe(&path, &source.replace(line, &capabilities));
+    conformance(Subject {
+        install: vec![
+            "--driver".into(),
+            format!("acme/{name}"),
+            path.display().to_string(),
+        ],
+        parameters: None,
+        attaches,
+        provisions,
+    });
 }
 
 #[test]
-fn csi_sanity_passes_against_a_node_only_driver() {
-    let tmpfs = repo_root().join("examples/drivers/tmpfs/tmpfs");
-    conformance(
-        &["--driver", "acme/tmpfs", tmpfs.to_str().unwrap()],
-        "flexvolume-acme--tmpfs",
-        None,
-    );
+fn csi_sanity_passes_against_a_driver_that_attaches_provisions_and_expands() {
+    shape(true, true, true);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_attaches_and_provisions() {
+    shape(true, true, false);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_attaches_and_expands() {
+    shape(true, false, true);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_only_attaches() {
+    shape(true, false, false);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_provisions_and_expands() {
+    shape(false, true, true);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_only_provisions() {
+    shape(false, true, false);
+}
+
+#[test]
+fn csi_sanity_passes_against_a_driver_that_only_expands() {
+    shape(false, false, true);
+}
+
+/// Kubernetes' own e2e `dummy` driver, and most NFS/CIFS-style drivers: `{"attach": false}`,
+/// nothing else (expansion is the protocol's default, so it is turned off here explicitly).
+#[test]
+fn csi_sanity_passes_against_a_driver_that_only_mounts() {
+    shape(false, false, false);
+}
+
+#[test]
+fn csi_sanity_passes_against_the_builtin_loop_driver() {
+    conformance(Subject {
+        install: vec!["--builtin".into(), "loop".into()],
+        // Images in the test's own directory, not /var/lib/flexd-loop.
+        parameters: Some("imageDir: $ROOT/images\n"),
+        attaches: true,
+        provisions: true,
+    });
+}
+
+#[test]
+fn csi_sanity_passes_against_the_tmpfs_example() {
+    conformance(Subject {
+        install: vec![
+            "--driver".into(),
+            "acme/tmpfs".into(),
+            repo_path("examples/drivers/tmpfs/tmpfs")
+                .display()
+                .to_string(),
+        ],
+        parameters: None,
+        attaches: false,
+        provisions: true,
+    });
+}
+
+#[test]
+fn csi_sanity_passes_against_the_attachable_example() {
+    conformance(Subject {
+        install: vec![
+            "--driver".into(),
+            "acme/attachable".into(),
+            repo_path("examples/drivers/attachable/attachable")
+                .display()
+                .to_string(),
+        ],
+        parameters: None,
+        attaches: true,
+        provisions: false,
+    });
 }
 
 #[test]
@@ -211,4 +395,12 @@ fn the_summary_line_is_read() {
     let c = counts("Ran 49 of 92 Specs\nFAIL! -- 48 Passed | 1 Failed | 1 Pending | 42 Skipped\n")
         .unwrap();
     assert_eq!((c.passed, c.failed, c.skipped), (48, 1, 42));
+}
+
+#[test]
+fn spec_names_become_literal_patterns() {
+    assert_eq!(
+        regex_quote("Controller Service [Controller Server] x (no optional values added)"),
+        r"Controller Service \[Controller Server\] x \(no optional values added\)"
+    );
 }

@@ -294,20 +294,19 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 }
 
-/// A driver that neither attaches nor provisions still has a controller in both mode (the
-/// suite and the sidecars ask it), with no capabilities, and CreateVolume is UNIMPLEMENTED.
+/// A driver that neither attaches nor provisions has no controller side: in both mode its
+/// endpoint does not offer the Controller service (the Identity does not advertise it, every
+/// Controller call is UNIMPLEMENTED), until an update in place makes it attach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller() {
+async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_has_one() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("exec/acme~plain");
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("plain");
-    std::fs::write(
-        &exe,
-        "#!/bin/sh\ncase \"$1\" in\ninit) echo '{\"status\":\"Success\",\"capabilities\":{\"attach\":false}}' ;;\n*) echo '{\"status\":\"Not supported\"}'; exit 1 ;;\nesac\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let driver = |attach: bool| {
+        format!("#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":{attach}}}}}' ;;\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1 ;;\nesac\n")
+    };
+    common::write_exe(&exe, &driver(false));
     let mut child = serve_command(&root.path().join("exec"), root.path(), "both")
         .spawn()
         .unwrap();
@@ -317,13 +316,37 @@ async fn a_driver_that_neither_attaches_nor_provisions_has_an_empty_controller()
     let plugin = serve_support::plugin_capabilities(&mut identity).await;
     assert!(plugin.capabilities.is_empty(), "{plugin:?}");
     let mut c = ControllerClient::new(channel);
-    let caps = serve_support::controller_capabilities(&mut c).await;
-    assert!(caps.is_empty(), "{caps:?}");
+    let caps = c
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(caps.code(), Code::Unimplemented, "{caps:?}");
     let err = c
         .create_volume(create("pvc-1", 1 << 20, "gold"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+
+    // Updated in place (an installer's rename) to a driver that attaches: same endpoint, and
+    // now it has a controller.
+    common::install_exe(&exe, &driver(true));
+    let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = c
+            .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+            .await;
+        if answer.is_ok() {
+            let caps = serve_support::controller_capabilities(&mut c).await;
+            assert!(caps.contains(&publish), "{caps:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the updated driver never got a controller"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

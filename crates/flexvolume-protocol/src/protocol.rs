@@ -379,6 +379,14 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// Whether a CSI controller has work for this driver: attaching (ControllerPublish) or
+    /// provisioning (CreateVolume). One rule for everything that decides whether the driver
+    /// gets a controller: the Identity's `CONTROLLER_SERVICE`, the Controller service itself,
+    /// and the controller Deployment `flexd manifests` prints.
+    pub fn has_controller_side(&self) -> bool {
+        self.attach || self.provision
+    }
+
     /// Merges a (possibly partial) capabilities object onto the defaults. Keys match
     /// case-insensitively; `"true"`/`"false"` strings are accepted; other values are ignored.
     fn merged_from(obj: &Map<String, Value>) -> Self {

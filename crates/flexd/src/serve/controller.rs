@@ -1,8 +1,10 @@
 //! CSI Controller for one FlexVolume driver: ControllerPublish = attach (the device goes to the
 //! node in the publish context), ControllerUnpublish = detach, for drivers that attach;
 //! CreateVolume = provision, DeleteVolume = delete, for drivers that provision (see
-//! [`super::provision`]). Served for every driver in controller and both modes; a driver that
-//! does neither has a controller with no capabilities.
+//! [`super::provision`]). A driver that does neither has no controller side
+//! ([`flexvolume::Capabilities::has_controller_side`]): its endpoint answers every Controller call
+//! `UNIMPLEMENTED`, exactly as an endpoint that does not serve the service, and its Identity
+//! does not advertise `CONTROLLER_SERVICE` (docs/lifecycle.md#controller-service).
 
 use std::sync::Arc;
 
@@ -24,6 +26,24 @@ use super::proto::csi::{
 };
 use super::provision;
 use super::request;
+
+/// The gate in front of a driver's Controller service: open while the driver's current plugin
+/// has a controller side. It asks at every call because an update in place can change the
+/// driver's capabilities while its endpoint keeps serving. A driver whose init failed passes
+/// the gate, so its calls get the service's own "not ready" answer.
+pub fn only_with_controller_side(
+    driver: Arc<ServedDriver>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request| match driver.plugin() {
+        Some(plugin) if !plugin.capabilities.has_controller_side() => {
+            Err(Status::unimplemented(format!(
+                "driver {} has no controller service: it neither attaches nor provisions",
+                driver.name
+            )))
+        }
+        _ => Ok(request),
+    }
+}
 
 pub struct ControllerService {
     pub driver: Arc<ServedDriver>,

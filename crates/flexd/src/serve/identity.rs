@@ -35,11 +35,10 @@ impl Identity for IdentityService {
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         let mut capabilities = Vec::new();
-        // The controller service has something to offer: attach or provisioning.
         if self
             .driver
             .plugin()
-            .is_some_and(|p| p.capabilities.attach || p.capabilities.provision)
+            .is_some_and(|p| p.capabilities.has_controller_side())
         {
             capabilities.push(PluginCapability {
                 r#type: Some(plugin_capability::Type::Service(

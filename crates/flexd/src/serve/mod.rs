@@ -129,13 +129,14 @@ impl Served {
                 })
             }));
             router.add_optional_service(controller.then(|| {
-                proto::csi::controller_server::ControllerServer::new(
+                proto::csi::controller_server::ControllerServer::with_interceptor(
                     controller::ControllerService {
                         driver: driver.clone(),
                         lifecycle,
                         locks,
                         own_node_only: node,
                     },
+                    controller::only_with_controller_side(driver.clone()),
                 )
             }))
         };

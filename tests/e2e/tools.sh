@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds a Go tool pinned by this directory's go.mod/go.sum (from the Go module proxy) and prints
+# its path. Built once per machine and pin: the binary is cached under
+# ${FLEXD_TOOLS_CACHE:-~/.cache/flexd-tools}/<hash of go.mod and go.sum>/, so a changed pin
+# rebuilds and an unchanged one costs nothing.
+#
+#   tests/e2e/tools.sh csi-sanity     # the CSI conformance suite (kubernetes-csi/csi-test)
+#
+# Exit status: 0 and the path on stdout; 1 with the reason on stderr (no Go, build failed).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+declare -A packages=(
+  [csi-sanity]=github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+)
+tool=${1:?usage: tools.sh TOOL (one of: ${!packages[*]})}
+package=${packages[$tool]:-}
+[ -n "$package" ] || { echo "tools.sh: unknown tool $tool (one of: ${!packages[*]})" >&2; exit 1; }
+
+if ! command -v go >/dev/null; then
+  if [ -x /usr/local/go/bin/go ]; then
+    PATH=/usr/local/go/bin:$PATH
+  else
+    echo "tools.sh: no Go toolchain (go on PATH or /usr/local/go/bin/go): cannot build $tool" >&2
+    exit 1
+  fi
+fi
+
+pin=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
+cache=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/$pin
+binary=$cache/$tool
+if [ ! -x "$binary" ]; then
+  mkdir -p "$cache"
+  echo "tools.sh: building $tool from $package (pinned in tests/e2e/go.mod) into $cache" >&2
+  # A temporary name, then a rename: a build that is interrupted leaves no half binary.
+  (cd "$here" && GOFLAGS=-mod=readonly go build -o "$binary.partial.$$" "$package") >&2
+  mv -f "$binary.partial.$$" "$binary"
+fi
+echo "$binary"
