@@ -295,6 +295,125 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
     assert!(text.trim_end().ends_with("some required checks FAILED"));
 }
 
+/// What a driver author runs first must pass on every driver we ship, with no options: each
+/// required check passes (a provisioning driver's scratch volume is one it provisioned).
+#[test]
+fn check_passes_with_no_options_on_every_example_driver() {
+    common::require_root!("needs root (flexd check runs the mount flow)");
+    let s = Sandbox::new();
+    let p = &s.plugin();
+    let mut drivers = Vec::new();
+    for entry in std::fs::read_dir(examples()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let dir = p.join(format!("acme~{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        if entry.path().join("Cargo.toml").exists() {
+            let exe = common::compile_tiny_driver(&dir, false);
+            std::fs::rename(exe, dir.join(&name)).unwrap();
+        } else {
+            std::fs::copy(entry.path().join(&name), dir.join(&name)).unwrap();
+        }
+        drivers.push(name);
+    }
+    drivers.sort();
+    assert_eq!(drivers, ["attachable", "rust-tiny", "tmpfs"]);
+    for name in &drivers {
+        let out = flexd(
+            p,
+            &[
+                "--output",
+                "json",
+                "check",
+                "--driver",
+                &format!("acme/{name}"),
+            ],
+        );
+        let report = stdout_json(&out);
+        let required: Vec<&Value> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["required"] == true)
+            .collect();
+        assert!(
+            required.iter().all(|c| c["verdict"] == "pass"),
+            "{name}: {report:#}"
+        );
+        assert_eq!(report["passed"], true, "{name}");
+        assert_eq!(out.status.code(), Some(0), "{name}");
+    }
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains("flexd-check-"),
+        "a check left a mount behind"
+    );
+}
+
+/// A driver that cannot mount without options (an NFS driver without its server) is not failed
+/// for it when none were given: the report quotes the driver, says it needs options, and exits
+/// 3; given the options, it passes.
+#[test]
+fn check_says_which_options_a_driver_needs_rather_than_failing_it() {
+    common::require_root!("needs root (flexd check runs the mount flow)");
+    let s = Sandbox::new();
+    let p = &s.plugin();
+    std::fs::create_dir_all(p.join("acme~nfsish")).unwrap();
+    common::write_exe(
+        &p.join("acme~nfsish/nfsish"),
+        r#"#!/bin/sh
+case "$1" in
+  init) echo '{"status":"Success","capabilities":{"attach":false}}' ;;
+  mount)
+    case "$3" in *'"server":'*) ;; *) echo '{"status":"Failure","message":"option server is required"}'; exit 1 ;; esac
+    mkdir -p "$2"; grep -q " $2 " /proc/self/mountinfo || mount -t tmpfs tmpfs "$2"
+    echo '{"status":"Success"}' ;;
+  unmount) grep -q " $2 " /proc/self/mountinfo && umount "$2"; echo '{"status":"Success"}' ;;
+  *) echo '{"status":"Not supported"}'; exit 1 ;;
+esac
+"#,
+    );
+    let out = flexd(p, &["--output", "json", "check", "--driver", "acme/nfsish"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let report = stdout_json(&out);
+    assert_eq!(report["passed"], false);
+    assert_eq!(report["needs_options"], true);
+    let mount = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str().unwrap().starts_with("mount through"))
+        .unwrap();
+    assert_eq!(mount["verdict"], "needs-options", "{report:#}");
+    assert!(
+        mount["detail"]
+            .as_str()
+            .unwrap()
+            .contains("option server is required"),
+        "{mount}"
+    );
+    assert!(report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["verdict"] != "fail"));
+    let text = flexd(p, &["check", "--driver", "acme/nfsish"]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("NEED OPTIONS"), "{text}");
+
+    let out = flexd(
+        p,
+        &[
+            "check",
+            "--driver",
+            "acme/nfsish",
+            "--options",
+            r#"{"server":"nfs.example"}"#,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 #[test]
 fn check_runs_the_mount_flow_and_catches_drivers_that_are_not_idempotent() {
     common::require_root!();

@@ -461,6 +461,31 @@ fn flexd_check_passes_every_check_on_the_loop_driver() {
     }
 }
 
+/// `flexd check` with no options at all, as a driver author first runs it: the loop driver
+/// provisions its own scratch volume (in its default image dir), mounts it, deletes it.
+#[test]
+fn flexd_check_passes_with_no_options_on_the_builtin_loop_driver() {
+    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::installing(Build::Standalone);
+    let out = s.flexd(&["--output", "json", "check", "--driver", "flexd/loop"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for check in report["checks"].as_array().unwrap() {
+        if check["required"] == true {
+            assert_eq!(check["verdict"], "pass", "{report:#}");
+        }
+    }
+    let provisioned = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str().unwrap().starts_with("provision creates"))
+        .unwrap();
+    assert_eq!(provisioned["verdict"], "pass");
+    assert_eq!(report["passed"], true);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(s.loop_devices().is_empty(), "check left a loop device");
+}
+
 fn check_passes(build: Build) {
     let s = LoopSandbox::installing(build);
     let options = s.options("32Mi");

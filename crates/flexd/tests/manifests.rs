@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{examples, flexd, install_example as install};
+use common::{flexd, install_example as install};
 use serde_json::Value;
 
 fn stdout(out: &Output) -> String {
@@ -144,7 +144,11 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
     // A driver whose init fails is not deployed blind.
     let dir = p.join("acme~broken");
     std::fs::create_dir(&dir).unwrap();
-    std::fs::copy(examples().join("quirks/empty-output"), dir.join("broken")).unwrap();
+    std::fs::copy(
+        common::driver_source("quirks/empty-output"),
+        dir.join("broken"),
+    )
+    .unwrap();
     let out = flexd(p, &["manifests"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -1,5 +1,5 @@
 //! The call-out protocol against real driver executables that reproduce what public drivers do
-//! (examples/drivers/quirks/*): every quirk has an exact expected outcome.
+//! (tests/drivers/quirks/*): every quirk has an exact expected outcome.
 
 mod common;
 
@@ -12,7 +12,7 @@ use flexvolume::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Stat
 use flexvolume::runner::{self, CallError, RunnerConfig};
 use flexvolume::{Driver, DriverName, Plugin, PodInfo, VolumeSpec};
 
-use common::{examples, is_dead, kill, read_pid};
+use common::{driver_source, is_dead, kill, read_pid};
 
 /// Patience for a killed driver to go.
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -31,11 +31,7 @@ fn install(quirk: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let driver_dir = dir.path().join(format!("test~{quirk}"));
     std::fs::create_dir(&driver_dir).unwrap();
-    std::fs::copy(
-        examples().join("quirks").join(quirk),
-        driver_dir.join(quirk),
-    )
-    .unwrap();
+    std::fs::copy(driver_source("quirks").join(quirk), driver_dir.join(quirk)).unwrap();
     let name = DriverName::parse(&format!("test/{quirk}")).unwrap();
     let driver = layout::locate(dir.path(), &name, LayoutPolicy::default()).unwrap();
     Fixture { dir, driver }
@@ -417,6 +413,11 @@ fn the_compiled_tiny_driver_answers_init() {
     let exe = common::compile_tiny_driver(dir.path(), false);
     let reply = runner::call(&config(), &exe, &CallOut::init()).unwrap();
     assert!(!reply.capabilities.unwrap().attach);
-    let err = runner::call(&config(), &exe, &mount_call("/t")).unwrap_err();
+    let err = runner::call(
+        &config(),
+        &exe,
+        &CallOut::get_volume_name(&Default::default()),
+    )
+    .unwrap_err();
     assert!(err.is_not_supported());
 }

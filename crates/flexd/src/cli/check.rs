@@ -49,11 +49,26 @@ pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
         OutputFormat::Json => super::print_json(&report)?,
         OutputFormat::Text => print_table(&report),
     }
-    Ok(if report.passed {
-        ExitCode::SUCCESS
+    Ok(outcome(&report).0)
+}
+
+/// The exit status and closing line of a report: 3 (a definite "not conclusive", not an error)
+/// when nothing failed but the mount checks could not run without options.
+fn outcome(report: &Report) -> (ExitCode, &'static str) {
+    let failed = report
+        .checks
+        .iter()
+        .any(|c| c.required && c.verdict == Verdict::Fail);
+    if report.passed {
+        (ExitCode::SUCCESS, "all required checks passed")
+    } else if report.needs_options && !failed {
+        (
+            ExitCode::from(crate::settings::exit::NO),
+            "nothing failed, but the mount checks NEED OPTIONS the driver did not get: rerun with --options",
+        )
     } else {
-        ExitCode::from(1)
-    })
+        (ExitCode::from(1), "some required checks FAILED")
+    }
 }
 
 fn print_table(report: &Report) {
@@ -70,6 +85,7 @@ fn print_table(report: &Report) {
             Verdict::Fail => "FAIL",
             Verdict::Warn => "WARN",
             Verdict::Skip => "SKIP",
+            Verdict::NeedsOptions => "NEEDS OPTIONS",
         };
         let kind = if c.required { "required" } else { "advisory" };
         println!(
@@ -77,12 +93,5 @@ fn print_table(report: &Report) {
             c.name, c.ms, c.detail
         );
     }
-    println!(
-        "{}",
-        if report.passed {
-            "all required checks passed"
-        } else {
-            "some required checks FAILED"
-        }
-    );
+    println!("{}", outcome(report).1);
 }

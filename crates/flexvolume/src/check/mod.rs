@@ -10,6 +10,7 @@ mod provision;
 mod scratch;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -25,7 +26,8 @@ pub const INIT_CHECK: &str = "init answers Success with capabilities";
 pub const STRICT_JSON_CHECK: &str = "init output is strict JSON (kubelet-compatible)";
 pub const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
 pub const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
-pub const PROVISION_CHECK: &str = "provision creates a volume, delete removes it (provision: true)";
+pub const PROVISION_CHECK: &str = "provision creates a volume (provision: true)";
+pub const DELETE_CHECK: &str = "delete removes the provisioned volume, and again (idempotent)";
 pub const MOUNT_CHECK: &str = "mount through the whole flow (attach path too) on a scratch target";
 pub const ISATTACHED_CHECK: &str = "isattached answers attached (or Not supported) while attached";
 pub const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
@@ -44,13 +46,16 @@ pub const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Verdict {
     Pass,
     Fail,
     /// Works, but not as the protocol (or kubelet) expects.
     Warn,
     Skip,
+    /// Could not run as the driver needs: it refused the scratch volume for want of options
+    /// (an NFS driver without a server), which `--options` can give it. Neither pass nor fail.
+    NeedsOptions,
 }
 
 /// One line of the report.
@@ -72,6 +77,9 @@ pub struct Report {
     pub path: String,
     /// Whether every required check passed.
     pub passed: bool,
+    /// Whether a required check could not run because the driver needs options it did not
+    /// get (see [`Verdict::NeedsOptions`]).
+    pub needs_options: bool,
     pub checks: Vec<CheckResult>,
 }
 
@@ -113,6 +121,7 @@ pub fn run(
         driver: driver.name.to_string(),
         path: driver.path.display().to_string(),
         passed: false,
+        needs_options: false,
         checks: Vec::new(),
     };
     // init is required, and everything else depends on it.
@@ -128,23 +137,48 @@ pub fn run(
             "not run: init failed",
         ),
     }
-    match &plugin {
+    let plugin = plugin.map(Arc::new);
+    // A driver that provisions is checked on a volume it provisioned, as a user's claim is.
+    let provisioned = match &plugin {
         Some(plugin) if plugin.capabilities.provision => {
-            provision::check_provision(&mut report, plugin, &spec, config)
+            provision::provision_scratch(&mut report, plugin, &spec, config)
         }
-        _ => report.skip(
-            &[PROVISION_CHECK],
-            false,
-            "not run: the driver does not provision",
+        _ => {
+            report.skip(
+                &[PROVISION_CHECK, DELETE_CHECK],
+                false,
+                "not run: the driver does not provision",
+            );
+            None
+        }
+    };
+    let volume = provisioned.as_ref().unwrap_or(&spec);
+    // A scratch volume with no options at all that the driver refuses may just need them.
+    let may_need_options = provisioned.is_none() && spec.options.is_empty();
+    match &plugin {
+        Some(plugin) if rustix::process::geteuid().is_root() => scratch::lifecycle_checks(
+            &mut report,
+            plugin.clone(),
+            volume,
+            config,
+            may_need_options,
         ),
-    }
-    match plugin {
-        Some(plugin) if rustix::process::geteuid().is_root() => {
-            scratch::lifecycle_checks(&mut report, plugin, &spec, config)
-        }
         Some(_) => report.skip(&LIFECYCLE_CHECKS, true, "not run: mounting needs root"),
         None => report.skip(&LIFECYCLE_CHECKS, true, "not run: init failed"),
     }
+    match (&plugin, &provisioned) {
+        (Some(plugin), Some(volume)) => {
+            provision::delete_scratch(&mut report, plugin, volume, config)
+        }
+        (Some(plugin), None) if plugin.capabilities.provision => {
+            report.skip(&[DELETE_CHECK], true, "not run: provision failed")
+        }
+        _ => {}
+    }
+    report.needs_options = report
+        .checks
+        .iter()
+        .any(|c| c.verdict == Verdict::NeedsOptions);
     report.passed = report
         .checks
         .iter()
@@ -292,6 +326,7 @@ mod tests {
             driver: "a/x".into(),
             path: "/p/a~x/x".into(),
             passed: false,
+            needs_options: false,
             checks: Vec::new(),
         };
         report.push(

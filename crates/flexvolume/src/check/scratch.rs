@@ -10,11 +10,12 @@ use super::{
     run_checked, Report, Verdict, ISATTACHED_CHECK, MOUNT_AGAIN_CHECK, MOUNT_CHECK,
     UNMOUNT_AGAIN_CHECK, UNMOUNT_CHECK,
 };
-use crate::lifecycle::{DriverResolver, Lifecycle, MountRequest};
+use crate::lifecycle::{DriverResolver, Lifecycle, LifecycleError, MountRequest};
 use crate::mount;
 use crate::options::Options;
 use crate::plugin::Plugin;
 use crate::protocol::{CallOut, Reply, Status};
+use crate::runner::CallError;
 use crate::runner::RunnerConfig;
 use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{StateDir, VolumeRecord};
@@ -73,11 +74,14 @@ fn mount_count(target: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// `may_need_options`: the scratch volume has no options at all, so a driver's Failure of the
+/// mount may mean it needs some ([`Verdict::NeedsOptions`]) rather than that it is broken.
 pub(super) fn lifecycle_checks(
     report: &mut Report,
-    plugin: Plugin,
+    plugin: Arc<Plugin>,
     spec: &VolumeSpec,
     config: &RunnerConfig,
+    may_need_options: bool,
 ) {
     let scratch = Scratch(std::env::temp_dir().join(format!(
         "flexd-check-{}-{}",
@@ -85,7 +89,7 @@ pub(super) fn lifecycle_checks(
         spec.driver.dir_name()
     )));
     let bench = Bench {
-        plugin: Arc::new(plugin),
+        plugin,
         spec,
         config,
         lifecycle: Lifecycle {
@@ -100,7 +104,13 @@ pub(super) fn lifecycle_checks(
         target: scratch.0.join("target"),
         scratch,
     };
-    if !check_mount(report, &bench) {
+    let mounted = check_mount(report, &bench, may_need_options);
+    if mounted != Verdict::Pass {
+        let why = if mounted == Verdict::NeedsOptions {
+            "not run: the mount needs options"
+        } else {
+            "not run: mount failed"
+        };
         report.skip(
             &[
                 ISATTACHED_CHECK,
@@ -109,7 +119,7 @@ pub(super) fn lifecycle_checks(
                 UNMOUNT_AGAIN_CHECK,
             ],
             true,
-            "not run: mount failed",
+            why,
         );
         return;
     }
@@ -119,8 +129,8 @@ pub(super) fn lifecycle_checks(
     check_unmount_again(report, &bench);
 }
 
-/// The whole flow on the scratch target; whether something got mounted there.
-fn check_mount(report: &mut Report, bench: &Bench<'_>) -> bool {
+/// The whole flow on the scratch target: Pass when something got mounted there.
+fn check_mount(report: &mut Report, bench: &Bench<'_>, may_need_options: bool) -> Verdict {
     let request = MountRequest {
         plugin: &bench.plugin,
         spec: bench.spec,
@@ -144,12 +154,21 @@ fn check_mount(report: &mut Report, bench: &Bench<'_>) -> bool {
             Verdict::Fail,
             "the driver answered Success but nothing is mounted on the target".to_owned(),
         ),
+        // The driver's own answer to a volume without options: it says what it needs.
+        Err(LifecycleError::Call(CallError::Failure { kind, message, .. })) if may_need_options => {
+            (
+                Verdict::NeedsOptions,
+                format!(
+                    "{kind} answered Failure for a scratch volume without options: {message:?}; \
+                 give the options a real volume has with --options '{{\"key\":\"value\"}}'"
+                ),
+            )
+        }
         // Call-out errors are redacted by the runner; the scratch volume has no secrets.
         Err(e) => (Verdict::Fail, e.to_string()),
     };
-    let passed = verdict != Verdict::Fail;
     report.push(MOUNT_CHECK, true, verdict, elapsed, detail);
-    passed
+    verdict
 }
 
 /// isattached, while the volume is attached: kubelet and the controller manager rely on it.

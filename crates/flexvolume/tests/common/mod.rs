@@ -26,6 +26,17 @@ pub fn examples() -> PathBuf {
     repo_path("examples/drivers")
 }
 
+/// A sample or test driver by its path under `examples/drivers` (drivers to copy) or
+/// `tests/drivers` (fixtures: the quirks, the shape driver).
+pub fn driver_source(source: &str) -> PathBuf {
+    let example = examples().join(source);
+    if example.exists() {
+        example
+    } else {
+        repo_path("tests/drivers").join(source)
+    }
+}
+
 // ---- Tests that cannot run here say so ----
 
 pub fn is_root() -> bool {
@@ -221,10 +232,10 @@ pub fn executable_of(plugin_dir: &Path, dir_name: &str) -> PathBuf {
     plugin_dir.join(dir_name).join(exe)
 }
 
-/// Installs `examples/drivers/<source>` as driver directory `dir_name` (e.g. `acme~tmpfs`).
+/// Installs [`driver_source`]`(source)` as driver directory `dir_name` (e.g. `acme~tmpfs`).
 pub fn install_example(plugin_dir: &Path, source: &str, dir_name: &str) {
     std::fs::create_dir_all(plugin_dir.join(dir_name)).unwrap();
-    std::fs::copy(examples().join(source), executable_of(plugin_dir, dir_name)).unwrap();
+    std::fs::copy(driver_source(source), executable_of(plugin_dir, dir_name)).unwrap();
 }
 
 /// Runs `command`, whose program was just written: while another thread of the test binary
