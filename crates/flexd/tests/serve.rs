@@ -471,6 +471,152 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
     assert!(server.records().is_empty());
 }
 
+/// flexd's resident memory, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("a VmRSS line");
+    kib * 1024
+}
+
+/// Issue 29: a FIFO named like a record made the next publish block in open(2), and every
+/// publish and unpublish of any volume after it; a link to /dev/zero grew RSS past 16 GB.
+/// Both are now reported (metric, log, `volume list`) and skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_still_publish() {
+    common::require_root!();
+    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
+    let mut node = node_client(&sock).await;
+    let volumes = server.path("state/volumes");
+    std::fs::create_dir_all(&volumes).unwrap();
+    let fifo = volumes.join("00000000000000f1.json");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let zero = volumes.join("00000000000000f2.json");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+
+    // Generous for a loaded machine; the bug was a wait without end.
+    let promptly = Duration::from_secs(60);
+    for i in 0..3 {
+        let target = server.path(&format!("kubelet/pods/uid-{i}/volumes/v"));
+        let id = format!("vol-{i}");
+        let publish = node.node_publish_volume(publish_request(&id, &target, None));
+        tokio::time::timeout(promptly, publish)
+            .await
+            .expect("a publish beside the bad entries answers")
+            .unwrap();
+        assert!(is_mounted(&target));
+        let unpublish = node.node_unpublish_volume(unpublish_request(&id, &target));
+        tokio::time::timeout(promptly, unpublish)
+            .await
+            .expect("an unpublish beside the bad entries answers")
+            .unwrap();
+        assert!(!is_mounted(&target));
+    }
+    let rss = rss_bytes(server.pid());
+    eprintln!("flexd's RSS after the publishes: {} MiB", rss >> 20);
+    assert!(rss < 512 << 20, "flexd's RSS is {rss} bytes");
+
+    let metrics_say = |metrics: &str| {
+        metrics.contains(r#"flexd_state_unusable_records{reason="not-a-record"} 2"#)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut metrics = server.http_get("/metrics");
+    while !metrics_say(&metrics) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        metrics = server.http_get("/metrics");
+    }
+    assert!(metrics_say(&metrics), "{metrics}");
+    assert!(metrics.contains(r#"flexd_state_unusable_records{reason="corrupt"} 0"#));
+
+    let log = server.flexd_log();
+    for (entry, what) in [(&fifo, "a FIFO"), (&zero, "a symbolic link")] {
+        let said = format!("{entry:?} is not a record: it is {what}");
+        assert_eq!(
+            log.lines().filter(|l| l.contains(&said)).count(),
+            1,
+            "said once, though every publish lists the records: {said} in\n{log}"
+        );
+    }
+
+    let listed = common::stdout_json(&server.volume(&["--output", "json", "list"]));
+    let mut kinds: Vec<(&str, &str)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["problem"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [("not-a-record", "fifo"), ("not-a-record", "symlink")]
+    );
+    let text = server.volume(&["list"]);
+    assert_eq!(text.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("not-a-record (fifo)"), "{text}");
+    assert!(text.contains("not-a-record (symlink)"), "{text}");
+
+    // Gone: no longer counted.
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::remove_file(&zero).unwrap();
+    common::eventually("the metric to drop", || {
+        server
+            .http_get("/metrics")
+            .contains(r#"flexd_state_unusable_records{reason="not-a-record"} 0"#)
+    });
+}
+
+/// Lock files of volumes that are gone do not pile up in `<state-dir>/locks/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_files_of_unpublished_volumes_are_removed() {
+    common::require_root!();
+    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
+    let node = node_client(&sock).await;
+    let locks = server.path("state/locks");
+    let lock_files = || {
+        std::fs::read_dir(&locks)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let before = lock_files();
+    let volumes: Vec<_> = (0..8)
+        .map(|i| {
+            (
+                format!("vol-{i}"),
+                server.path(&format!("kubelet/pods/uid-{i}/volumes/v")),
+            )
+        })
+        .collect();
+    serve_support::publish_all_at_once(&node, &volumes).await;
+    let published = lock_files().len();
+    assert!(published >= volumes.len(), "one lock per published target");
+    let unpublishes: Vec<_> = volumes
+        .iter()
+        .map(|(id, target)| {
+            let mut node = node.clone();
+            let request = unpublish_request(id, target);
+            tokio::spawn(async move { node.node_unpublish_volume(request).await })
+        })
+        .collect();
+    for unpublish in unpublishes {
+        unpublish.await.unwrap().unwrap();
+    }
+    assert!(server.records().is_empty());
+    // What is left is what was there before (the pinned drivers' lock), not one per volume.
+    let after = lock_files();
+    assert!(after.len() <= before.len().max(1), "{after:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
     let (server, sock) = Server::acme("both", "block", ATTACHING);

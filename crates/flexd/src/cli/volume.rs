@@ -377,14 +377,26 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         VolumeCommand::List => {
             let records = lifecycle.state.list()?;
             let mut ok = Vec::new();
+            let mut unusable = Vec::new();
             for record in records {
                 match record {
                     Ok(r) => ok.push(r),
-                    Err(e) => eprintln!("flexd: {e}"),
+                    Err(e) => {
+                        eprintln!("flexd: {e}");
+                        unusable.push(e);
+                    }
                 }
             }
             match global.output {
-                OutputFormat::Json => super::print_json(&ok)?,
+                // Records as they are; each unusable entry as an object with a `problem`,
+                // which no record has, so a script tells them apart.
+                OutputFormat::Json => {
+                    let mut listed = serde_json::to_value(&ok)?;
+                    if let Some(listed) = listed.as_array_mut() {
+                        listed.extend(unusable.iter().map(unusable_entry_json));
+                    }
+                    super::print_json(&listed)?
+                }
                 OutputFormat::Text => {
                     println!(
                         "{:40}  {:20}  {:16}  {:8}  {:14}  DEVICE",
@@ -402,9 +414,40 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                             r.device.as_deref().unwrap_or("-")
                         );
                     }
+                    // The entry's path in the target column, escaped: its name is anything.
+                    for e in &unusable {
+                        let (problem, kind) = unusable_entry(e);
+                        let entry = e.path().map(|p| format!("{p:?}")).unwrap_or_default();
+                        let state = kind.map_or(problem.to_owned(), |k| format!("{problem} ({k})"));
+                        println!(
+                            "{entry:40}  {:20}  {:16}  {:8}  {state:14}  -",
+                            "-", "-", "-"
+                        );
+                    }
                 }
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What is wrong with an entry `volume list` cannot show as a record: `not-a-record` (with
+/// what it is instead: `fifo`, `symlink`, …), `corrupt` or `unreadable`.
+fn unusable_entry(e: &flexvolume::state::StateError) -> (&'static str, Option<&'static str>) {
+    use flexvolume::state::StateError;
+    match e {
+        StateError::NotARecord { kind, .. } => ("not-a-record", Some(kind.as_str())),
+        StateError::Corrupt { .. } => ("corrupt", None),
+        StateError::Io { .. } => ("unreadable", None),
+    }
+}
+
+fn unusable_entry_json(e: &flexvolume::state::StateError) -> serde_json::Value {
+    let (problem, kind) = unusable_entry(e);
+    serde_json::json!({
+        "entry": e.path(),
+        "problem": problem,
+        "kind": kind,
+        "error": e.to_string(),
+    })
 }

@@ -2,7 +2,10 @@
 //!
 //! - `flexd_callout_duration_seconds{driver,callout,result}`: every executed call-out;
 //! - `flexd_probe_events_total{event}`: add / update / remove / failed;
-//! - `flexd_drivers{status}`: drivers served, ready or failed.
+//! - `flexd_drivers{status}`: drivers served, ready or failed;
+//! - `flexd_state_unusable_records{reason}`: entries of `<state-dir>/volumes/` named like a
+//!   record that are skipped: `not-a-record` (a FIFO, link, directory, device, oversized
+//!   file), `corrupt`, `unreadable` (an I/O error).
 //!
 //! `/healthz` answers 200 `ok` while flexd does its job, and 503 with the reasons when it
 //! cannot without a restart: the driver watcher died (installs and removals go unseen), or a
@@ -41,6 +44,11 @@ struct EventLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: String,
 }
@@ -53,6 +61,9 @@ pub struct Metrics {
     probe_events: Family<EventLabels, Counter>,
     drivers: Family<StatusLabels, Gauge>,
     lingering: Gauge,
+    unusable_records: Family<ReasonLabels, Gauge>,
+    /// A count of unusable records is under way (see [`Metrics::count_unusable_records`]).
+    counting_records: std::sync::atomic::AtomicBool,
     /// Why flexd is unhealthy, as of the last check; empty when it is healthy.
     problems: Mutex<Vec<String>>,
 }
@@ -85,12 +96,20 @@ impl Metrics {
             "Call-out cgroups where driver helpers still run after their call-out ended (FUSE daemons, or helpers that survived a kill)",
             lingering.clone(),
         );
+        let unusable_records = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "state_unusable_records",
+            "Entries of the state dir's volumes/ named like a record that are skipped, by reason: not-a-record (a FIFO, link, directory, device or oversized file), corrupt, unreadable",
+            unusable_records.clone(),
+        );
         Arc::new(Self {
             registry: Mutex::new(registry),
             calls,
             probe_events,
             drivers,
             lingering,
+            unusable_records,
+            counting_records: std::sync::atomic::AtomicBool::new(false),
             problems: Mutex::new(Vec::new()),
         })
     }
@@ -111,6 +130,39 @@ impl Metrics {
                 })
                 .set(count as i64);
         }
+    }
+
+    /// Counts the record entries a listing skips, off the async runtime; a count still under
+    /// way (the state dir's disk is slow) is not queued behind.
+    pub fn count_unusable_records(self: &Arc<Self>, state: &flexvolume::state::StateDir) {
+        use std::sync::atomic::Ordering;
+        if self.counting_records.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (metrics, state) = (self.clone(), state.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Ok(records) = state.list() {
+                let mut counts = [("not-a-record", 0), ("corrupt", 0), ("unreadable", 0)];
+                for record in records {
+                    let index = match record {
+                        Ok(_) => continue,
+                        Err(flexvolume::state::StateError::NotARecord { .. }) => 0,
+                        Err(flexvolume::state::StateError::Corrupt { .. }) => 1,
+                        Err(flexvolume::state::StateError::Io { .. }) => 2,
+                    };
+                    counts[index].1 += 1;
+                }
+                for (reason, count) in counts {
+                    metrics
+                        .unusable_records
+                        .get_or_create(&ReasonLabels {
+                            reason: reason.to_owned(),
+                        })
+                        .set(count);
+                }
+            }
+            metrics.counting_records.store(false, Ordering::Release);
+        });
     }
 
     pub fn set_problems(&self, problems: Vec<String>) {

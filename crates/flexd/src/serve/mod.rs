@@ -218,6 +218,7 @@ impl Served {
 
     fn check_health(&self) {
         self.metrics.set_problems(self.problems());
+        self.metrics.count_unusable_records(&self.lifecycle.state);
     }
 
     /// Refreshes the drivers-by-status gauge.

@@ -172,7 +172,9 @@ impl Server {
             .flatten()
         {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".json") && !name.starts_with('.') {
+            // Only regular files: a test may leave a FIFO or a link named like a record.
+            let regular = entry.file_type().is_ok_and(|t| t.is_file());
+            if regular && name.ends_with(".json") && !name.starts_with('.') {
                 let text = std::fs::read_to_string(entry.path()).unwrap();
                 records.push(serde_json::from_str(&text).unwrap());
             }

@@ -14,7 +14,7 @@
 //! ControllerPublish the options when the CO sends none, and what DeleteVolume deletes.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -102,7 +102,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     fs::create_dir_all(dir).map_err(state_err(dir))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = File::create(&temp)
+    let written = crate::state::create_fresh(&temp)
         .and_then(|mut file| {
             file.write_all(bytes)?;
             file.sync_all()
@@ -113,7 +113,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
         let _ = fs::remove_file(&temp);
         return Err(e);
     }
-    File::open(dir)
+    crate::state::open_dir(dir)
         .and_then(|d| d.sync_all())
         .map_err(state_err(dir))
 }
@@ -174,14 +174,15 @@ impl Lifecycle {
         name: &str,
     ) -> Result<Option<ProvisionedVolume>, LifecycleError> {
         let path = self.provisioned_path(driver, name)?;
-        let volume: ProvisionedVolume = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+        // The state dir's one reader of record files: never waits on a FIFO nor reads a link.
+        let Some(bytes) = crate::state::read_record_file(&path)? else {
+            return Ok(None);
+        };
+        let volume: ProvisionedVolume =
+            serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
                 path: path.clone(),
                 message: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(state_err(&path)(e).into()),
-        };
+            })?;
         // A hashed file name of another (over-long) name is not this volume.
         Ok(Some(volume).filter(|v| v.name == name && v.driver == driver.as_str()))
     }

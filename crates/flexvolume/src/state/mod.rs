@@ -10,7 +10,7 @@
 //! *and* across separate `flexd` processes, and vanish with a crashed process.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::name::DriverName;
 
+mod entry;
 mod watch;
+use entry::OpenError;
+pub(crate) use entry::{create_fresh, open_dir};
+pub use entry::{EntryKind, MAX_RECORD_BYTES};
 use watch::RecordWatch;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,46 @@ pub enum StateError {
     },
     #[error("state record {path} is corrupt: {message}")]
     Corrupt { path: PathBuf, message: String },
+    /// Something other than a regular file of a record's size where a state file is named:
+    /// skipped, never followed, waited on or read. The path is escaped (`{:?}`): its name is
+    /// anything a directory can hold.
+    #[error("state entry {path:?} is not a record: it is {kind}")]
+    NotARecord { path: PathBuf, kind: EntryKind },
+}
+
+impl StateError {
+    /// The file the error is about.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            StateError::Io { path, .. }
+            | StateError::Corrupt { path, .. }
+            | StateError::NotARecord { path, .. } => Some(path),
+        }
+    }
+
+    fn opening(path: &Path, e: OpenError) -> Self {
+        match e {
+            OpenError::Io(source) => StateError::Io {
+                path: path.to_owned(),
+                source,
+            },
+            OpenError::NotRegular(kind) => StateError::NotARecord {
+                path: path.to_owned(),
+                kind,
+            },
+        }
+    }
+}
+
+/// The bytes of the record file at `path`, `None` when there is none: the one way record
+/// files are read (see `entry.rs`: never blocks, never follows a link, at most
+/// [`MAX_RECORD_BYTES`]).
+pub(crate) fn read_record_file(path: &Path) -> Result<Option<Vec<u8>>, StateError> {
+    match entry::read_record(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StateError::opening(path, e)),
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
@@ -191,6 +235,24 @@ pub struct StateDir {
 struct RecordCache {
     records: HashMap<String, Parsed>,
     watching: Watching,
+    /// The record files found unreadable and logged: each is logged once while it stays so,
+    /// not at every listing (every publish lists).
+    logged_unreadable: HashSet<PathBuf>,
+}
+
+impl RecordCache {
+    /// Logs the entries newly found unreadable, and forgets those no longer in `errors`.
+    fn log_unreadable(&mut self, errors: &[StateError]) {
+        let now: HashSet<&Path> = errors.iter().filter_map(StateError::path).collect();
+        self.logged_unreadable.retain(|p| now.contains(p.as_path()));
+        for e in errors {
+            let Some(path) = e.path() else { continue };
+            if self.logged_unreadable.insert(path.to_owned()) {
+                // `?`: the name is escaped, whatever it holds.
+                tracing::warn!(entry = ?path, error = %e, "skipping an unreadable entry of the state dir's volumes");
+            }
+        }
+    }
 }
 
 /// Whether listings learn what changed from inotify (see [`StateDir::watch_records`]).
@@ -241,7 +303,7 @@ struct Parsed {
 impl Parsed {
     /// The record file at `path` read and parsed, as it is on disk now.
     fn read(path: &Path, identity: FileIdentity, marked: bool) -> Result<Self, StateError> {
-        let bytes = fs::read(path).map_err(io_err(path))?;
+        let bytes = entry::read_record(path).map_err(|e| StateError::opening(path, e))?;
         Ok(Self {
             identity,
             record: parse(path, &bytes)?,
@@ -332,13 +394,48 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// An exclusive lock, released when dropped and every driver process that inherited it (see
 /// [`crate::runner::RunnerConfig::held_locks`]) has exited, or when they all die.
+///
+/// Lock files of volumes that are gone would pile up in `locks/` (one per target, device and
+/// provisioned name ever used), so a guard dropped when no record of its name is left removes
+/// its file *while still holding the lock*. Whoever opened the file before that and waits in
+/// `flock` then holds a lock on an unlinked inode: [`StateDir::lock`] checks after every
+/// `flock` that the name still leads to the inode it locked, and starts again otherwise. So two
+/// holders never overlap, and nobody needs to know whether anyone else is waiting.
 pub struct Lock {
-    file: std::sync::Arc<File>,
+    file: Arc<File>,
+    path: PathBuf,
+    /// The record whose absence means the lock file can go; `None`: a lock kept for good (the
+    /// one of pinned drivers, taken at every pin).
+    removable_without: Option<PathBuf>,
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let Some(record) = &self.removable_without else {
+            return;
+        };
+        // A driver's configuration still holds the file (see `share`): the lock outlives this
+        // guard, so its file must stay the one the name leads to.
+        if Arc::strong_count(&self.file) > 1 {
+            return;
+        }
+        let gone =
+            matches!(fs::symlink_metadata(record), Err(e) if e.kind() == io::ErrorKind::NotFound);
+        if gone {
+            // Still locked here: the flock is released when `file` closes, after this.
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn same_inode(a: &fs::Metadata, b: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
 }
 
 impl Lock {
     /// The locked file, for a driver process to inherit.
-    pub fn share(&self) -> std::sync::Arc<File> {
+    pub fn share(&self) -> Arc<File> {
         self.file.clone()
     }
 }
@@ -374,40 +471,65 @@ impl StateDir {
         self.volumes().join(format!("{}.mounted", id_of(target)))
     }
 
-    /// Locks a name (a target path, a device mount dir) until the guard is dropped.
+    /// Locks a name (a target path, a device mount dir) until the guard is dropped. The lock
+    /// file goes with the guard when no record of that name is left (see [`Lock`]).
     pub fn lock(&self, what: &Path) -> Result<Lock, StateError> {
+        self.lock_file(what, Some(self.record_path(what)))
+    }
+
+    /// Takes the lock of `what`; `removable_without`: see [`Lock`].
+    fn lock_file(
+        &self,
+        what: &Path,
+        removable_without: Option<PathBuf>,
+    ) -> Result<Lock, StateError> {
         let dir = self.root.join("locks");
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let path = dir.join(format!("{}.lock", id_of(what)));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
         let flock_err = |e: rustix::io::Errno| StateError::Io {
             path: path.clone(),
             source: e.into(),
         };
-        // Tried without blocking first, so a wait behind another operation (a mount stuck in
-        // a slow driver, another flexd) is said once instead of looking like a hang.
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                tracing::info!(
-                    lock = %path.display(),
-                    what = %what.display(),
-                    "waiting for {}: another operation holds it",
-                    path.display()
-                );
-                rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-                    .map_err(flock_err)?;
+        let mut said_waiting = false;
+        loop {
+            // Not followed, not waited on: a FIFO or link at the name fails this lock alone.
+            let file = entry::open_for_writing(&path).map_err(|e| StateError::opening(&path, e))?;
+            // Tried without blocking first, so a wait behind another operation (a mount stuck
+            // in a slow driver, another flexd) is said once instead of looking like a hang.
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    if !said_waiting {
+                        said_waiting = true;
+                        tracing::info!(
+                            lock = %path.display(),
+                            what = %what.display(),
+                            "waiting for {}: another operation holds it",
+                            path.display()
+                        );
+                    }
+                    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                        .map_err(flock_err)?;
+                }
+                Err(e) => return Err(flock_err(e)),
             }
-            Err(e) => return Err(flock_err(e)),
+            // The holder we waited for may have removed the file (its volume gone) after we
+            // opened it: a lock on an unlinked inode excludes nobody who opens the name now.
+            // Held only when the name still leads to the inode we locked; otherwise again.
+            let held = file.metadata().map_err(io_err(&path))?;
+            match fs::symlink_metadata(&path) {
+                Ok(named) if same_inode(&named, &held) => {
+                    return Ok(Lock {
+                        file: Arc::new(file),
+                        path,
+                        removable_without,
+                    })
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
         }
-        Ok(Lock {
-            file: std::sync::Arc::new(file),
-        })
     }
 
     pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
@@ -422,7 +544,10 @@ impl StateDir {
                     } == *record
             }) {
                 let marker = self.marker_path(&record.target);
-                return File::create(&marker).map(drop).map_err(io_err(&marker));
+                // Not followed, not waited on: a FIFO or link here fails this save alone.
+                return entry::open_for_writing(&marker)
+                    .map(drop)
+                    .map_err(|e| StateError::opening(&marker, e));
             }
         }
         let dir = self.volumes();
@@ -445,7 +570,7 @@ impl StateDir {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        let written = File::create(&temp)
+        let written = entry::create_fresh(&temp)
             .and_then(|mut file| {
                 file.write_all(&json)?;
                 file.set_modified(unique_mtime())?;
@@ -466,7 +591,7 @@ impl StateDir {
                 return Err(e);
             }
         };
-        File::open(&dir)
+        entry::open_dir(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&dir))?;
         // The identity of what we wrote, after the rename changed its ctime: whatever replaces
@@ -512,11 +637,9 @@ impl StateDir {
                 return Ok(Some(known.record.clone()));
             }
         }
-        match fs::read(&path) {
-            Ok(bytes) => parse(&path, &bytes).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(&path)(e)),
-        }
+        read_record_file(&path)?
+            .map(|bytes| parse(&path, &bytes))
+            .transpose()
     }
 
     pub fn remove(&self, target: &Path) -> Result<(), StateError> {
@@ -527,7 +650,7 @@ impl StateDir {
         match removed {
             Ok(()) => {
                 let dir = self.volumes();
-                File::open(&dir)
+                entry::open_dir(&dir)
                     .and_then(|d| d.sync_all())
                     .map_err(io_err(&dir))?;
                 // The volume may have been the last user of a pinned driver version.
@@ -568,7 +691,7 @@ impl StateDir {
             return Ok(0);
         }
         let _queued = locked(&PINNING);
-        let _lock = self.lock(Path::new(PINS_LOCK))?;
+        let _lock = self.lock_file(Path::new(PINS_LOCK), None)?;
         let mut referenced = HashSet::new();
         for record in self.list()? {
             let Ok(record) = record else { return Ok(0) };
@@ -641,6 +764,7 @@ impl StateDir {
                 for known in cache.records.values() {
                     f(Ok(&known.marked_record()));
                 }
+                cache.log_unreadable(&errors);
                 errors.into_iter().for_each(|e| f(Err(e)));
                 cache.watching = Watching::Complete { watch, unreadable };
                 return Ok(());
@@ -678,7 +802,20 @@ impl StateDir {
         let parsed = &mut cache.records;
         let mut seen = HashSet::new();
         let mut unreadable = HashSet::new();
+        let mut errors = Vec::new();
         for (id, entry) in files {
+            // The directory's own word on the type (no system call on most filesystems): a
+            // FIFO, link or device is not even opened. The reader checks again after its open.
+            let not_a_record = entry.file_type().ok().and_then(EntryKind::of);
+            if let Some(kind) = not_a_record {
+                parsed.remove(&id);
+                unreadable.insert(id);
+                errors.push(StateError::NotARecord {
+                    path: entry.path(),
+                    kind,
+                });
+                continue;
+            }
             let identity = entry.metadata().ok().map(|m| FileIdentity::of(&m));
             let marked = markers.contains(&id);
             match parsed.get_mut(&id).filter(|known| known.trusted(identity)) {
@@ -699,7 +836,7 @@ impl StateDir {
                         }
                         Err(e) => {
                             unreadable.insert(id.clone());
-                            f(Err(e));
+                            errors.push(e);
                         }
                     }
                 }
@@ -707,6 +844,8 @@ impl StateDir {
             seen.insert(id);
         }
         parsed.retain(|id, _| seen.contains(id));
+        cache.log_unreadable(&errors);
+        errors.into_iter().for_each(|e| f(Err(e)));
         if let Some(watch) = watch {
             cache.watching = Watching::Complete { watch, unreadable };
         }
@@ -767,7 +906,7 @@ impl StateDir {
         // process's pins queue on a mutex first: a burst of publishes all blocked in flock(2) is
         // woken all at once at every release, and only one of them gets it.
         let _queued = locked(&PINNING);
-        let _lock = self.lock(Path::new(PINS_LOCK))?;
+        let _lock = self.lock_file(Path::new(PINS_LOCK), None)?;
         let name = executable.file_name().unwrap_or_default();
         let dir = self
             .root
@@ -777,7 +916,7 @@ impl StateDir {
         let pinned = dir.join(name);
         if pinned.exists() {
             // Pinned again: collect_pins keeps it for the grace period from now.
-            File::open(&dir)
+            entry::open_dir(&dir)
                 .and_then(|d| d.set_modified(std::time::SystemTime::now()))
                 .map_err(io_err(&dir))?;
             return Ok(pinned);
@@ -785,7 +924,13 @@ impl StateDir {
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         if fs::hard_link(executable, &pinned).is_err() {
             let temp = dir.join(format!(".copy.{}", std::process::id()));
-            let copied = fs::copy(executable, &temp)
+            // Created afresh: whatever a crash (or anyone) left at the name is not written through.
+            let copied = entry::create_fresh(&temp)
+                .and_then(|mut copy| {
+                    let mut source = File::open(executable)?;
+                    io::copy(&mut source, &mut copy)?;
+                    copy.set_permissions(source.metadata()?.permissions())
+                })
                 .map_err(io_err(&temp))
                 .and_then(|_| fs::rename(&temp, &pinned).map_err(io_err(&pinned)));
             if let Err(e) = copied {
@@ -890,7 +1035,7 @@ mod tests {
         // Written in place by hand, at the same size: seen, though no rename happened.
         let path = here.record_path(Path::new("/t/a"));
         let text = fs::read_to_string(&path).unwrap().replace("loop1", "loop7");
-        OpenOptions::new()
+        fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .unwrap()
@@ -968,6 +1113,150 @@ mod tests {
             Err(StateError::Corrupt { .. })
         ));
         assert!(state.list().unwrap()[0].is_err());
+    }
+
+    fn mkfifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    }
+
+    fn not_a_record(result: &Result<VolumeRecord, StateError>) -> Option<EntryKind> {
+        match result {
+            Err(StateError::NotARecord { kind, .. }) => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// A FIFO named like a record blocked the reader in open(2); a link to /dev/zero was read
+    /// until memory ran out. Both are reported at every listing, by load too, and skipped:
+    /// the rest of the state works around them. A hang here is the bug.
+    #[test]
+    fn entries_that_are_not_record_files_are_reported_and_never_waited_on_or_followed() {
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let state = StateDir::new(dir.path());
+            if watched {
+                state.watch_records();
+            }
+            state.save(&record("/t/a")).unwrap();
+            assert_eq!(state.list().unwrap().len(), 1);
+            mkfifo(&state.record_path(Path::new("/t/fifo")));
+            std::os::unix::fs::symlink("/dev/zero", state.record_path(Path::new("/t/zero")))
+                .unwrap();
+            fs::create_dir(state.record_path(Path::new("/t/dir"))).unwrap();
+            File::create(state.record_path(Path::new("/t/big")))
+                .unwrap()
+                .set_len(MAX_RECORD_BYTES + 1)
+                .unwrap();
+            for _ in 0..2 {
+                let listed = state.list().unwrap();
+                let mut kinds: Vec<&str> = listed
+                    .iter()
+                    .filter_map(not_a_record)
+                    .map(|k| k.as_str())
+                    .collect();
+                kinds.sort();
+                assert_eq!(kinds, ["directory", "fifo", "oversized", "symlink"]);
+                assert_eq!(listed.iter().filter(|r| r.is_ok()).count(), 1);
+                assert_eq!(state.targets().unwrap(), [("/t/a".into(), Role::Mount)]);
+            }
+            for (target, kind) in [
+                ("/t/fifo", EntryKind::Fifo),
+                ("/t/zero", EntryKind::Symlink),
+            ] {
+                assert_eq!(
+                    not_a_record(&state.load(Path::new(target)).map(|r| r.unwrap())),
+                    Some(kind)
+                );
+            }
+            // Saving the volume puts a record in the FIFO's place; a FIFO as a marker fails
+            // that save alone, at once.
+            state.save(&record("/t/fifo")).unwrap();
+            assert_eq!(
+                state.load(Path::new("/t/fifo")).unwrap(),
+                Some(record("/t/fifo"))
+            );
+            let mounting = VolumeRecord {
+                stage: Stage::Mounting,
+                ..record("/t/b")
+            };
+            state.save(&mounting).unwrap();
+            mkfifo(&state.marker_path(Path::new("/t/b")));
+            assert!(matches!(
+                state.save(&record("/t/b")),
+                Err(StateError::NotARecord {
+                    kind: EntryKind::Fifo,
+                    ..
+                })
+            ));
+            // The name is escaped in what is said about it.
+            let odd = state.volumes().join("line\nbreak.json");
+            mkfifo(&odd);
+            let said = state
+                .list()
+                .unwrap()
+                .into_iter()
+                .filter_map(Result::err)
+                .map(|e| e.to_string())
+                .find(|e| e.contains("break"))
+                .unwrap();
+            assert!(said.contains("line\\nbreak.json"), "{said}");
+        }
+    }
+
+    /// A lock file goes with the last guard once its volume's record is gone, and lockers
+    /// racing with that removal never hold the lock at the same time: one that locked the
+    /// unlinked file notices and locks the new one.
+    #[test]
+    fn lock_files_of_removed_volumes_go_and_concurrent_lockers_never_overlap() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        let locks = || fs::read_dir(dir.path().join("locks")).unwrap().count();
+        let target = Path::new("/t/a");
+        // Recorded: the lock file stays; removed: it goes with the guard held over the removal.
+        let guard = state.lock(target).unwrap();
+        state.save(&record("/t/a")).unwrap();
+        drop(guard);
+        assert_eq!(locks(), 1);
+        let guard = state.lock(target).unwrap();
+        state.remove(target).unwrap();
+        drop(guard);
+        assert_eq!(locks(), 0, "the removed volume's lock file is gone");
+        // A guard whose file a driver still shares keeps it.
+        let guard = state.lock(target).unwrap();
+        let shared = guard.share();
+        drop(guard);
+        assert_eq!(locks(), 1);
+        drop(shared);
+
+        // Each locker its own StateDir and open file, as separate processes would have.
+        let inside = Arc::new(AtomicBool::new(false));
+        let entered = Arc::new(AtomicUsize::new(0));
+        let lockers: Vec<_> = (0..4)
+            .map(|_| {
+                let (inside, entered) = (inside.clone(), entered.clone());
+                let state = StateDir::new(dir.path());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let _guard = state.lock(target).unwrap();
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                        std::thread::yield_now();
+                        inside.store(false, Ordering::SeqCst);
+                        entered.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        lockers.into_iter().for_each(|l| l.join().unwrap());
+        assert_eq!(entered.load(Ordering::SeqCst), 800);
+        assert_eq!(locks(), 0);
     }
 
     #[test]
