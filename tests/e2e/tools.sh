@@ -5,6 +5,7 @@
 # rebuilds and an unchanged one costs nothing.
 #
 #   tests/e2e/tools.sh csi-sanity     # the CSI conformance suite (kubernetes-csi/csi-test)
+#   tests/e2e/tools.sh kube           # etcd and Kubernetes in one multi-call binary (cmd/kube)
 #
 # Exit status: 0 and the path on stdout; 1 with the reason on stderr (no Go, build failed).
 set -euo pipefail
@@ -12,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 declare -A packages=(
   [csi-sanity]=github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+  [kube]=./cmd/kube
 )
 tool=${1:?usage: tools.sh TOOL (one of: ${!packages[*]})}
 package=${packages[$tool]:-}
@@ -26,7 +28,9 @@ if ! command -v go >/dev/null; then
   fi
 fi
 
-pin=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
+# The pin: the module's requirements, and for a command of this module its own source too.
+pin=$(cat "$here/go.mod" "$here/go.sum" $(case $package in ./*) find "$here/${package#./}" -name '*.go' | sort ;; esac) |
+  sha256sum | cut -c1-16)
 cache=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/$pin
 binary=$cache/$tool
 if [ ! -x "$binary" ]; then
