@@ -22,7 +22,8 @@ use tonic::Code;
 use csi::controller_client::ControllerClient;
 
 /// Records every call in `calls.log` beside itself. `provision` refuses the "full" tier by
-/// name; attach knows only the volume provision made.
+/// name and dies without a reply for the "crash" tier; attach knows only the volume
+/// provision made.
 const DRIVER: &str = r#"#!/bin/sh
 echo "$*" >> "$(dirname "$0")/calls.log"
 case "$1" in
@@ -30,6 +31,7 @@ init) echo '{"status":"Success","capabilities":{"attach":true,"provision":true}}
 provision)
   case "$2" in
     *'"tier":"full"'*) echo '{"status":"Failure","message":"pool full","code":"OutOfCapacity"}'; exit 1 ;;
+    *'"tier":"crash"'*) exit 1 ;;
   esac
   echo '{"status":"Success","options":{"volumeID":"vol-made"}}' ;;
 delete) echo '{"status":"Success"}' ;;
@@ -292,6 +294,44 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
+}
+
+/// issue 29: a failed CreateVolume blocked its name (ALREADY_EXISTS for the corrected retry)
+/// until a DeleteVolume. A Failure reply leaves no record; a provision cut short (no reply)
+/// is deleted, with its own options, before a retry that asks for another volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry() {
+    let server = Server::start();
+    let mut c = server.client().await;
+    let err = c
+        .create_volume(create("pvc-full", 1 << 20, "full"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let made = c
+        .create_volume(create("pvc-full", 1 << 20, "gold"))
+        .await
+        .unwrap();
+    assert_eq!(made.into_inner().volume.unwrap().volume_id, "pvc-full");
+    assert!(server.calls("delete").is_empty(), "nothing to clean up");
+
+    let err = c
+        .create_volume(create("pvc-cut", 1 << 20, "crash"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    c.create_volume(create("pvc-cut", 2 << 20, "gold"))
+        .await
+        .unwrap();
+    let deleted = server.calls("delete");
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert!(
+        deleted[0].contains(r#""tier":"crash""#) && deleted[0].contains("pvc-cut"),
+        "{}",
+        deleted[0]
+    );
+    let provisioned = server.calls("provision");
+    assert!(provisioned.last().unwrap().contains(r#""tier":"gold""#));
 }
 
 /// A driver that neither attaches nor provisions still has a controller in both mode (the
