@@ -29,7 +29,7 @@ options="{\"imageDir\":\"$work/images\",\"size\":\"64Mi\"}"
 # Prints the mean milliseconds of one mount+unmount cycle for variant $1 installed by flexd $2.
 measure() {
   local v=$1 installer=$2 dir=$work/$1
-  "$installer" --plugin-dir "$dir/exec" install --builtin loop >/dev/null 2>&1
+  "$installer" --plugin-dir "$dir/exec" install --builtin loop --image-dir "$work/images" >/dev/null 2>&1
   local cycle=("$bin/flexd" --plugin-dir "$dir/exec" volume --state-dir "$dir/state")
   # The first mount formats; it is not measured.
   "${cycle[@]}" mount --driver flexd/loop --volume-name "$v" --options "$options" --target "$dir/target" >/dev/null

@@ -34,7 +34,7 @@ cleanup() {
 trap cleanup EXIT
 
 step "install flexd's builtin loop driver (flexd/loop) into $plugins"
-flexd install --builtin loop
+flexd install --builtin loop --image-dir "$work/images"
 flexd drivers
 
 step "mount a 256Mi volume on $target: sparse image, loop device, ext4"

@@ -47,7 +47,9 @@ impl Builtin {
 
     fn run(self, args: &[OsString]) -> ExitCode {
         match self {
-            Self::Loop => flexvolume_driver::run_with_args(&flexvolume_loop::LoopDriver, args),
+            Self::Loop => {
+                flexvolume_driver::run_with_args(&flexvolume_loop::LoopDriver::configured(), args)
+            }
         }
     }
 }

@@ -114,7 +114,7 @@ fn counts(output: &str) -> Option<Counts> {
 
 /// One driver under test: how it is installed, and what its capabilities call for.
 struct Subject<'a> {
-    /// `flexd install` arguments.
+    /// `flexd install` arguments (`$ROOT` is the test's directory).
     install: Vec<String>,
     /// The suite's `--csi.testvolumeparameters` (YAML; `$ROOT` is the test's directory).
     parameters: Option<&'a str>,
@@ -175,7 +175,12 @@ fn conformance(subject: Subject<'_>) {
     let plugins = root.join("plugins");
     let installed = common::flexd_command(&plugins)
         .arg("install")
-        .args(&subject.install)
+        .args(
+            subject
+                .install
+                .iter()
+                .map(|a| a.replace("$ROOT", &root.display().to_string())),
+        )
         .output()
         .unwrap();
     common::ok(&installed);
@@ -350,8 +355,13 @@ fn csi_sanity_passes_against_a_driver_that_only_mounts() {
 #[test]
 fn csi_sanity_passes_against_the_builtin_loop_driver() {
     conformance(Subject {
-        install: vec!["--builtin".into(), "loop".into()],
-        // Images in the test's own directory, not /var/lib/flexd-loop.
+        // Images in the test's own directory, which the operator (the test) allows.
+        install: vec![
+            "--builtin".into(),
+            "loop".into(),
+            "--image-dir".into(),
+            "$ROOT/images".into(),
+        ],
         parameters: Some("imageDir: $ROOT/images\n"),
         attaches: true,
         provisions: true,

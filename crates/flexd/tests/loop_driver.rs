@@ -60,7 +60,8 @@ impl LoopSandbox {
             Command::new(&flexd)
                 .arg("--plugin-dir")
                 .arg(s.plugin())
-                .args(["install", "--builtin", "loop"]),
+                .args(["install", "--builtin", "loop", "--image-dir"])
+                .arg(s.images()),
         );
         ok(&out);
         assert_eq!(
@@ -195,6 +196,57 @@ fn installed_builtin_answers_exact_json(build: Build) {
     let out = s.flexd(&["--output", "json", "drivers"]);
     ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("flexd/loop"));
+}
+
+/// issue 29: the image dirs are the operator's, given to `flexd install --builtin loop
+/// --image-dir`, in a file beside the driver in its plugin dir; the driver, as installed by
+/// either build, refuses any other `imageDir`, and a broken file fails its init.
+#[test]
+fn the_image_dirs_are_what_install_was_told_and_nothing_else() {
+    for build in [Build::Standalone, Build::FlexdAlone] {
+        // No root needed: getvolumename touches nothing.
+        let s = LoopSandbox::installing(build);
+        let config = s.plugin().join("flexd~loop/image-dirs");
+        let volume_name = |dir: &Path| {
+            let options = serde_json::json!({"imageDir": dir, "volumeID": "v"}).to_string();
+            let out = s.call(&["getvolumename", &options]);
+            let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+            (out.status.code(), reply)
+        };
+        let (code, reply) = volume_name(&s.images());
+        assert_eq!(code, Some(0), "{build:?}: {reply}");
+        for refused in [Path::new("/etc"), Path::new("/"), &s.path("elsewhere")] {
+            let (code, reply) = volume_name(refused);
+            assert_eq!(code, Some(1), "{build:?} {}: {reply}", refused.display());
+            assert_eq!(reply["code"], "InvalidArgument", "{reply}");
+            let message = reply["message"].as_str().unwrap();
+            assert!(message.contains("not an image dir"), "{message}");
+        }
+        // Reinstalled with no flag: the default dir alone, said in the file.
+        ok(&s.flexd(&["install", "--builtin", "loop"]));
+        let text = std::fs::read_to_string(&config).unwrap();
+        assert!(text.lines().any(|l| l == "/var/lib/flexd-loop"), "{text}");
+        assert_eq!(volume_name(&s.images()).0, Some(1), "{build:?}");
+        // A bad dir installs nothing.
+        let out = s.flexd(&["install", "--builtin", "loop", "--image-dir", "relative"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("relative"));
+        assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
+        // A file that cannot be read right fails init, which `flexd drivers` shows.
+        std::fs::write(&config, "images\n").unwrap();
+        let out = s.flexd(&["--output", "json", "drivers"]);
+        ok(&out);
+        let drivers: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let status = &drivers[0];
+        assert_eq!(status["status"], "failed", "{drivers}");
+        assert!(
+            status["error"]
+                .as_str()
+                .unwrap()
+                .contains("image-dirs line 1"),
+            "{drivers}"
+        );
+    }
 }
 
 #[test]

@@ -723,11 +723,13 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
     // One node: the builtin loop driver installed, flexd serve (node and controller) running
     // with its own state dir; the sandbox unmounts and releases the loop devices on drop.
     let server = Server::start_in_mode("both", |plugins| {
-        ok(&output_of_new_executable(flexd_command(plugins).args([
-            "install",
-            "--builtin",
-            "loop",
-        ])))
+        // The sandbox's images dir (beside `exec`) is the one the driver may use.
+        let images = plugins.with_file_name("images");
+        ok(&output_of_new_executable(
+            flexd_command(plugins)
+                .args(["install", "--builtin", "loop", "--image-dir"])
+                .arg(images),
+        ))
     });
     let plugins = server.plugin_dir.clone();
     std::fs::create_dir(server.path("images")).unwrap();

@@ -22,7 +22,8 @@ use tonic::Code;
 use csi::controller_client::ControllerClient;
 
 /// Records every call in `calls.log` beside itself. `provision` refuses the "full" tier by
-/// name; attach knows only the volume provision made.
+/// name and dies without a reply for the "crash" tier; attach knows only the volume
+/// provision made.
 const DRIVER: &str = r#"#!/bin/sh
 echo "$*" >> "$(dirname "$0")/calls.log"
 case "$1" in
@@ -30,6 +31,7 @@ init) echo '{"status":"Success","capabilities":{"attach":true,"provision":true}}
 provision)
   case "$2" in
     *'"tier":"full"'*) echo '{"status":"Failure","message":"pool full","code":"OutOfCapacity"}'; exit 1 ;;
+    *'"tier":"crash"'*) exit 1 ;;
   esac
   echo '{"status":"Success","options":{"volumeID":"vol-made"}}' ;;
 delete) echo '{"status":"Success"}' ;;
@@ -294,6 +296,44 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 }
 
+/// issue 29: a failed CreateVolume blocked its name (ALREADY_EXISTS for the corrected retry)
+/// until a DeleteVolume. A Failure reply leaves no record; a provision cut short (no reply)
+/// is deleted, with its own options, before a retry that asks for another volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry() {
+    let server = Server::start();
+    let mut c = server.client().await;
+    let err = c
+        .create_volume(create("pvc-full", 1 << 20, "full"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let made = c
+        .create_volume(create("pvc-full", 1 << 20, "gold"))
+        .await
+        .unwrap();
+    assert_eq!(made.into_inner().volume.unwrap().volume_id, "pvc-full");
+    assert!(server.calls("delete").is_empty(), "nothing to clean up");
+
+    let err = c
+        .create_volume(create("pvc-cut", 1 << 20, "crash"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    c.create_volume(create("pvc-cut", 2 << 20, "gold"))
+        .await
+        .unwrap();
+    let deleted = server.calls("delete");
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert!(
+        deleted[0].contains(r#""tier":"crash""#) && deleted[0].contains("pvc-cut"),
+        "{}",
+        deleted[0]
+    );
+    let provisioned = server.calls("provision");
+    assert!(provisioned.last().unwrap().contains(r#""tier":"gold""#));
+}
+
 /// A driver that neither attaches nor provisions has no controller side: in both mode its
 /// endpoint does not offer the Controller service (the Identity does not advertise it, every
 /// Controller call is UNIMPLEMENTED), until an update in place makes it attach.
@@ -349,4 +389,246 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `flexd serve --mode both` with the builtin loop driver installed, allowed to keep images in
+/// the sandbox's `images` dir only (the sandbox unmounts and frees its loop devices on drop),
+/// and a controller client on its socket.
+async fn loop_server() -> (serve_support::Server, ControllerClient<Channel>) {
+    let server = serve_support::Server::start_in_mode("both", |plugins| {
+        common::ok(&common::output_of_new_executable(
+            common::flexd_command(plugins)
+                .args(["install", "--builtin", "loop", "--image-dir"])
+                .arg(plugins.with_file_name("images")),
+        ))
+    });
+    let socket = server.csi_dir.join("flexvolume-flexd--loop/csi.sock");
+    common::wait_for_path(&socket);
+    let client = ControllerClient::new(connect(&socket).await);
+    (server, client)
+}
+
+/// A CreateVolume of the loop driver with `parameters` and no capacity range.
+fn create_loop(name: &str, parameters: &[(&str, &str)]) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![capability()],
+        parameters: serve_support::map(parameters),
+        ..Default::default()
+    }
+}
+
+/// Every entry of `dir`, sorted (none when it does not exist).
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// issue 29: a StorageClass chose where the loop driver made files (`/etc`, `/`, a deep new
+/// dir made with `mkdir -p`). Only the operator's image dirs are used; anything else is
+/// INVALID_ARGUMENT, and nothing is made anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
+    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    let (server, mut c) = loop_server().await;
+    let images = server.path("images");
+    let deep = server.path("images/a/b");
+    let name = format!("pvc-escape-{}", std::process::id());
+    for dir in ["/etc", "/", deep.to_str().unwrap()] {
+        let err = c
+            .create_volume(create_loop(&name, &[("imageDir", dir)]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{dir}: {err:?}");
+        assert!(
+            err.message().contains("not an image dir this node allows"),
+            "{}",
+            err.message()
+        );
+    }
+    for made in [
+        PathBuf::from(format!("/etc/{name}.img")),
+        PathBuf::from(format!("/etc/.{name}.lock")),
+        PathBuf::from(format!("/{name}.img")),
+        server.path("images/a"),
+    ] {
+        assert!(!made.exists(), "{} was made", made.display());
+    }
+    // The operator's dir: made (one level), used, and the name is free after the refusals.
+    let made = c
+        .create_volume(create_loop(
+            &name,
+            &[("imageDir", images.to_str().unwrap())],
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(images.join(format!("{name}.img")).is_file());
+    // No size asked for: the driver's 1Gi, reported as it is (it was 0).
+    assert_eq!(made.capacity_bytes, 1 << 30);
+    c.delete_volume(delete(&name)).await.unwrap();
+    assert_eq!(entries(&images), Vec::<String>::new());
+}
+
+/// issue 29: `volumeID: victim` made a new volume share `victim.img`, and deleting it deleted
+/// victim's image; `kubernetes.io/pvOrVolumeName` renamed the image and `requestBytes: "5"`
+/// made a 5-byte one. Parameters and volume contexts cannot set flexd's own keys, provision
+/// never adopts an image it did not make, and delete never removes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_cannot_take_another_volumes_name_or_image() {
+    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    let (server, mut c) = loop_server().await;
+    let images = server.path("images");
+    let dir = images.to_str().unwrap();
+    // Volume "victim": a static volume's image, made by hand.
+    std::fs::create_dir(&images).unwrap();
+    let victim = images.join("victim.img");
+    std::fs::write(&victim, b"victim's data").unwrap();
+    for (key, value) in [
+        ("volumeID", "victim"),
+        ("kubernetes.io/pvOrVolumeName", "victim"),
+        ("requestBytes", "5"),
+        ("requestMiB", "1"),
+        ("kubernetes.io/secret/token", "x"),
+    ] {
+        let err = c
+            .create_volume(create_loop("pvc-new", &[("imageDir", dir), (key, value)]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{key}: {err:?}");
+        assert!(err.message().contains(key), "{}", err.message());
+    }
+    assert!(!images.join("pvc-new.img").exists());
+    // Its own name: the image is not one a provision made.
+    let err = c
+        .create_volume(create_loop("victim", &[("imageDir", dir)]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(
+        err.message().contains("not made by a provision"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"victim's data");
+
+    // A volume context cannot set them either, on any call that takes one.
+    let context = serve_support::map(&[
+        ("imageDir", dir),
+        ("volumeID", "victim"),
+        ("kubernetes.io/pvOrVolumeName", "victim"),
+    ]);
+    let err = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            node_id: "node-1".into(),
+            volume_capability: Some(capability()),
+            volume_context: context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let mut node =
+        serve_support::node_client(&server.csi_dir.join("flexvolume-flexd--loop/csi.sock")).await;
+    let err = node
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: "pvc-x".into(),
+            staging_target_path: server.path("staging").display().to_string(),
+            volume_capability: Some(capability()),
+            volume_context: context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let publish = csi::NodePublishVolumeRequest {
+        volume_context: context.clone(),
+        ..serve_support::publish_request("pvc-x", &server.path("target"), None)
+    };
+    let err = node.node_publish_volume(publish).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    // DeleteVolume removes only the image its provision made: one put in its place stays.
+    c.create_volume(create_loop(
+        "pvc-mine",
+        &[("imageDir", dir), ("size", "8Mi")],
+    ))
+    .await
+    .unwrap();
+    let mine = images.join("pvc-mine.img");
+    std::fs::remove_file(&mine).unwrap();
+    std::fs::write(&mine, b"planted").unwrap();
+    let err = c.delete_volume(delete("pvc-mine")).await.unwrap_err();
+    assert!(err.message().contains("not made by a provision"), "{err:?}");
+    assert_eq!(std::fs::read(&mine).unwrap(), b"planted");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"victim's data");
+}
+
+/// issue 29: after `size: 1Ei` failed (INTERNAL), the corrected retry under the same name was
+/// ALREADY_EXISTS until a DeleteVolume, and each failure left a lock file behind. A bad size
+/// is now OUT_OF_RANGE or INVALID_ARGUMENT with its reason, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_create_volume_leaves_nothing_and_the_corrected_retry_succeeds() {
+    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    let (server, mut c) = loop_server().await;
+    let images = server.path("images");
+    let dir = images.to_str().unwrap();
+    for (size, code, reason) in [
+        ("1Ei", Code::OutOfRange, "whole filesystem"),
+        ("16Ei", Code::OutOfRange, "more bytes than any file"),
+        ("lots", Code::InvalidArgument, "not a size"),
+        ("0", Code::InvalidArgument, "not a size"),
+    ] {
+        let err = c
+            .create_volume(create_loop(
+                "pvc-retry",
+                &[("imageDir", dir), ("size", size)],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{size}: {err:?}");
+        assert!(err.message().contains(reason), "{size}: {}", err.message());
+        assert_eq!(entries(&images), Vec::<String>::new(), "{size}");
+    }
+    let err = c
+        .create_volume(csi::CreateVolumeRequest {
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: i64::MAX,
+                limit_bytes: 0,
+            }),
+            ..create_loop("pvc-retry", &[("imageDir", dir)])
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert_eq!(entries(&images), Vec::<String>::new());
+
+    let made = c
+        .create_volume(create_loop(
+            "pvc-retry",
+            &[("imageDir", dir), ("size", "64Mi")],
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(made.capacity_bytes, 64 << 20);
+    assert_eq!(
+        std::fs::metadata(images.join("pvc-retry.img"))
+            .unwrap()
+            .len(),
+        64 << 20
+    );
+    c.delete_volume(delete("pvc-retry")).await.unwrap();
+    assert_eq!(entries(&images), Vec::<String>::new());
 }

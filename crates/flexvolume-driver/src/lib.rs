@@ -92,6 +92,22 @@ impl DriverError {
         }
     }
 
+    /// The request cannot be served as written (an option this driver refuses).
+    pub fn invalid_argument(message: impl fmt::Display) -> Self {
+        Self::Named {
+            code: ErrorCode::InvalidArgument,
+            message: message.to_string(),
+        }
+    }
+
+    /// A size the storage cannot hold at all.
+    pub fn out_of_range(message: impl fmt::Display) -> Self {
+        Self::Named {
+            code: ErrorCode::OutOfRange,
+            message: message.to_string(),
+        }
+    }
+
     /// What every call-out a driver does not implement answers.
     pub fn not_supported(kind: CallOutKind) -> Self {
         Self::NotSupported(format!("{kind} is not supported by this driver"))
@@ -219,9 +235,26 @@ pub trait Driver {
     }
 }
 
-/// What `provision` created: options the volume keeps (its PV's flexVolume `options`, its CSI
-/// volume context) besides the StorageClass parameters.
-pub type Provisioned = std::collections::BTreeMap<String, String>;
+/// What `provision` created.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provisioned {
+    /// Options the volume keeps (its PV's flexVolume `options`, its CSI volume context)
+    /// besides the StorageClass parameters.
+    pub options: std::collections::BTreeMap<String, String>,
+    /// The size of the volume made, in bytes, when the driver knows it (sent as
+    /// `volumeNewSize`): what CreateVolume reports instead of the size asked for, which is
+    /// none when the CO asked for none.
+    pub capacity_bytes: Option<u64>,
+}
+
+impl<const N: usize> From<[(String, String); N]> for Provisioned {
+    fn from(options: [(String, String); N]) -> Self {
+        Self {
+            options: options.into(),
+            capacity_bytes: None,
+        }
+    }
+}
 
 /// A secret value from the options. Its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -714,10 +747,14 @@ fn dispatch<D: Driver + ?Sized>(driver: &D, request: &Request) -> DriverResult<R
             driver.expand_fs(options, device, dir, *new_bytes, *old_bytes)?;
             ok()
         }
-        Request::Provision { options } => Reply {
-            options: Some(driver.provision(options)?),
-            ..ok()
-        },
+        Request::Provision { options } => {
+            let made = driver.provision(options)?;
+            Reply {
+                options: Some(made.options),
+                volume_new_size: made.capacity_bytes,
+                ..ok()
+            }
+        }
         Request::Delete { options } => {
             driver.delete(options)?;
             ok()

@@ -7,8 +7,8 @@
 //!
 //! | call-out | what it does |
 //! |---|---|
-//! | provision | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) |
-//! | delete | removes the image (refused while a loop device backs it, i.e. attached or mounted) |
+//! | provision | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) and its marker `.<volume>.provisioned`; never adopts an image it did not make |
+//! | delete | removes the image, only one provision made (the marker names its inode); refused while a loop device backs it, i.e. attached or mounted |
 //! | attach | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); sets up a loop device or reuses the one already backing it |
 //! | waitforattach, isattached | the loop device backing the image |
 //! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
@@ -18,8 +18,11 @@
 //! | expandvolume, expandfs | grow the image and the loop device, then the filesystem |
 //! | mount, unmount | Not supported: the host bind-mounts the device mount |
 //!
-//! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`), `size` (default 1Gi; bytes
-//! or 512Mi, 10Gi, 1G …), `imageDir` (default [`DEFAULT_IMAGE_DIR`]). A static volume with a
+//! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`; not for provision, where the
+//! name is the CreateVolume name), `size` (default 1Gi; bytes or 512Mi, 10Gi, 1G …), `imageDir`
+//! (default [`DEFAULT_IMAGE_DIR`]), which must be one of the operator's [`ImageDirs`] (a file
+//! beside the executable): a volume's options never choose where files are made. An allowed dir
+//! that does not exist is created, one level deep (its parent must exist). A static volume with a
 //! `size` is created on first attach (the quick start's `flexd volume mount --options
 //! '{"size":…}'`); a provisioned one carries no `size`, so a deleted or missing image is a
 //! `NotFound` error, never a fresh empty volume.
@@ -33,10 +36,13 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use flexvolume::mount;
+pub use image_dirs::{ImageDirs, ImageDirsError};
+
+pub mod image_dirs;
 use flexvolume_driver::{
     Capabilities, Driver, DriverError, DriverResult, Provisioned, ResultExt as _, VolumeOptions,
 };
@@ -51,10 +57,59 @@ pub const IMAGE_DIR_OPTION: &str = "imageDir";
 /// Longest volume name: keeps `.<name>.lock` within any filesystem's 255-byte name limit.
 pub const MAX_NAME_LEN: usize = 200;
 
-/// The driver. Stateless: everything it knows is on disk (images) or in the kernel (loop
-/// devices, mounts).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LoopDriver;
+/// The driver. Stateless: everything it knows is on disk (images, the allowed image dirs) or
+/// in the kernel (loop devices, mounts).
+#[derive(Debug)]
+pub struct LoopDriver {
+    /// The allowed image dirs, or why they cannot be known (then every call-out fails).
+    image_dirs: Result<ImageDirs, ImageDirsError>,
+}
+
+impl Default for LoopDriver {
+    /// The default image dir only.
+    fn default() -> Self {
+        Self::new(ImageDirs::default())
+    }
+}
+
+impl LoopDriver {
+    pub fn new(image_dirs: ImageDirs) -> Self {
+        Self {
+            image_dirs: Ok(image_dirs),
+        }
+    }
+
+    /// The driver as installed: the image dirs configured beside its executable.
+    pub fn configured() -> Self {
+        Self {
+            image_dirs: ImageDirs::beside_executable(),
+        }
+    }
+
+    fn image_dirs(&self) -> DriverResult<&ImageDirs> {
+        self.image_dirs
+            .as_ref()
+            .map_err(|e| DriverError::failure(format!("the allowed image dirs: {e}")))
+    }
+
+    /// The volume the options describe, in an allowed image dir.
+    fn volume(&self, options: &VolumeOptions) -> DriverResult<Volume> {
+        self.allowed(Volume::from_options(options)?)
+    }
+
+    fn allowed(&self, volume: Volume) -> DriverResult<Volume> {
+        let dirs = self.image_dirs()?;
+        if dirs.contains(&volume.dir) {
+            return Ok(volume);
+        }
+        Err(DriverError::invalid_argument(format!(
+            "{IMAGE_DIR_OPTION} {} is not an image dir this node allows ({}); the node's \
+             operator sets them with flexd install --builtin loop --image-dir DIR",
+            volume.dir.display(),
+            dirs.describe()
+        )))
+    }
+}
 
 /// One volume: `<dir>/<name>.img`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +127,7 @@ impl Volume {
             .filter(|n| !n.is_empty())
             .or(options.pv_or_volume_name())
             .ok_or_else(|| {
-                DriverError::failure(format!(
+                DriverError::invalid_argument(format!(
                     "the volume has no name: set the {VOLUME_ID_OPTION} option (or a PV name)"
                 ))
             })?;
@@ -85,19 +140,15 @@ impl Volume {
 
     pub fn new(name: &str, dir: &Path) -> DriverResult<Self> {
         check_name(name)?;
-        let normal = dir.is_absolute()
-            && dir
-                .components()
-                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-        if !normal {
-            return Err(DriverError::failure(format!(
-                "{IMAGE_DIR_OPTION} {dir:?} must be an absolute path without '..'"
-            )));
-        }
         // Normalised (`//a/./b/` is `/a/b`), so one directory always gives one detach name.
+        let dir = image_dirs::normalise(dir).ok_or_else(|| {
+            DriverError::invalid_argument(format!(
+                "{IMAGE_DIR_OPTION} {dir:?} must be an absolute path without '..'"
+            ))
+        })?;
         Ok(Self {
             name: name.to_owned(),
-            dir: dir.components().collect(),
+            dir,
         })
     }
 
@@ -134,34 +185,94 @@ impl Volume {
         self.dir.join(format!(".{}.lock", self.name))
     }
 
-    /// Takes the volume's exclusive lock (waits for it), creating the image dir if needed. The
-    /// lock is released when the returned file is closed.
+    /// Where provision records that it made the image: the image's device and inode.
+    fn marker_path(&self) -> PathBuf {
+        self.dir.join(format!(".{}.provisioned", self.name))
+    }
+
+    /// Takes the volume's exclusive lock (waits for it), creating the image dir if needed:
+    /// one level only, never a chain of parents. The lock is released when the returned file
+    /// is closed.
     fn lock(&self) -> DriverResult<File> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .context(format_args!(
-                "cannot create image dir {}",
-                self.dir.display()
-            ))?;
+        match fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(DriverError::failure(format!(
+                    "cannot create image dir {} (only the dir itself is made, its parent must exist): {e}",
+                    self.dir.display()
+                )))
+            }
+        }
         let path = self.lock_path();
-        let file = OpenOptions::new()
+        loop {
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(&path)
+                .context(format_args!("cannot open lock {}", path.display()))?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                .context(format_args!("cannot lock {}", path.display()))?;
+            // The holder before us may have removed the file (a delete, a failed provision):
+            // a lock on an unlinked file excludes no one, so take the one at the path now.
+            if same_file(&file, &path)? {
+                return Ok(file);
+            }
+        }
+    }
+
+    /// Removes the lock file; call holding the lock, as the last step on a volume that is gone.
+    fn remove_lock_file(&self) {
+        let _ = fs::remove_file(self.lock_path());
+    }
+
+    /// Whether the image is the one a provision of this name made (the marker names its inode).
+    fn provisioned_here(&self) -> DriverResult<bool> {
+        let marker = match fs::read_to_string(self.marker_path()) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => {
+                return Err(DriverError::failure(format!(
+                    "cannot read {}: {e}",
+                    self.marker_path().display()
+                )))
+            }
+        };
+        let image = match fs::symlink_metadata(self.image()) {
+            Ok(meta) if meta.is_file() => meta,
+            _ => return Ok(false),
+        };
+        Ok(marker.trim() == identity(&image))
+    }
+
+    /// Records that provision made the image (written after the image, fsync-ed).
+    fn mark_provisioned(&self, image: &File) -> DriverResult<()> {
+        let meta = image
+            .metadata()
+            .context(format_args!("cannot stat {}", self.image().display()))?;
+        let marker = self.marker_path();
+        let written = OpenOptions::new()
             .create(true)
-            .truncate(false)
+            .truncate(true)
             .write(true)
             .mode(0o600)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .context(format_args!("cannot open lock {}", path.display()))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .context(format_args!("cannot lock {}", path.display()))?;
-        Ok(file)
+            .open(&marker)
+            .and_then(|mut f| {
+                use std::io::Write as _;
+                f.write_all(identity(&meta).as_bytes())?;
+                f.sync_all()
+            });
+        written.context(format_args!("cannot write {}", marker.display()))
     }
 
-    /// Creates the image (sparse, exclusive) or reuses the one there. Returns whether it was
-    /// created.
-    fn create_or_reuse_image(&self, size: u64) -> DriverResult<bool> {
+    /// Creates the image (sparse, exclusive) or reuses the one there. Returns the new image's
+    /// file when it was created.
+    fn create_or_reuse_image(&self, size: u64) -> DriverResult<Option<File>> {
+        self.check_size(size)?;
         let image = self.image();
         let created = OpenOptions::new()
             .write(true)
@@ -173,12 +284,19 @@ impl Volume {
                 // set_len makes a hole: no block is written until the filesystem writes one.
                 if let Err(e) = file.set_len(size).and_then(|()| file.sync_all()) {
                     let _ = fs::remove_file(&image);
-                    return Err(DriverError::failure(format!(
-                        "cannot size image {} to {size} bytes: {e}",
-                        image.display()
-                    )));
+                    let message =
+                        format!("cannot size image {} to {size} bytes: {e}", image.display());
+                    return Err(match e.raw_os_error() {
+                        Some(code) if code == rustix::io::Errno::FBIG.raw_os_error() => {
+                            DriverError::out_of_range(message)
+                        }
+                        Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error() => {
+                            DriverError::out_of_capacity(message)
+                        }
+                        _ => DriverError::failure(message),
+                    });
                 }
-                Ok(true)
+                Ok(Some(file))
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let meta = fs::symlink_metadata(&image)
@@ -189,13 +307,73 @@ impl Volume {
                         image.display()
                     )));
                 }
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(DriverError::failure(format!(
                 "cannot create image {}: {e}",
                 image.display()
             ))),
         }
+    }
+
+    /// A size no image here can have is refused before anything is made: more than a CSI
+    /// capacity can say, or more than the image dir's whole filesystem (sparse images may
+    /// overcommit the free space, but not the filesystem itself).
+    fn check_size(&self, size: u64) -> DriverResult<()> {
+        if i64::try_from(size).is_err() {
+            return Err(DriverError::out_of_range(format!(
+                "{size} bytes is more than a volume can have ({} at most)",
+                i64::MAX
+            )));
+        }
+        let fs = rustix::fs::statvfs(&self.dir).context(format_args!(
+            "cannot read the filesystem of {}",
+            self.dir.display()
+        ))?;
+        let total = fs.f_blocks.saturating_mul(fs.f_frsize);
+        if total > 0 && size > total {
+            return Err(DriverError::out_of_range(format!(
+                "{size} bytes is more than the whole filesystem of {} ({total} bytes)",
+                self.dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Provision's work, under the lock: the size of the image there now.
+    fn provision_locked(&self, size: u64) -> DriverResult<u64> {
+        if fs::symlink_metadata(self.image()).is_ok() {
+            if !self.provisioned_here()? {
+                return Err(DriverError::already_exists(format!(
+                    "image {} exists and was not made by a provision of volume {}",
+                    self.image().display(),
+                    self.name
+                )));
+            }
+            let existing = fs::metadata(self.image())
+                .context(format_args!("cannot stat {}", self.image().display()))?
+                .len();
+            if existing < size {
+                return Err(DriverError::already_exists(format!(
+                    "image {} exists with {existing} bytes, less than the {size} asked for",
+                    self.image().display()
+                )));
+            }
+            return Ok(existing);
+        }
+        let Some(file) = self.create_or_reuse_image(size)? else {
+            // Made by someone else between our look and our create (not under our lock).
+            return Err(DriverError::already_exists(format!(
+                "image {} appeared while provisioning volume {}",
+                self.image().display(),
+                self.name
+            )));
+        };
+        if let Err(e) = self.mark_provisioned(&file) {
+            let _ = fs::remove_file(self.image());
+            return Err(e);
+        }
+        Ok(size)
     }
 
     /// The loop device backing the image, if any.
@@ -217,6 +395,39 @@ impl Volume {
     }
 }
 
+/// What the marker holds: the image's device, inode and birth time. Inode numbers are reused
+/// at once (ext4 hands a removed image's number to the next file made), so the birth time
+/// (statx, to the nanosecond) tells a file put in the image's place from the image; a
+/// filesystem that keeps none leaves device and inode alone.
+fn identity(meta: &fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let born = meta
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| format!(":{}.{:09}", d.as_secs(), d.subsec_nanos()))
+        .unwrap_or_default();
+    format!("{}:{}{born}", meta.dev(), meta.ino())
+}
+
+/// Whether the open `file` is still the one at `path` (same device and inode).
+fn same_file(file: &File, path: &Path) -> DriverResult<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file
+        .metadata()
+        .context(format_args!("cannot stat {}", path.display()))?;
+    Ok(match fs::symlink_metadata(path) {
+        Ok(now) => now.dev() == held.dev() && now.ino() == held.ino(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => {
+            return Err(DriverError::failure(format!(
+                "cannot stat {}: {e}",
+                path.display()
+            )))
+        }
+    })
+}
+
 fn check_name(name: &str) -> DriverResult<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
@@ -227,7 +438,7 @@ fn check_name(name: &str) -> DriverResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(DriverError::failure(format!(
+        Err(DriverError::invalid_argument(format!(
             "volume name {name:?} is not usable: 1-{MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ -, \
              not starting with '.' or '-'"
         )))
@@ -300,14 +511,21 @@ pub fn parse_size(text: &str) -> Option<u64> {
 }
 
 fn size_of(options: &VolumeOptions) -> DriverResult<u64> {
-    match options.get(SIZE_OPTION).filter(|s| !s.is_empty()) {
-        None => Ok(DEFAULT_SIZE),
-        Some(text) => parse_size(text).ok_or_else(|| {
-            DriverError::failure(format!(
-                "{SIZE_OPTION} {text:?} is not a size (write 1073741824, 512Mi or 1Gi)"
-            ))
-        }),
+    let Some(text) = options.get(SIZE_OPTION).filter(|s| !s.is_empty()) else {
+        return Ok(DEFAULT_SIZE);
+    };
+    if let Some(size) = parse_size(text) {
+        return Ok(size);
     }
+    let zero = flexvolume::spec::parse_quantity(text) == Some(0);
+    if !zero && flexvolume::spec::is_quantity_shaped(text) {
+        return Err(DriverError::out_of_range(format!(
+            "{SIZE_OPTION} {text:?} is more bytes than any file can have"
+        )));
+    }
+    Err(DriverError::invalid_argument(format!(
+        "{SIZE_OPTION} {text:?} is not a size (write 1073741824, 512Mi or 1Gi)"
+    )))
 }
 
 /// The mount source at `dir`, if something is mounted exactly there.
@@ -433,6 +651,8 @@ impl LoopDriver {
 
 impl Driver for LoopDriver {
     fn init(&self) -> DriverResult<Capabilities> {
+        // A broken allowed-dirs file shows at init (`flexd drivers`), not at first use.
+        self.image_dirs()?;
         Ok(Capabilities {
             attach: true,
             supports_metrics: true,
@@ -443,13 +663,13 @@ impl Driver for LoopDriver {
     }
 
     fn get_volume_name(&self, options: &VolumeOptions) -> DriverResult<String> {
-        Ok(Volume::from_options(options)?.detach_name())
+        Ok(self.volume(options)?.detach_name())
     }
 
     /// The node is ignored: loop devices are local, so this driver attaches where it runs.
     /// Only a `size` option creates the image; otherwise it must be there.
     fn attach(&self, options: &VolumeOptions, _node: &str) -> DriverResult<String> {
-        let volume = Volume::from_options(options)?;
+        let volume = self.volume(options)?;
         let create = options.get(SIZE_OPTION).is_some_and(|s| !s.is_empty());
         let size = size_of(options)?;
         let _lock = volume.lock()?;
@@ -469,15 +689,15 @@ impl Driver for LoopDriver {
     }
 
     fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
-        Volume::from_options(options)?.attached_device()
+        self.volume(options)?.attached_device()
     }
 
     fn is_attached(&self, options: &VolumeOptions, _node: &str) -> DriverResult<bool> {
-        Ok(Volume::from_options(options)?.device()?.is_some())
+        Ok(self.volume(options)?.device()?.is_some())
     }
 
     fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {
-        let volume = Volume::from_options(options)?;
+        let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         // Only the device backing this volume's image is ever formatted or mounted.
         let actual = volume.attached_device()?;
@@ -535,61 +755,78 @@ impl Driver for LoopDriver {
         Ok(())
     }
 
-    /// The image, of the requested size (or `size`, or 1Gi). An image already there from an
-    /// interrupted provision of this name is reused when it is at least that big.
+    /// The image, of the requested size (or `size`, or 1Gi), named after the CreateVolume name.
+    /// An image already there is reused only when a provision of this name made it (a retry
+    /// after a crash) and it is at least that big; anyone else's is `AlreadyExists`. A failed
+    /// provision leaves nothing behind, not even its lock file.
     fn provision(&self, options: &VolumeOptions) -> DriverResult<Provisioned> {
-        let volume = Volume::from_options(options)?;
+        if options.get(VOLUME_ID_OPTION).is_some() {
+            return Err(DriverError::invalid_argument(format!(
+                "{VOLUME_ID_OPTION} cannot be a parameter: a provisioned volume is named after its CreateVolume name"
+            )));
+        }
+        let name = options.pv_or_volume_name().unwrap_or_default();
+        let dir = options
+            .get(IMAGE_DIR_OPTION)
+            .filter(|d| !d.is_empty())
+            .unwrap_or(DEFAULT_IMAGE_DIR);
+        let volume = self.allowed(Volume::new(name, Path::new(dir))?)?;
         let size = match options.request_bytes().filter(|b| *b > 0) {
             Some(bytes) => bytes,
             None => size_of(options)?,
         };
         let _lock = volume.lock()?;
-        if !volume.create_or_reuse_image(size)? {
-            let existing = fs::metadata(volume.image())
-                .context(format_args!("cannot stat {}", volume.image().display()))?
-                .len();
-            if existing < size {
-                return Err(DriverError::already_exists(format!(
-                    "image {} exists with {existing} bytes, less than the {size} asked for",
-                    volume.image().display()
-                )));
-            }
+        let made = volume.provision_locked(size);
+        if made.is_err() && !volume.image().exists() && !volume.marker_path().exists() {
+            volume.remove_lock_file();
         }
-        Ok(Provisioned::from([(
-            VOLUME_ID_OPTION.to_owned(),
-            volume.name.clone(),
-        )]))
+        Ok(Provisioned {
+            options: [(VOLUME_ID_OPTION.to_owned(), volume.name.clone())].into(),
+            capacity_bytes: Some(made?),
+        })
     }
 
-    /// Removes the image; refused while a loop device backs it (attached, maybe mounted).
+    /// Removes the image a provision made, its marker and its lock file; refused while a loop
+    /// device backs it (attached, maybe mounted), and for an image no provision of this name
+    /// made (a static volume's, or one put in its place).
     fn delete(&self, options: &VolumeOptions) -> DriverResult<()> {
-        let volume = Volume::from_options(options)?;
-        if !volume.image().exists() {
+        let volume = self.volume(options)?;
+        if !volume.dir.exists() {
             return Ok(());
         }
         let _lock = volume.lock()?;
-        if let Some(device) = volume.device()? {
-            return Err(DriverError::failure(format!(
-                "volume {} is still attached as {device}; detach it first",
-                volume.name
-            )));
-        }
-        match fs::remove_file(volume.image()) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
+        if fs::symlink_metadata(volume.image()).is_ok() {
+            if !volume.provisioned_here()? {
                 return Err(DriverError::failure(format!(
-                    "cannot remove {}: {e}",
-                    volume.image().display()
-                )))
+                    "image {} was not made by a provision of volume {}; refusing to delete it",
+                    volume.image().display(),
+                    volume.name
+                )));
+            }
+            if let Some(device) = volume.device()? {
+                return Err(DriverError::failure(format!(
+                    "volume {} is still attached as {device}; detach it first",
+                    volume.name
+                )));
+            }
+            match fs::remove_file(volume.image()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(DriverError::failure(format!(
+                        "cannot remove {}: {e}",
+                        volume.image().display()
+                    )))
+                }
             }
         }
-        let _ = fs::remove_file(volume.lock_path());
+        let _ = fs::remove_file(volume.marker_path());
+        volume.remove_lock_file();
         Ok(())
     }
 
     fn detach(&self, volume_name: &str, _node: &str) -> DriverResult<()> {
-        let volume = Volume::from_detach_name(volume_name)?;
+        let volume = self.allowed(Volume::from_detach_name(volume_name)?)?;
         if !volume.dir.exists() {
             return Ok(());
         }
@@ -616,7 +853,7 @@ impl Driver for LoopDriver {
         new_bytes: u64,
         _old_bytes: u64,
     ) -> DriverResult<u64> {
-        let volume = Volume::from_options(options)?;
+        let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         let image = volume.image();
         let file = OpenOptions::new()
@@ -651,7 +888,7 @@ impl Driver for LoopDriver {
         _new_bytes: u64,
         _old_bytes: u64,
     ) -> DriverResult<()> {
-        let volume = Volume::from_options(options)?;
+        let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         let device = volume.attached_device()?;
         mount::grow_filesystem(Path::new(&device), dir).context(format_args!(
@@ -724,7 +961,8 @@ mod tests {
         assert_eq!(parse_size("512Mi"), Some(512 << 20));
         assert_eq!(parse_size("1G"), Some(1_000_000_000));
         assert_eq!(parse_size("4096"), Some(4096));
-        for bad in ["", "0", "-1", "1 Gi", "lots", "99999999999Ti"] {
+        assert_eq!(parse_size("1Ei"), Some(1 << 60));
+        for bad in ["", "0", "-1", "1 Gi", "lots", "99999999999Ti", "16Ei"] {
             assert_eq!(parse_size(bad), None, "{bad}");
         }
         assert_eq!(size_of(&options("{}")).unwrap(), DEFAULT_SIZE);
@@ -736,7 +974,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let volume = Volume::new("v", dir.path()).unwrap();
         let _lock = volume.lock().unwrap();
-        assert!(volume.create_or_reuse_image(1 << 30).unwrap());
+        assert!(volume.create_or_reuse_image(1 << 30).unwrap().is_some());
         let meta = fs::metadata(volume.image()).unwrap();
         assert_eq!(meta.len(), 1 << 30);
         use std::os::unix::fs::MetadataExt;
@@ -746,7 +984,7 @@ mod tests {
             meta.blocks()
         );
         fs::write(volume.image(), b"data").unwrap();
-        assert!(!volume.create_or_reuse_image(1 << 30).unwrap());
+        assert!(volume.create_or_reuse_image(1 << 30).unwrap().is_none());
         assert_eq!(fs::read(volume.image()).unwrap(), b"data");
         // A symlink where the image should be is refused, not followed.
         let other = Volume::new("w", dir.path()).unwrap();
@@ -776,6 +1014,7 @@ mod tests {
     #[test]
     fn provision_sizes_the_image_delete_removes_it_and_attach_without_size_needs_it() {
         let dir = tempfile::tempdir().unwrap();
+        let driver = LoopDriver::new(ImageDirs::new([dir.path()]).unwrap());
         let images = dir.path().display().to_string();
         let json = |extra: &str| {
             options(&format!(
@@ -784,7 +1023,7 @@ mod tests {
         };
         let image = dir.path().join("pvc-1.img");
         // Attaching a volume that was never created names the error, and creates nothing.
-        let err = LoopDriver.attach(&json(""), "node-1").unwrap_err();
+        let err = driver.attach(&json(""), "node-1").unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -796,19 +1035,20 @@ mod tests {
             "{err:?}"
         );
         assert!(!image.exists());
-        let made = LoopDriver
+        let made = driver
             .provision(&json(r#","requestBytes":"5242880""#))
             .unwrap();
         assert_eq!(
-            made.get(VOLUME_ID_OPTION).map(String::as_str),
+            made.options.get(VOLUME_ID_OPTION).map(String::as_str),
             Some("pvc-1")
         );
+        assert_eq!(made.capacity_bytes, Some(5 << 20));
         assert_eq!(fs::metadata(&image).unwrap().len(), 5 << 20);
         // Repeated (a retry after a crash): the same image.
-        LoopDriver
+        driver
             .provision(&json(r#","requestBytes":"5242880""#))
             .unwrap();
-        let bigger = LoopDriver
+        let bigger = driver
             .provision(&json(r#","requestBytes":"10485760""#))
             .unwrap_err();
         assert!(matches!(
@@ -819,12 +1059,187 @@ mod tests {
             }
         ));
         if which("losetup") {
-            LoopDriver.delete(&json("")).unwrap();
+            driver.delete(&json("")).unwrap();
             assert!(!image.exists());
         }
         // Deleting what is not there is done already.
         fs::remove_file(&image).ok();
-        LoopDriver.delete(&json("")).unwrap();
+        driver.delete(&json("")).unwrap();
+    }
+
+    fn code_of(error: &DriverError) -> Option<flexvolume_driver::ErrorCode> {
+        match error {
+            DriverError::Named { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Every entry of `dir`, sorted: what a call left behind.
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn only_the_operators_image_dirs_are_used_and_none_is_made_deep() {
+        use flexvolume_driver::ErrorCode;
+        let root = tempfile::tempdir().unwrap();
+        let allowed = root.path().join("images");
+        let driver = LoopDriver::new(ImageDirs::new([&allowed]).unwrap());
+        let provision = |dir: &Path| {
+            driver.provision(&options(&format!(
+                r#"{{"imageDir":"{}","kubernetes.io/pvOrVolumeName":"v","requestBytes":"1048576"}}"#,
+                dir.display()
+            )))
+        };
+        for refused in [
+            PathBuf::from("/etc"),
+            PathBuf::from("/"),
+            root.path().to_owned(),
+            allowed.join("deeper"),
+        ] {
+            let err = provision(&refused).unwrap_err();
+            assert_eq!(code_of(&err), Some(ErrorCode::InvalidArgument), "{err}");
+            assert!(err.to_string().contains("not an image dir"), "{err}");
+        }
+        assert!(!Path::new("/etc/v.img").exists() && !Path::new("/etc/.v.lock").exists());
+        assert!(!Path::new("/v.img").exists());
+        assert_eq!(entries(root.path()), Vec::<String>::new());
+        // Every other call-out refuses it too: attach would make an image, detach a lock.
+        let static_options = options(r#"{"imageDir":"/etc","volumeID":"v","size":"1Mi"}"#);
+        assert!(driver.attach(&static_options, "n").is_err());
+        assert!(driver.get_volume_name(&static_options).is_err());
+        assert!(driver.detach("v@%2Fetc", "n").is_err());
+        assert!(!Path::new("/etc/.v.lock").exists());
+        // The allowed dir itself is made, one level; its parent must exist.
+        provision(&allowed).unwrap();
+        assert!(allowed.join("v.img").is_file());
+        let orphan = root.path().join("missing/images");
+        let driver = LoopDriver::new(ImageDirs::new([&orphan]).unwrap());
+        let err = driver
+            .provision(&options(&format!(
+                r#"{{"imageDir":"{}","kubernetes.io/pvOrVolumeName":"v"}}"#,
+                orphan.display()
+            )))
+            .unwrap_err();
+        assert!(err.to_string().contains("its parent must exist"), "{err}");
+        assert!(!root.path().join("missing").exists());
+        // No imageDir: the default dir, which must be allowed as well.
+        let err = driver
+            .provision(&options(r#"{"kubernetes.io/pvOrVolumeName":"v"}"#))
+            .unwrap_err();
+        assert_eq!(code_of(&err), Some(ErrorCode::InvalidArgument), "{err}");
+    }
+
+    #[test]
+    fn provision_names_the_volume_itself_and_never_adopts_or_deletes_anothers_image() {
+        use flexvolume_driver::ErrorCode;
+        let dir = tempfile::tempdir().unwrap();
+        let driver = LoopDriver::new(ImageDirs::new([dir.path()]).unwrap());
+        let json = |name: &str, extra: &str| {
+            options(&format!(
+                r#"{{"imageDir":"{}","kubernetes.io/pvOrVolumeName":"{name}"{extra}}}"#,
+                dir.path().display()
+            ))
+        };
+        // A static volume's image, made by attach.
+        let victim = dir.path().join("victim.img");
+        fs::write(&victim, b"someone's data").unwrap();
+        let err = driver
+            .provision(&json("new", r#","volumeID":"victim""#))
+            .unwrap_err();
+        assert_eq!(code_of(&err), Some(ErrorCode::InvalidArgument), "{err}");
+        let err = driver.provision(&json("victim", "")).unwrap_err();
+        assert_eq!(code_of(&err), Some(ErrorCode::AlreadyExists), "{err}");
+        assert!(err.to_string().contains("not made by a provision"), "{err}");
+        let err = driver
+            .delete(&json("victim", r#","volumeID":"victim""#))
+            .unwrap_err();
+        assert!(err.to_string().contains("not made by a provision"), "{err}");
+        assert_eq!(fs::read(&victim).unwrap(), b"someone's data");
+        // An image put in the place of a provisioned one is not the one provision made.
+        driver.provision(&json("mine", "")).unwrap();
+        let mine = dir.path().join("mine.img");
+        assert_eq!(fs::metadata(&mine).unwrap().len(), DEFAULT_SIZE);
+        fs::remove_file(&mine).unwrap();
+        fs::write(&mine, b"planted").unwrap();
+        assert!(driver.delete(&json("mine", "")).is_err());
+        assert_eq!(fs::read(&mine).unwrap(), b"planted");
+        assert_eq!(
+            code_of(&driver.provision(&json("mine", "")).unwrap_err()),
+            Some(ErrorCode::AlreadyExists)
+        );
+    }
+
+    #[test]
+    fn a_failed_provision_names_its_reason_and_leaves_nothing_behind() {
+        use flexvolume_driver::ErrorCode;
+        let dir = tempfile::tempdir().unwrap();
+        let driver = LoopDriver::new(ImageDirs::new([dir.path()]).unwrap());
+        let json = |extra: &str| {
+            options(&format!(
+                r#"{{"imageDir":"{}","kubernetes.io/pvOrVolumeName":"v"{extra}}}"#,
+                dir.path().display()
+            ))
+        };
+        for (extra, code) in [
+            (r#","size":"1Ei""#, ErrorCode::OutOfRange),
+            (r#","size":"16Ei""#, ErrorCode::OutOfRange),
+            (r#","size":"0""#, ErrorCode::InvalidArgument),
+            (r#","size":"big""#, ErrorCode::InvalidArgument),
+            (
+                r#","requestBytes":"9223372036854775808""#,
+                ErrorCode::OutOfRange,
+            ),
+        ] {
+            let err = driver.provision(&json(extra)).unwrap_err();
+            assert_eq!(code_of(&err), Some(code), "{extra}: {err}");
+            assert_eq!(entries(dir.path()), Vec::<String>::new(), "{extra}");
+        }
+        let err = driver
+            .provision(&options(&format!(
+                r#"{{"imageDir":"{}","kubernetes.io/pvOrVolumeName":"../x"}}"#,
+                dir.path().display()
+            )))
+            .unwrap_err();
+        assert_eq!(code_of(&err), Some(ErrorCode::InvalidArgument), "{err}");
+        // The corrected retry under the same name.
+        let made = driver.provision(&json(r#","size":"2Mi""#)).unwrap();
+        assert_eq!(made.capacity_bytes, Some(2 << 20));
+        assert_eq!(entries(dir.path()), [".v.lock", ".v.provisioned", "v.img"]);
+        if which("losetup") {
+            driver.delete(&json("")).unwrap();
+            assert_eq!(entries(dir.path()), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_lock_whose_file_was_removed_meanwhile_is_taken_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = Volume::new("v", dir.path()).unwrap();
+        let held = volume.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let volume = volume.clone();
+            std::thread::spawn(move || {
+                let lock = volume.lock().unwrap();
+                tx.send(()).unwrap();
+                same_file(&lock, &volume.lock_path()).unwrap()
+            })
+        };
+        // Give the waiter time to open the old file and block on it.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        volume.remove_lock_file();
+        drop(held);
+        rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+        assert!(
+            waiter.join().unwrap(),
+            "the waiter holds the file at the path"
+        );
     }
 
     fn which(tool: &str) -> bool {
@@ -836,7 +1251,7 @@ mod tests {
 
     #[test]
     fn init_reports_attach_and_metrics() {
-        let caps = LoopDriver.init().unwrap();
+        let caps = LoopDriver::default().init().unwrap();
         assert!(caps.attach && caps.supports_metrics && caps.requires_fs_resize);
         assert!(caps.provision);
     }

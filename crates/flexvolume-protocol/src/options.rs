@@ -26,6 +26,18 @@ pub const REQUEST_BYTES: &str = "requestBytes";
 pub const REQUEST_MIB: &str = "requestMiB";
 pub const REQUEST_GIB: &str = "requestGiB";
 
+/// The prefix of every key the host itself sets (`kubernetes.io/fsType`,
+/// `kubernetes.io/pvOrVolumeName`, the pod's fields, the secrets …).
+pub const HOST_KEY_PREFIX: &str = "kubernetes.io/";
+
+/// Whether `key` is one the host sets itself: a volume's own options (a StorageClass's
+/// parameters, a CSI volume context) must not carry it, or they would rename the volume, fake
+/// the requested size or pose as a secret — the volume's options are laid over the host's
+/// keys, as kubelet lays a PV's options over its own.
+pub fn is_host_key(key: &str) -> bool {
+    key.starts_with(HOST_KEY_PREFIX) || matches!(key, REQUEST_BYTES | REQUEST_MIB | REQUEST_GIB)
+}
+
 /// What is shown in place of a secret value.
 pub const REDACTED: &str = "<redacted>";
 
@@ -236,6 +248,32 @@ pub fn redact_values(text: &str, values: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_own_keys_are_known_and_a_drivers_are_not() {
+        for key in [
+            PV_OR_VOLUME_NAME,
+            FS_TYPE,
+            READ_WRITE,
+            POD_UID,
+            "kubernetes.io/secret/token",
+            "kubernetes.io/anything-later",
+            REQUEST_BYTES,
+            REQUEST_MIB,
+            REQUEST_GIB,
+        ] {
+            assert!(is_host_key(key), "{key}");
+        }
+        for key in [
+            "volumeID",
+            "imageDir",
+            "size",
+            "requestbytes",
+            "csi.storage.k8s.io/pod.name",
+        ] {
+            assert!(!is_host_key(key), "{key}");
+        }
+    }
 
     fn spec() -> VolumeSpec {
         let mut spec = VolumeSpec::new("vol-1".into(), crate::DriverName::parse("v/d").unwrap());

@@ -418,16 +418,29 @@ pub enum ErrorCode {
     AlreadyExists,
     /// The storage has no room for the volume.
     OutOfCapacity,
+    /// The request cannot be served as written (an option refused, a name or path not
+    /// allowed): retrying it unchanged fails again.
+    InvalidArgument,
+    /// A size outside what the storage can hold at all.
+    OutOfRange,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 3] = [Self::NotFound, Self::AlreadyExists, Self::OutOfCapacity];
+    pub const ALL: [ErrorCode; 5] = [
+        Self::NotFound,
+        Self::AlreadyExists,
+        Self::OutOfCapacity,
+        Self::InvalidArgument,
+        Self::OutOfRange,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NotFound => "NotFound",
             Self::AlreadyExists => "AlreadyExists",
             Self::OutOfCapacity => "OutOfCapacity",
+            Self::InvalidArgument => "InvalidArgument",
+            Self::OutOfRange => "OutOfRange",
         }
     }
 

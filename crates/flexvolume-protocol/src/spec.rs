@@ -56,24 +56,39 @@ pub struct PodInfo {
 }
 
 /// Sizes as Kubernetes quantities are commonly written: `1073741824`, `512Mi`, `1Gi`, `1G`.
-/// Shared by `flexd volume expand --size` and the loop driver's `size` option.
+/// Shared by `flexd volume expand --size` and the loop driver's `size` option. `None` for
+/// text that is not such a quantity and for one past `u64` (tell them apart with
+/// [`is_quantity_shaped`]).
 pub fn parse_quantity(text: &str) -> Option<u64> {
-    let units: [(&str, u64); 8] = [
+    let (digits, factor) = split_quantity(text)?;
+    digits.parse::<u64>().ok()?.checked_mul(factor)
+}
+
+/// Whether `text` is written as a quantity (digits, then a known unit or none), whatever its
+/// value: a `size` that is such but does not parse is too big, not malformed.
+pub fn is_quantity_shaped(text: &str) -> bool {
+    split_quantity(text).is_some()
+}
+
+fn split_quantity(text: &str) -> Option<(&str, u64)> {
+    const UNITS: [(&str, u64); 12] = [
         ("Ki", 1 << 10),
         ("Mi", 1 << 20),
         ("Gi", 1 << 30),
         ("Ti", 1 << 40),
+        ("Pi", 1 << 50),
+        ("Ei", 1 << 60),
         ("k", 1_000),
         ("M", 1_000_000),
         ("G", 1_000_000_000),
         ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("E", 1_000_000_000_000_000_000),
     ];
-    let (digits, factor) = units
+    let (digits, factor) = UNITS
         .iter()
         .find_map(|(suffix, f)| text.strip_suffix(suffix).map(|d| (d, *f)))
         .unwrap_or((text, 1));
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(factor))
+    let shaped = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    shaped.then_some((digits, factor))
 }

@@ -28,6 +28,11 @@ pub struct InstallArgs {
     /// `flexd-loop` beside this executable when there is one, else flexd itself.
     #[arg(long, value_enum)]
     pub builtin: Option<crate::builtin::Builtin>,
+    /// `--builtin loop`: a directory the loop driver may keep images in (repeatable; default
+    /// /var/lib/flexd-loop alone). Written to `<plugin-dir>/flexd~loop/image-dirs`; a volume's
+    /// `imageDir` option (a StorageClass parameter, a PV's options) must name one of them.
+    #[arg(long, value_name = "DIR", requires = "builtin")]
+    pub image_dir: Vec<PathBuf>,
     /// Stay in the foreground after installing, until SIGTERM/SIGINT (as a DaemonSet container).
     #[arg(long)]
     pub then_sleep: bool,
@@ -61,8 +66,25 @@ pub fn run_install(global: &Global, args: InstallArgs) -> anyhow::Result<ExitCod
         true => Some(crate::settings::signals::Termination::catch()?),
         false => None,
     };
+    // Checked before anything is installed: a bad directory installs nothing.
+    let image_dirs = match args.builtin {
+        Some(crate::builtin::Builtin::Loop) if args.image_dir.is_empty() => {
+            Some(flexvolume_loop::ImageDirs::default())
+        }
+        Some(crate::builtin::Builtin::Loop) => {
+            Some(flexvolume_loop::ImageDirs::new(&args.image_dir).context("--image-dir")?)
+        }
+        None => None,
+    };
     let installed = install::install(&global.plugin_dir, &name, &source, global.layout_policy())
         .with_context(|| format!("cannot install driver {name}"))?;
+    if let Some(image_dirs) = image_dirs {
+        // Every install says which dirs are allowed, so the file is what the last one asked.
+        let path = image_dirs
+            .write(&installed.dir)
+            .context("cannot configure the loop driver's image dirs")?;
+        tracing::info!(path = %path.display(), dirs = %image_dirs.describe(), "loop driver image dirs");
+    }
     tracing::info!(driver = %name, path = %installed.path.display(), method = installed.method, replaced = installed.replaced, "driver installed");
     match global.output {
         OutputFormat::Json => super::print_json(&installed)?,

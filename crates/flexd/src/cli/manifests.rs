@@ -200,7 +200,7 @@ fn builtin(builtin: Builtin, host_dirs: &mut Vec<PathBuf>) -> anyhow::Result<Cap
     match builtin {
         Builtin::Loop => {
             host_dirs.push(PathBuf::from(flexvolume_loop::DEFAULT_IMAGE_DIR));
-            flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver)
+            flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
                 .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name()))
         }
     }

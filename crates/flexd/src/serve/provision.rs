@@ -40,6 +40,7 @@ fn status_of(error: &ProvisionError) -> Status {
         ProvisionError::Lifecycle(e) => status::from_lifecycle(e),
         ProvisionError::Conflict { .. } => Status::already_exists(error.to_string()),
         ProvisionError::InUse { .. } => Status::failed_precondition(error.to_string()),
+        ProvisionError::HostKey { .. } => Status::invalid_argument(error.to_string()),
     }
 }
 

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use flexvolume::options::is_host_key;
 use flexvolume::{DriverName, PodInfo, VolumeSpec};
 use tonic::{Request, Status};
 
@@ -203,6 +204,13 @@ pub fn spec(
     let volume_id = self::volume_id(volume_id)?;
     bounded_map(context, "volume_context")?;
     bounded_map(secrets, "secrets")?;
+    // The context becomes the driver's options, laid over flexd's own: it must not rename
+    // the volume, fake a size or pose as a secret or the pod.
+    if let Some(key) = context.keys().find(|k| is_host_key(k)) {
+        return Err(Status::invalid_argument(format!(
+            "volume_context key {key:?} is flexd's own option (the volume's name, size or fsType, the pod, a secret); a volume's attributes cannot set it"
+        )));
+    }
     let (capability, mount) = mount_capability(capability)?;
     let mut spec = VolumeSpec::new(volume_id.to_owned(), driver.clone());
     spec.fs_type = mount.fs_type.clone();

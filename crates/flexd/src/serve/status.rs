@@ -42,6 +42,8 @@ pub fn code_of(error: &LifecycleError) -> Code {
             Some(ErrorCode::NotFound) => Code::NotFound,
             Some(ErrorCode::AlreadyExists) => Code::AlreadyExists,
             Some(ErrorCode::OutOfCapacity) => Code::ResourceExhausted,
+            Some(ErrorCode::InvalidArgument) => Code::InvalidArgument,
+            Some(ErrorCode::OutOfRange) => Code::OutOfRange,
             None => Code::Internal,
         },
         LifecycleError::Call(CallError::Timeout { .. }) => Code::DeadlineExceeded,

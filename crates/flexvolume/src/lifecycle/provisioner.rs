@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 
 use super::{Lifecycle, LifecycleError};
 use crate::name::DriverName;
-use crate::options::Options;
+use crate::options::{is_host_key, Options};
 use crate::plugin::Plugin;
 use crate::protocol::{CallOut, ErrorCode};
+use crate::runner::CallError;
 use crate::spec::VolumeSpec;
 use crate::state::{Role, StateError};
 
@@ -35,7 +36,8 @@ pub struct ProvisionedVolume {
     /// The CreateVolume name: the CSI volume id and `kubernetes.io/pvOrVolumeName`.
     pub name: String,
     pub driver: String,
-    /// What was asked for (0: the driver's default size, unknown to flexd).
+    /// The size the driver reported making (`volumeNewSize` in its reply), else what was
+    /// asked for (0: the driver's default size, which it did not report).
     pub capacity_bytes: u64,
     pub fs_type: String,
     /// The StorageClass parameters, as given.
@@ -73,6 +75,9 @@ pub enum ProvisionError {
     },
     #[error("volume {name} is still in use ({what}); unpublish it first")]
     InUse { name: String, what: String },
+    /// A parameter under a key the host sets itself (see [`crate::options::is_host_key`]).
+    #[error("parameter {key:?} is flexd's own option (the volume's name, size or fsType, the pod, a secret); a StorageClass cannot set it")]
+    HostKey { key: String },
 }
 
 impl From<StateError> for ProvisionError {
@@ -189,27 +194,40 @@ impl Lifecycle {
 
     /// CSI CreateVolume: `provision`, recorded. A volume recorded as done under the same name
     /// is returned as it is when the request matches it, and is a conflict when it does not.
+    ///
+    /// A provision that did not finish blocks nothing: when the driver answered `Failure` its
+    /// record goes at once; one cut short (a timeout, a crash) is completed by a matching
+    /// retry, and deleted (`delete` with its options) before a retry that asks for another
+    /// volume under the same name.
     pub fn provision(
         &self,
         request: &ProvisionRequest<'_>,
     ) -> Result<ProvisionOutcome, ProvisionError> {
+        if let Some(key) = request.parameters.keys().find(|k| is_host_key(k)) {
+            return Err(ProvisionError::HostKey { key: key.clone() });
+        }
         let driver = &request.plugin.driver.name;
         let path = self.provisioned_path(driver, request.name)?;
         let lock = self.state.lock(&path)?;
         let lc = self.holding(&[&lock]);
         if let Some(existing) = self.provisioned(driver, request.name)? {
-            if let Err(requested_other) = existing.matches(request) {
-                return Err(ProvisionError::Conflict {
-                    name: request.name.to_owned(),
-                    existing: requested_other,
-                    requested: describe(request),
-                });
-            }
-            if existing.done {
-                return Ok(ProvisionOutcome {
-                    volume: existing,
-                    provisioned_now: false,
-                });
+            match existing.matches(request) {
+                Ok(()) if existing.done => {
+                    return Ok(ProvisionOutcome {
+                        volume: existing,
+                        provisioned_now: false,
+                    })
+                }
+                Ok(()) => {}
+                Err(requested_other) if existing.done => {
+                    return Err(ProvisionError::Conflict {
+                        name: request.name.to_owned(),
+                        existing: requested_other,
+                        requested: describe(request),
+                    })
+                }
+                // Half-made under other settings: whatever it left goes before the new one.
+                Err(_) => delete_call(&lc, request.plugin, &existing, request.secrets)?,
             }
         }
         let mut volume = ProvisionedVolume {
@@ -226,11 +244,28 @@ impl Lifecycle {
         spec.secrets = request.secrets.clone();
         let options =
             Options::for_provision(&spec, Some(request.required_bytes).filter(|b| *b > 0));
-        let reply = request
+        let reply = match request
             .plugin
             .call(&lc.runner, &CallOut::provision(&options))
-            .map_err(LifecycleError::from)?;
-        volume.options.extend(reply.options.unwrap_or_default());
+        {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The driver answered: nothing was made, and nothing may block a corrected
+                // retry. Anything else (a timeout) may have left a half-made volume.
+                if matches!(e, CallError::Failure { .. }) {
+                    remove_record(&path)?;
+                }
+                return Err(LifecycleError::from(e).into());
+            }
+        };
+        // A driver's reply cannot set the host's own keys either.
+        let replied = reply.options.unwrap_or_default();
+        volume
+            .options
+            .extend(replied.into_iter().filter(|(k, _)| !is_host_key(k)));
+        if let Some(bytes) = reply.volume_new_size.filter(|b| *b > 0) {
+            volume.capacity_bytes = bytes;
+        }
         volume.done = true;
         save(&path, &volume)?;
         Ok(ProvisionOutcome {
@@ -273,22 +308,36 @@ impl Lifecycle {
                 what: users.join(", "),
             });
         }
-        let mut spec = volume.spec(driver);
-        spec.secrets = secrets.clone();
-        match plugin.call(
-            &lc.runner,
-            &CallOut::delete(&Options::for_provision(&spec, None)),
-        ) {
-            Ok(_) => {}
-            Err(e) if e.code() == Some(ErrorCode::NotFound) => {}
-            Err(e) => return Err(LifecycleError::from(e).into()),
-        }
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(state_err(&path)(e).into()),
-        }
+        delete_call(&lc, plugin, &volume, secrets)?;
+        remove_record(&path)?;
         Ok(true)
+    }
+}
+
+/// The `delete` call-out of a recorded volume; `NotFound` is deleted already.
+fn delete_call(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    volume: &ProvisionedVolume,
+    secrets: &BTreeMap<String, Vec<u8>>,
+) -> Result<(), ProvisionError> {
+    let mut spec = volume.spec(&plugin.driver.name);
+    spec.secrets = secrets.clone();
+    match plugin.call(
+        &lc.runner,
+        &CallOut::delete(&Options::for_provision(&spec, None)),
+    ) {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(()),
+        Err(e) => Err(LifecycleError::from(e).into()),
+    }
+}
+
+fn remove_record(path: &Path) -> Result<(), StateError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(state_err(path)(e)),
     }
 }
 
