@@ -6,7 +6,7 @@ mod common;
 #[path = "common/serve.rs"]
 mod serve_support;
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -295,6 +295,263 @@ async fn a_socket_holds_at_most_its_connection_cap() {
     assert_eq!(most, CAP, "the cap was never reached");
     assert!(serve.flexd_log().contains("connection cap reached"));
     assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+}
+
+/// flexd's resident memory now (VmRSS in /proc/<pid>/status).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// How much flexd's memory may grow while hostile clients send far more than this.
+const RSS_GROWTH_BOUND: u64 = 32 << 20;
+
+fn frame_header(len: usize, kind: u8, flags: u8, stream: u32) -> Vec<u8> {
+    let mut header = (len as u32).to_be_bytes()[1..].to_vec();
+    header.extend([kind, flags]);
+    header.extend(stream.to_be_bytes());
+    header
+}
+
+/// A raw HTTP/2 client past its preface and SETTINGS, that has then written `then`.
+fn http2_client(socket: &Path, then: &[u8]) -> UnixStream {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    // A server that neither reads nor closes fails the test instead of hanging it.
+    stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame_header(0, 0x4, 0, 0)); // SETTINGS
+    out.extend(then);
+    stream.write_all(&out).unwrap();
+    stream
+}
+
+/// Writes `chunk` again and again, `total` bytes in all, until the server closes the
+/// connection: how much it took before then, or `None` if it took everything.
+fn write_until_closed(stream: &mut UnixStream, chunk: &[u8], total: usize) -> Option<usize> {
+    let mut sent = 0;
+    while sent < total {
+        match stream.write(chunk) {
+            Ok(n) => sent += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                return Some(sent)
+            }
+            Err(e) => panic!("after {sent} bytes the server neither read nor closed: {e}"),
+        }
+    }
+    None
+}
+
+/// A gRPC call while the attack's memory is measured: flexd still answers others.
+async fn baseline_rss(serve: &Serve) -> u64 {
+    assert_eq!(plugin_name(&serve.socket()).await, "flexvolume-acme--tmpfs");
+    rss_bytes(serve.pid())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_header_block_of_empty_continuations_is_closed_and_holds_no_memory() {
+    const FLOOD: usize = 200 << 20;
+    let serve = Serve::start(&[]);
+    let socket = serve.socket();
+    let before = baseline_rss(&serve).await;
+    // HEADERS without END_HEADERS, then empty CONTINUATION frames: 9 bytes each, no payload.
+    let mut client = http2_client(&socket, &frame_header(0, 0x1, 0, 1));
+    let flood: Vec<u8> = frame_header(0, 0x9, 0, 1).repeat(100_000);
+    let sent = tokio::task::spawn_blocking(move || {
+        let sent = write_until_closed(&mut client, &flood, FLOOD);
+        (sent, client)
+    });
+    let (sent, client) = sent.await.unwrap();
+    let sent = sent.expect("flexd read 200 MiB of one header block and kept the connection");
+    assert!(
+        sent < FLOOD / 4,
+        "flexd read {sent} bytes of one header block"
+    );
+    let grown = rss_bytes(serve.pid()).saturating_sub(before);
+    assert!(
+        grown < RSS_GROWTH_BOUND,
+        "flexd's RSS grew by {grown} bytes"
+    );
+    tokio::task::spawn_blocking(move || closed_by_server(client))
+        .await
+        .unwrap();
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_frames_announced_above_the_frame_size_are_closed_on_their_header() {
+    const CLIENTS: usize = 30;
+    const EACH: usize = 4 << 20;
+    let serve = Serve::start(&[]);
+    let socket = serve.socket();
+    let before = baseline_rss(&serve).await;
+    // Each announces a 16 MiB DATA frame, then sends 4 MiB of it (120 MiB in all).
+    let attack = {
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || {
+            let zeros = vec![0u8; 256 << 10];
+            (0..CLIENTS)
+                .map(|_| {
+                    let mut client = http2_client(&socket, &frame_header(0xff_ffff, 0x0, 0, 1));
+                    let sent = write_until_closed(&mut client, &zeros, EACH);
+                    (sent, client)
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let clients = attack.await.unwrap();
+    // Every connection still open on the client's side: what flexd holds for them now.
+    let grown = rss_bytes(serve.pid()).saturating_sub(before);
+    for (sent, _) in &clients {
+        let sent = sent.expect("flexd read 4 MiB of a 16 MiB frame and kept the connection");
+        assert!(sent < EACH, "flexd read {sent} bytes of an oversized frame");
+    }
+    assert!(
+        grown < RSS_GROWTH_BOUND,
+        "flexd's RSS grew by {grown} bytes"
+    );
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    tokio::task::spawn_blocking(move || {
+        for (_, client) in clients {
+            closed_by_server(client);
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// `symbols` bytes of HPACK's longest Huffman code (30 bits each, the most decoding work per
+/// byte sent), padded with ones.
+fn worst_case_huffman(symbols: usize) -> Vec<u8> {
+    let (mut out, mut bits, mut pending) = (Vec::new(), 0u64, 0u32);
+    for _ in 0..symbols {
+        bits = (bits << 30) | 0x3fff_fffe;
+        pending += 30;
+        while pending >= 8 {
+            pending -= 8;
+            out.push((bits >> pending) as u8);
+        }
+        bits &= (1 << pending) - 1;
+    }
+    if pending > 0 {
+        out.push(((bits << (8 - pending)) as u8) | (0xff >> pending));
+    }
+    out
+}
+
+/// An HPACK integer with a 7-bit prefix, after the prefix's first bit `flag`.
+fn hpack_integer(out: &mut Vec<u8>, flag: u8, mut value: usize) {
+    if value < 0x7f {
+        out.push(flag | value as u8);
+        return;
+    }
+    out.push(flag | 0x7f);
+    value -= 0x7f;
+    while value >= 0x80 {
+        out.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// The costliest header block flexd still decodes: one field whose value is ~60 KB of
+/// worst-case Huffman, as HEADERS and CONTINUATION frames of at most 16 KiB on `stream`.
+fn costliest_allowed_block(stream: u32) -> Vec<u8> {
+    let value = worst_case_huffman(16_000);
+    let mut block = vec![0x00, 0x01, b'x']; // literal, new name "x"
+    hpack_integer(&mut block, 0x80, value.len()); // Huffman-coded value
+    block.extend(value);
+    let mut out = Vec::new();
+    let chunks: Vec<&[u8]> = block.chunks(16_384).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let kind = if i == 0 { 0x1 } else { 0x9 };
+        let flags = if i + 1 == chunks.len() { 0x4 } else { 0 };
+        out.extend(frame_header(chunk.len(), kind, flags, stream));
+        out.extend(*chunk);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giant_and_worst_case_huffman_header_blocks_leave_other_clients_served() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let serve = Serve::start(&[]);
+    let socket = serve.socket();
+    let before = baseline_rss(&serve).await;
+    // One 16 MiB HEADERS frame of worst-case Huffman: closed on its header.
+    let giant = {
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut client = http2_client(&socket, &frame_header(0xff_ffff, 0x1, 0x4, 1));
+            let huffman = worst_case_huffman(500_000);
+            let sent = write_until_closed(&mut client, &huffman, 16 << 20);
+            (sent, client)
+        })
+    };
+    let (sent, client) = giant.await.unwrap();
+    let sent = sent.expect("flexd read a 16 MiB HEADERS frame and kept the connection");
+    assert!(
+        sent < 16 << 20,
+        "flexd read {sent} bytes of an oversized frame"
+    );
+    tokio::task::spawn_blocking(move || closed_by_server(client))
+        .await
+        .unwrap();
+    // Four clients sending the costliest blocks flexd still takes, reconnecting whenever h2
+    // has had enough of one connection, while a normal client keeps calling.
+    let stop = Arc::new(AtomicBool::new(false));
+    let blocks = Arc::new(AtomicUsize::new(0));
+    let attackers: Vec<_> = (0..4)
+        .map(|_| {
+            let (socket, stop, blocks) = (socket.clone(), stop.clone(), blocks.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut client = http2_client(&socket, &[]);
+                    let mut stream = 1;
+                    while !stop.load(Ordering::Relaxed)
+                        && client.write_all(&costliest_allowed_block(stream)).is_ok()
+                    {
+                        blocks.fetch_add(1, Ordering::Relaxed);
+                        stream += 2;
+                    }
+                }
+            })
+        })
+        .collect();
+    common::eventually("the attackers are sending", || {
+        blocks.load(Ordering::Relaxed) >= 8
+    });
+    for _ in 0..5 {
+        assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for attacker in attackers {
+        attacker.join().unwrap();
+    }
+    let grown = rss_bytes(serve.pid()).saturating_sub(before);
+    assert!(
+        grown < RSS_GROWTH_BOUND,
+        "flexd's RSS grew by {grown} bytes"
+    );
+    assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
+    // The attackers' blocks were within the limits, so decoded: the giant alone was refused.
+    let refused = serve
+        .flexd_log()
+        .matches("past the advertised limits")
+        .count();
+    assert_eq!(refused, 1, "connections refused for their limits");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

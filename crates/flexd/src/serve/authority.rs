@@ -15,8 +15,13 @@
 //! depends on the client's). All other frames pass through untouched; the write side is not
 //! touched at all. Anything that is not HTTP/2 with prior knowledge, or a header block that
 //! does not decode, is passed through as it came, and h2 rejects it as it always did.
+//!
+//! Reading before h2 means h2's own guards (frame size, CONTINUATION flood, header list size)
+//! come too late for what the wrapper holds, so it applies the same limits itself, on each
+//! frame's header: see [`Violation`]. A violation closes that connection (every read fails and
+//! hyper drops it). No GOAWAY: the write half belongs to h2, which may be mid-frame, and a
+//! client past limits it was told in SETTINGS gets no more than h2 would give it.
 
-use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -32,12 +37,37 @@ const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
-/// The frame size every HTTP/2 peer accepts (h2's default SETTINGS_MAX_FRAME_SIZE).
-const MAX_FRAME: usize = 16_384;
-/// Bounds on what one connection may make us hold: a frame, a header block, the HPACK table.
-const MAX_INPUT_FRAME: usize = 1 << 24;
-const MAX_BLOCK: usize = 1 << 20;
-const MAX_TABLE: usize = 1 << 16;
+
+/// SETTINGS_MAX_FRAME_SIZE flexd advertises (the endpoint sets it on the server; it is also
+/// hyper's default). A client may send no larger frame, so the rewriter refuses one on its
+/// header, as h2 does, before reading its payload.
+pub const MAX_FRAME_SIZE: u32 = 16_384;
+/// SETTINGS_MAX_HEADER_LIST_SIZE flexd advertises (set on the server; hyper's default). h2
+/// refuses a stream whose decoded header list is larger, and the connection past four times
+/// this (its "abuse" limit).
+pub const MAX_HEADER_LIST_SIZE: u32 = 16_384;
+/// The decoded header list (RFC 7541 sizes: name + value + 32 per field) past which a block is
+/// not rewritten: h2's own connection-ending limit, four times the advertised list size.
+const MAX_DECODED_LIST: usize = 4 * MAX_HEADER_LIST_SIZE as usize;
+/// The bytes of one header block as received, its 9-byte frame headers counted (a flood of
+/// empty CONTINUATION frames adds nothing else). The same bound as the decoded list: a block
+/// of literals is never larger encoded than decoded, and decoding it stays cheap (a few
+/// milliseconds of worst-case Huffman at most).
+const MAX_BLOCK_BYTES: usize = MAX_DECODED_LIST;
+/// Frames in one header block: HEADERS and the CONTINUATION frames h2 itself allows at the
+/// advertised sizes (at least 5; a quarter more than the list size needs in full frames).
+const MAX_BLOCK_FRAMES: usize = 1 + {
+    let full = MAX_HEADER_LIST_SIZE / MAX_FRAME_SIZE;
+    let allowed = full + full / 4;
+    if allowed < 5 {
+        5
+    } else {
+        allowed as usize
+    }
+};
+/// The HPACK dynamic table a client may ask for: SETTINGS_HEADER_TABLE_SIZE's default, which
+/// flexd (h2) does not raise.
+const MAX_TABLE: usize = 4096;
 /// What an unusable authority becomes.
 pub const REPLACEMENT: &str = "localhost";
 
@@ -46,12 +76,25 @@ fn acceptable(authority: &[u8]) -> bool {
     tonic::codegen::http::uri::Authority::try_from(authority).is_ok()
 }
 
+/// A client past one of HTTP/2's limits: its connection is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("a frame of {0} bytes, above the advertised SETTINGS_MAX_FRAME_SIZE")]
+    FrameTooLarge(usize),
+    #[error("a header block of more than {MAX_BLOCK_FRAMES} frames")]
+    TooManyBlockFrames,
+    #[error("a header block of more than {MAX_BLOCK_BYTES} bytes")]
+    BlockTooLarge,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Mode {
     Preface,
     Frames,
     /// Not HTTP/2 as gRPC speaks it, or a block that did not decode: left to h2.
     PassThrough,
+    /// Past a limit: every read fails, and h2 (hyper) drops the connection.
+    Refused(Violation),
 }
 
 /// A header block being collected (HEADERS, then CONTINUATION frames).
@@ -60,11 +103,18 @@ struct Block {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragment: Vec<u8>,
-    /// The frames as they came, in case the block must pass through unchanged.
+    /// The frames as they came (headers included), in case the block must pass through
+    /// unchanged; its length is what [`MAX_BLOCK_BYTES`] bounds.
     raw: Vec<u8>,
+    frames: usize,
 }
 
 /// An accepted connection whose incoming header blocks carry an authority h2 accepts.
+///
+/// What it holds per connection is bounded by HTTP/2's own limits, checked on each frame's
+/// header before its payload is read: a header block at most [`MAX_BLOCK_BYTES`] (and its
+/// rewrite), the unread part of one frame, and a [`MAX_TABLE`] HPACK table. Other frames
+/// (DATA above all) are streamed through as they arrive, never collected whole.
 pub struct AuthorityFix<S> {
     inner: S,
     mode: Mode,
@@ -73,6 +123,8 @@ pub struct AuthorityFix<S> {
     /// Bytes processed and ready for h2.
     output: Vec<u8>,
     output_pos: usize,
+    /// Payload bytes of the frame being streamed through still to come.
+    streaming: usize,
     block: Option<Block>,
     decoder: Decoder,
     eof: bool,
@@ -86,50 +138,93 @@ impl<S> AuthorityFix<S> {
             input: Vec::new(),
             output: Vec::new(),
             output_pos: 0,
+            streaming: 0,
             block: None,
             decoder: Decoder::default(),
             eof: false,
         }
     }
 
-    /// Moves everything complete from `input` to `output`.
+    /// Moves everything complete from `input` to `output` (a streamed frame's payload as far
+    /// as it came), or refuses the connection.
     fn process(&mut self) {
+        let input = std::mem::take(&mut self.input);
+        let mut pos = 0;
+        if let Err(violation) = self.process_from(&input, &mut pos) {
+            self.refuse(violation);
+            return;
+        }
+        // Back into its buffer, less what was processed (one move, not one per frame).
+        self.input = input;
+        self.input.drain(..pos);
+    }
+
+    fn process_from(&mut self, input: &[u8], pos: &mut usize) -> Result<(), Violation> {
         loop {
+            let rest = &input[*pos..];
             match self.mode {
+                Mode::Refused(_) => return Ok(()),
                 Mode::PassThrough => {
-                    self.output.append(&mut self.input);
-                    return;
+                    self.output.extend_from_slice(rest);
+                    *pos = input.len();
+                    return Ok(());
                 }
                 Mode::Preface => {
-                    let n = self.input.len().min(PREFACE.len());
-                    if self.input[..n] != PREFACE[..n] {
+                    let n = rest.len().min(PREFACE.len());
+                    if rest[..n] != PREFACE[..n] {
                         self.mode = Mode::PassThrough;
                         continue;
                     }
                     if n < PREFACE.len() {
-                        return;
+                        return Ok(());
                     }
-                    self.output.extend(self.input.drain(..PREFACE.len()));
+                    self.output.extend_from_slice(PREFACE);
+                    *pos += PREFACE.len();
                     self.mode = Mode::Frames;
                 }
-                Mode::Frames => {
-                    if self.input.len() < FRAME_HEADER {
-                        return;
+                Mode::Frames if self.streaming > 0 => {
+                    let n = self.streaming.min(rest.len());
+                    self.output.extend_from_slice(&rest[..n]);
+                    *pos += n;
+                    self.streaming -= n;
+                    if self.streaming > 0 {
+                        return Ok(());
                     }
-                    let len = u32::from_be_bytes([0, self.input[0], self.input[1], self.input[2]])
-                        as usize;
-                    if len > MAX_INPUT_FRAME {
-                        self.give_up();
+                }
+                Mode::Frames => {
+                    if rest.len() < FRAME_HEADER {
+                        return Ok(());
+                    }
+                    let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+                    if len > MAX_FRAME_SIZE as usize {
+                        return Err(Violation::FrameTooLarge(len));
+                    }
+                    let kind = rest[3];
+                    if kind != HEADERS && kind != CONTINUATION && self.block.is_none() {
+                        // Not part of a header block: h2's as it comes.
+                        self.output.extend_from_slice(&rest[..FRAME_HEADER]);
+                        *pos += FRAME_HEADER;
+                        self.streaming = len;
                         continue;
                     }
-                    if self.input.len() < FRAME_HEADER + len {
-                        return;
+                    if rest.len() < FRAME_HEADER + len {
+                        return Ok(());
                     }
-                    let frame: Vec<u8> = self.input.drain(..FRAME_HEADER + len).collect();
-                    self.frame(frame);
+                    self.frame(&rest[..FRAME_HEADER + len])?;
+                    *pos += FRAME_HEADER + len;
                 }
             }
         }
+    }
+
+    /// Closes the connection for `violation`: nothing more reaches h2.
+    fn refuse(&mut self, violation: Violation) {
+        tracing::debug!(%violation, "HTTP/2 client past the advertised limits; connection closed");
+        self.input = Vec::new();
+        self.output = Vec::new();
+        self.output_pos = 0;
+        self.block = None;
+        self.mode = Mode::Refused(violation);
     }
 
     /// Stops rewriting: whatever is collected goes to h2 as it came.
@@ -140,72 +235,82 @@ impl<S> AuthorityFix<S> {
         self.mode = Mode::PassThrough;
     }
 
-    fn frame(&mut self, frame: Vec<u8>) {
+    /// One whole frame of (or inside) a header block.
+    fn frame(&mut self, frame: &[u8]) -> Result<(), Violation> {
         let kind = frame[3];
         let flags = frame[4];
         let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
         let payload = &frame[FRAME_HEADER..];
-        match (kind, self.block.is_some()) {
-            (HEADERS, false) => {
-                let mut body = payload;
-                let mut pad = 0;
-                if flags & PADDED != 0 {
-                    let Some((&n, rest)) = body.split_first() else {
-                        return self.pass_bad(frame);
-                    };
-                    pad = n as usize;
-                    body = rest;
+        match (kind, self.block.as_mut()) {
+            (HEADERS, None) => self.start_block(frame),
+            (CONTINUATION, Some(block)) => {
+                if block.frames >= MAX_BLOCK_FRAMES {
+                    return Err(Violation::TooManyBlockFrames);
                 }
-                let mut priority = None;
-                if flags & PRIORITY != 0 {
-                    if body.len() < 5 {
-                        return self.pass_bad(frame);
-                    }
-                    priority = Some([body[0], body[1], body[2], body[3], body[4]]);
-                    body = &body[5..];
+                if block.raw.len() + frame.len() > MAX_BLOCK_BYTES {
+                    return Err(Violation::BlockTooLarge);
                 }
-                if pad > body.len() {
-                    return self.pass_bad(frame);
-                }
-                let fragment = body[..body.len() - pad].to_vec();
-                self.block = Some(Block {
-                    stream,
-                    end_stream: flags & END_STREAM != 0,
-                    priority,
-                    fragment,
-                    raw: frame.clone(),
-                });
-                if flags & END_HEADERS != 0 {
-                    self.finish_block();
-                }
-            }
-            (CONTINUATION, true) => {
-                let Some(block) = self.block.as_mut() else {
-                    return;
-                };
-                if block.stream != stream || block.fragment.len() + payload.len() > MAX_BLOCK {
-                    block.raw.extend_from_slice(&frame);
-                    return self.give_up();
+                block.raw.extend_from_slice(frame);
+                block.frames += 1;
+                if block.stream != stream {
+                    self.give_up();
+                    return Ok(());
                 }
                 block.fragment.extend_from_slice(payload);
-                block.raw.extend_from_slice(&frame);
                 if flags & END_HEADERS != 0 {
                     self.finish_block();
                 }
             }
             // Anything else inside a header block is a protocol error h2 reports itself.
-            (_, true) => {
-                if let Some(block) = self.block.as_mut() {
-                    block.raw.extend_from_slice(&frame);
-                }
+            (_, Some(block)) => {
+                block.raw.extend_from_slice(frame);
                 self.give_up();
             }
-            (_, false) => self.output.extend_from_slice(&frame),
+            // A CONTINUATION outside a block: h2's protocol error too.
+            (_, None) => self.output.extend_from_slice(frame),
+        }
+        Ok(())
+    }
+
+    /// A HEADERS frame: the block it starts, finished at once when it ends there.
+    fn start_block(&mut self, frame: &[u8]) {
+        let flags = frame[4];
+        let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
+        let mut body = &frame[FRAME_HEADER..];
+        let mut pad = 0;
+        if flags & PADDED != 0 {
+            let Some((&n, rest)) = body.split_first() else {
+                return self.pass_bad(frame);
+            };
+            pad = n as usize;
+            body = rest;
+        }
+        let mut priority = None;
+        if flags & PRIORITY != 0 {
+            if body.len() < 5 {
+                return self.pass_bad(frame);
+            }
+            priority = Some([body[0], body[1], body[2], body[3], body[4]]);
+            body = &body[5..];
+        }
+        if pad > body.len() {
+            return self.pass_bad(frame);
+        }
+        self.block = Some(Block {
+            stream,
+            end_stream: flags & END_STREAM != 0,
+            priority,
+            fragment: body[..body.len() - pad].to_vec(),
+            raw: frame.to_vec(),
+            frames: 1,
+        });
+        if flags & END_HEADERS != 0 {
+            self.finish_block();
         }
     }
 
-    fn pass_bad(&mut self, frame: Vec<u8>) {
-        self.output.extend_from_slice(&frame);
+    fn pass_bad(&mut self, frame: &[u8]) {
+        self.output.extend_from_slice(frame);
         self.mode = Mode::PassThrough;
     }
 
@@ -225,7 +330,7 @@ impl<S> AuthorityFix<S> {
             }
         }
         let encoded = encode(&headers);
-        let mut chunks = encoded.chunks(MAX_FRAME - 5).peekable();
+        let mut chunks = encoded.chunks(MAX_FRAME_SIZE as usize - 5).peekable();
         let mut first = true;
         // An empty block is still one HEADERS frame.
         let empty: &[u8] = &[];
@@ -271,6 +376,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
+            if let Mode::Refused(violation) = &this.mode {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    violation.clone(),
+                )));
+            }
             if this.output_pos < this.output.len() {
                 let n = buf.remaining().min(this.output.len() - this.output_pos);
                 buf.put_slice(&this.output[this.output_pos..this.output_pos + n]);
@@ -476,29 +587,57 @@ fn string(input: &[u8], pos: &mut usize) -> Result<Vec<u8>, HpackError> {
     }
 }
 
+/// The Huffman code read canonically (RFC 7541's code is canonical: within a length, codes
+/// are consecutive in symbol order), so a bit costs a comparison, not a table lookup.
+struct Canonical {
+    /// Per code length: the first code of that length, how many there are, and where their
+    /// symbols start in `symbols`.
+    first: [u32; 31],
+    count: [u32; 31],
+    offset: [usize; 31],
+    symbols: [u8; 256],
+}
+
+fn canonical() -> &'static Canonical {
+    static CANONICAL: OnceLock<Canonical> = OnceLock::new();
+    CANONICAL.get_or_init(|| {
+        let mut order: Vec<u8> = (0..=255).collect();
+        order.sort_by_key(|&s| (HUFFMAN[s as usize].1, HUFFMAN[s as usize].0));
+        let mut table = Canonical {
+            first: [0; 31],
+            count: [0; 31],
+            offset: [0; 31],
+            symbols: [0; 256],
+        };
+        for (i, &symbol) in order.iter().enumerate() {
+            let (code, len) = HUFFMAN[symbol as usize];
+            let len = len as usize;
+            if table.count[len] == 0 {
+                table.first[len] = code;
+                table.offset[len] = i;
+            }
+            table.count[len] += 1;
+            table.symbols[i] = symbol;
+        }
+        table
+    })
+}
+
 fn huffman_decode(input: &[u8]) -> Result<Vec<u8>, HpackError> {
-    static CODES: OnceLock<HashMap<(u8, u32), u8>> = OnceLock::new();
-    let codes = CODES.get_or_init(|| {
-        HUFFMAN
-            .iter()
-            .enumerate()
-            .map(|(byte, &(code, len))| ((len, code), byte as u8))
-            .collect()
-    });
+    let table = canonical();
     let mut out = Vec::with_capacity(input.len() * 8 / 5);
-    let (mut code, mut len) = (0u32, 0u8);
+    let (mut code, mut len) = (0u32, 0usize);
     for byte in input {
         for bit in (0..8).rev() {
             code = (code << 1) | u32::from((byte >> bit) & 1);
             len += 1;
-            if len >= 5 {
-                if let Some(&symbol) = codes.get(&(len, code)) {
-                    out.push(symbol);
-                    code = 0;
-                    len = 0;
-                } else if len >= 30 {
-                    return Err(HpackError("bad Huffman code"));
-                }
+            let index = code.wrapping_sub(table.first[len]);
+            if index < table.count[len] {
+                out.push(table.symbols[table.offset[len] + index as usize]);
+                code = 0;
+                len = 0;
+            } else if len >= 30 {
+                return Err(HpackError("bad Huffman code"));
             }
         }
     }
@@ -576,7 +715,7 @@ impl Decoder {
                 (name, value)
             };
             total += field.0.len() + field.1.len() + 32;
-            if total > MAX_BLOCK {
+            if total > MAX_DECODED_LIST {
                 return Err(HpackError("header list too large"));
             }
             fields.push(field);
@@ -769,6 +908,161 @@ mod tests {
             vec![field(":method", "POST"), field(":authority", "localhost")]
         );
         assert_eq!(frames[2], (0x0, END_STREAM, b"\0\0\0\0\0".to_vec()));
+    }
+
+    /// A client's bytes through the wrapper with the client still connected: what h2 reads
+    /// before the wrapper waits for more (`Ok`), or the error that closes the connection.
+    async fn read_while_open(input: Vec<u8>) -> Result<Vec<u8>, io::Error> {
+        use tokio::io::AsyncReadExt as _;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut client, &input)
+            .await
+            .unwrap();
+        let mut fixed = AuthorityFix::new(server);
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let wait = std::time::Duration::from_millis(200);
+            match tokio::time::timeout(wait, fixed.read(&mut chunk)).await {
+                Err(_) => return Ok(out),
+                Ok(Ok(0)) => panic!("end of stream with the client connected"),
+                Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn preface_and_settings() -> Vec<u8> {
+        let mut input = PREFACE.to_vec();
+        write_frame(&mut input, 0x4, 0, 0, &[]);
+        input
+    }
+
+    fn refused_for(result: Result<Vec<u8>, io::Error>, expected: Violation) {
+        let error = result.expect_err("the connection was not refused");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        let violation = error.get_ref().and_then(|e| e.downcast_ref::<Violation>());
+        assert_eq!(violation, Some(&expected), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_frame_above_the_advertised_size_is_refused_on_its_header() {
+        for kind in [0x0, HEADERS] {
+            let mut input = preface_and_settings();
+            // The header alone: 16 MiB announced, none of it sent.
+            input.extend_from_slice(&[0xff, 0xff, 0xff, kind, 0, 0, 0, 0, 1]);
+            refused_for(
+                read_while_open(input).await,
+                Violation::FrameTooLarge(0xff_ffff),
+            );
+        }
+        let mut input = preface_and_settings();
+        let largest = (MAX_FRAME_SIZE as usize + 1).to_be_bytes();
+        input.extend_from_slice(&largest[largest.len() - 3..]);
+        input.extend_from_slice(&[0x0, 0, 0, 0, 0, 1]);
+        refused_for(
+            read_while_open(input).await,
+            Violation::FrameTooLarge(MAX_FRAME_SIZE as usize + 1),
+        );
+    }
+
+    #[tokio::test]
+    async fn data_is_streamed_through_before_its_frame_is_complete() {
+        let mut input = preface_and_settings();
+        let settings_end = input.len();
+        let announced = MAX_FRAME_SIZE.to_be_bytes();
+        input.extend_from_slice(&announced[1..]);
+        input.extend_from_slice(&[0x0, 0, 0, 0, 0, 1]);
+        input.extend_from_slice(&[7u8; 100]);
+        let out = read_while_open(input.clone()).await.unwrap();
+        assert_eq!(out, input, "h2 got {} of {} bytes", out.len(), input.len());
+        assert!(out.len() > settings_end + FRAME_HEADER);
+    }
+
+    #[tokio::test]
+    async fn a_header_block_of_too_many_frames_is_refused_even_when_they_are_empty() {
+        let block = encode(&[field(":method", "POST"), field(":authority", "")]);
+        // The most CONTINUATION frames h2 allows: rewritten as usual.
+        let mut input = preface_and_settings();
+        write_frame(&mut input, HEADERS, 0, 1, &block);
+        for _ in 2..MAX_BLOCK_FRAMES {
+            write_frame(&mut input, CONTINUATION, 0, 1, &[]);
+        }
+        write_frame(&mut input, CONTINUATION, END_HEADERS, 1, &[]);
+        let out = read_while_open(input).await.unwrap();
+        let rewritten = encode(&[field(":method", "POST"), field(":authority", "localhost")]);
+        assert!(out.ends_with(&rewritten), "{out:?}");
+        // One more, and the connection is closed.
+        let mut input = preface_and_settings();
+        write_frame(&mut input, HEADERS, 0, 1, &block);
+        for _ in 0..MAX_BLOCK_FRAMES {
+            write_frame(&mut input, CONTINUATION, 0, 1, &[]);
+        }
+        refused_for(read_while_open(input).await, Violation::TooManyBlockFrames);
+    }
+
+    #[tokio::test]
+    async fn a_header_block_of_too_many_bytes_is_refused_frame_headers_counted() {
+        let full = vec![0u8; MAX_FRAME_SIZE as usize];
+        let mut start = preface_and_settings();
+        write_frame(&mut start, HEADERS, 0, 1, &full);
+        write_frame(&mut start, CONTINUATION, 0, 1, &full);
+        write_frame(&mut start, CONTINUATION, 0, 1, &full);
+        let so_far = 3 * (FRAME_HEADER + full.len());
+        // The largest last frame that fits, headers counted: h2 is given nothing yet.
+        let fits = MAX_BLOCK_BYTES - so_far - FRAME_HEADER;
+        let mut input = start.clone();
+        write_frame(&mut input, CONTINUATION, 0, 1, &full[..fits]);
+        let out = read_while_open(input).await.unwrap();
+        assert_eq!(out.len(), PREFACE.len() + FRAME_HEADER, "{}", out.len());
+        // One byte more: the payloads alone would still fit, the block does not.
+        assert!(3 * full.len() + fits < MAX_BLOCK_BYTES);
+        let mut input = start;
+        write_frame(&mut input, CONTINUATION, 0, 1, &full[..fits + 1]);
+        refused_for(read_while_open(input).await, Violation::BlockTooLarge);
+    }
+
+    #[test]
+    fn a_header_list_decoding_past_h2s_limit_does_not_decode() {
+        // Each byte names a static field: a small block, a large list.
+        let block = vec![0x82; MAX_DECODED_LIST / 40 + 1];
+        assert_eq!(
+            Decoder::default().decode(&block),
+            Err(HpackError("header list too large"))
+        );
+        assert!(Decoder::default()
+            .decode(&block[..MAX_DECODED_LIST / 50])
+            .is_ok());
+    }
+
+    /// The Huffman code of `input`, padded with ones (RFC 7541 5.2).
+    fn huffman_encode(input: &[u8]) -> Vec<u8> {
+        let (mut out, mut bits, mut pending) = (Vec::new(), 0u64, 0u32);
+        for &byte in input {
+            let (code, len) = HUFFMAN[byte as usize];
+            bits = (bits << len) | u64::from(code);
+            pending += u32::from(len);
+            while pending >= 8 {
+                pending -= 8;
+                out.push((bits >> pending) as u8);
+            }
+        }
+        if pending > 0 {
+            out.push(((bits << (8 - pending)) as u8) | (0xff >> pending));
+        }
+        out
+    }
+
+    #[test]
+    fn every_byte_decodes_from_its_huffman_code() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(huffman_decode(&huffman_encode(&all)).unwrap(), all);
+        for byte in 0..=255u8 {
+            assert_eq!(huffman_decode(&huffman_encode(&[byte])).unwrap(), [byte]);
+        }
+        // EOS (30 ones) inside a string, and padding that is not all ones, are errors.
+        assert!(huffman_decode(&[0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(huffman_decode(&[0x00]).is_err());
     }
 
     #[tokio::test]

@@ -37,7 +37,7 @@ use tokio_stream::StreamExt as _;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tonic::transport::Server;
 
-use super::authority::AuthorityFix;
+use super::authority::{self, AuthorityFix};
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
 use super::proto::csi::identity_server::IdentityServer;
@@ -123,9 +123,13 @@ fn limits() -> Limits {
     })
 }
 
-/// A gRPC server builder with the connection bounds set.
+/// A gRPC server builder with the connection bounds set. The frame and header-list sizes it
+/// advertises are hyper's defaults, set here because the `:authority` rewriter enforces the
+/// same numbers on every frame before h2 sees it.
 fn server() -> Server {
     Server::builder()
+        .max_frame_size(authority::MAX_FRAME_SIZE)
+        .http2_max_header_list_size(authority::MAX_HEADER_LIST_SIZE)
         .max_connection_age(limits().max_age)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
