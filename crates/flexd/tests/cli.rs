@@ -198,7 +198,7 @@ fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
     let s = Sandbox::new();
     let outside = tempfile::tempdir().unwrap();
     let target = outside.path().join("evil");
-    std::fs::copy(examples().join("quirks/capitalised"), &target).unwrap();
+    std::fs::copy(common::driver_source("quirks/capitalised"), &target).unwrap();
     let dir = s.plugin().join("t~evil");
     std::fs::create_dir(&dir).unwrap();
     std::os::unix::fs::symlink(&target, dir.join("evil")).unwrap();
@@ -674,19 +674,17 @@ fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
             .arg(&target);
         command
     };
-    // A first unmount (of what is not mounted: nothing to do) creates the target's lock file.
-    let out = unmount().output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let locks: Vec<(PathBuf, std::fs::File)> = std::fs::read_dir(state.join("locks"))
+    // The target's lock, held here as another flexd would hold it (lock files of volumes
+    // without a record are removed when released, so one must be held, not left behind).
+    std::fs::create_dir_all(&target).unwrap();
+    let held = flexvolume::state::StateDir::new(&state)
+        .lock(&target)
+        .unwrap();
+    let lock_file = std::fs::read_dir(state.join("locks"))
         .unwrap()
-        .map(|e| {
-            let path = e.unwrap().path();
-            let file = std::fs::File::open(&path).unwrap();
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
-            (path, file)
-        })
-        .collect();
-    assert!(!locks.is_empty());
+        .map(|e| e.unwrap().path())
+        .next()
+        .expect("the held lock's file");
 
     let mut child = unmount()
         .stdout(std::process::Stdio::null())
@@ -718,9 +716,7 @@ fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
         }
     };
     assert!(
-        locks
-            .iter()
-            .any(|(path, _)| waiting.contains(&format!("waiting for {}", path.display()))),
+        waiting.contains(&format!("waiting for {}", lock_file.display())),
         "the message names the lock file: {waiting}"
     );
     assert_eq!(
@@ -728,7 +724,7 @@ fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
         None,
         "it waits while the lock is held"
     );
-    drop(locks);
+    drop(held);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
