@@ -138,6 +138,13 @@ impl ImageDirs {
         Ok(path)
     }
 
+    /// Where a volume whose options name no `imageDir` lives: the first dir the operator gave.
+    pub fn default_dir(&self) -> &Path {
+        self.0
+            .first()
+            .map_or(Path::new(DEFAULT_IMAGE_DIR), PathBuf::as_path)
+    }
+
     pub fn contains(&self, dir: &Path) -> bool {
         self.0.iter().any(|d| d == dir)
     }

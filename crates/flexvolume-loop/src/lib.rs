@@ -20,7 +20,8 @@
 //!
 //! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`; not for provision, where the
 //! name is the CreateVolume name), `size` (default 1Gi; bytes or 512Mi, 10Gi, 1G …), `imageDir`
-//! (default [`DEFAULT_IMAGE_DIR`]), which must be one of the operator's [`ImageDirs`] (a file
+//! (default: the first of the operator's [`ImageDirs`], [`DEFAULT_IMAGE_DIR`] unless configured),
+//! which must be one of the operator's [`ImageDirs`] (a file
 //! beside the executable): a volume's options never choose where files are made. An allowed dir
 //! that does not exist is created, one level deep (its parent must exist). A static volume with a
 //! `size` is created on first attach (the quick start's `flexd volume mount --options
@@ -94,7 +95,8 @@ impl LoopDriver {
 
     /// The volume the options describe, in an allowed image dir.
     fn volume(&self, options: &VolumeOptions) -> DriverResult<Volume> {
-        self.allowed(Volume::from_options(options)?)
+        let default_dir = self.image_dirs()?.default_dir();
+        self.allowed(Volume::from_options(options, default_dir)?)
     }
 
     fn allowed(&self, volume: Volume) -> DriverResult<Volume> {
@@ -119,9 +121,9 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// The volume the options describe. Names and directories are checked before any path is
-    /// built from them.
-    pub fn from_options(options: &VolumeOptions) -> DriverResult<Self> {
+    /// The volume the options describe (in `default_dir` when they name no `imageDir`). Names
+    /// and directories are checked before any path is built from them.
+    pub fn from_options(options: &VolumeOptions, default_dir: &Path) -> DriverResult<Self> {
         let name = options
             .get(VOLUME_ID_OPTION)
             .filter(|n| !n.is_empty())
@@ -134,8 +136,8 @@ impl Volume {
         let dir = options
             .get(IMAGE_DIR_OPTION)
             .filter(|d| !d.is_empty())
-            .unwrap_or(DEFAULT_IMAGE_DIR);
-        Self::new(name, Path::new(dir))
+            .map_or(default_dir, Path::new);
+        Self::new(name, dir)
     }
 
     pub fn new(name: &str, dir: &Path) -> DriverResult<Self> {
@@ -769,8 +771,8 @@ impl Driver for LoopDriver {
         let dir = options
             .get(IMAGE_DIR_OPTION)
             .filter(|d| !d.is_empty())
-            .unwrap_or(DEFAULT_IMAGE_DIR);
-        let volume = self.allowed(Volume::new(name, Path::new(dir))?)?;
+            .map_or(self.image_dirs()?.default_dir(), Path::new);
+        let volume = self.allowed(Volume::new(name, dir)?)?;
         let size = match options.request_bytes().filter(|b| *b > 0) {
             Some(bytes) => bytes,
             None => size_of(options)?,
@@ -908,12 +910,15 @@ mod tests {
 
     #[test]
     fn names_and_dirs_are_checked_before_any_path_is_built() {
-        let v =
-            Volume::from_options(&options(r#"{"kubernetes.io/pvOrVolumeName":"pv-1"}"#)).unwrap();
+        let v = Volume::from_options(
+            &options(r#"{"kubernetes.io/pvOrVolumeName":"pv-1"}"#),
+            Path::new(DEFAULT_IMAGE_DIR),
+        )
+        .unwrap();
         assert_eq!(v.image(), Path::new("/var/lib/flexd-loop/pv-1.img"));
         let v = Volume::from_options(&options(
             r#"{"kubernetes.io/pvOrVolumeName":"pv-1","volumeID":"data","imageDir":"/srv/img"}"#,
-        ))
+        ), Path::new(DEFAULT_IMAGE_DIR))
         .unwrap();
         assert_eq!(v.image(), Path::new("/srv/img/data.img"));
         for bad in [
@@ -927,12 +932,18 @@ mod tests {
             r#"{"volumeID":"v","imageDir":"relative"}"#,
             r#"{"volumeID":"v","imageDir":"/srv/../etc"}"#,
         ] {
-            assert!(Volume::from_options(&options(bad)).is_err(), "{bad}");
+            assert!(
+                Volume::from_options(&options(bad), Path::new(DEFAULT_IMAGE_DIR)).is_err(),
+                "{bad}"
+            );
         }
-        let v = Volume::from_options(&options(r#"{"volumeID":"v","imageDir":"//srv/./x/"}"#));
+        let v = Volume::from_options(
+            &options(r#"{"volumeID":"v","imageDir":"//srv/./x/"}"#),
+            Path::new(DEFAULT_IMAGE_DIR),
+        );
         assert_eq!(v.unwrap().dir, Path::new("/srv/x"));
         let long = format!(r#"{{"volumeID":"{}"}}"#, "a".repeat(MAX_NAME_LEN + 1));
-        assert!(Volume::from_options(&options(&long)).is_err());
+        assert!(Volume::from_options(&options(&long), Path::new(DEFAULT_IMAGE_DIR)).is_err());
     }
 
     #[test]
@@ -944,7 +955,8 @@ mod tests {
                 "v1@%2Ftmp%2Fa%20b%7Ec%40d%25",
             ),
         ] {
-            let volume = Volume::from_options(&options(json)).unwrap();
+            let volume =
+                Volume::from_options(&options(json), Path::new(DEFAULT_IMAGE_DIR)).unwrap();
             let name = volume.detach_name();
             assert_eq!(name, want);
             assert!(!name.contains(['/', '~']));
@@ -1128,11 +1140,15 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("its parent must exist"), "{err}");
         assert!(!root.path().join("missing").exists());
-        // No imageDir: the default dir, which must be allowed as well.
-        let err = driver
-            .provision(&options(r#"{"kubernetes.io/pvOrVolumeName":"v"}"#))
-            .unwrap_err();
-        assert_eq!(code_of(&err), Some(ErrorCode::InvalidArgument), "{err}");
+        // No imageDir: the operator's first dir, not the driver's built-in default.
+        let driver = LoopDriver::new(ImageDirs::new([&allowed]).unwrap());
+        driver
+            .provision(&options(
+                r#"{"kubernetes.io/pvOrVolumeName":"w","requestBytes":"1048576"}"#,
+            ))
+            .unwrap();
+        assert!(allowed.join("w.img").is_file());
+        assert!(!Path::new(DEFAULT_IMAGE_DIR).join("w.img").exists());
     }
 
     #[test]
