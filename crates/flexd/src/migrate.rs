@@ -332,6 +332,17 @@ pub fn migrate(text: &str, attaches: &mut Attaches<'_>) -> Result<Migration, Vec
         refusals: Vec::new(),
         document: 0,
     };
+    // JSON, as `kubectl get -o json` prints it: serde_json reads it in one linear pass, with
+    // the same 128-level limit, where YAML would need the nesting check's scan and the parse's.
+    // Anything serde_json does not take (YAML, several documents, a key given twice) is read
+    // as YAML, which says what is wrong.
+    if let Ok(unique_keys::UniqueKeys(value)) = serde_json::from_str(text) {
+        run.document = 1;
+        if !value.is_null() {
+            run.object(value);
+        }
+        return run.finish();
+    }
     // Before the parse, which would spend time quadratic in the nesting to refuse it.
     if let Err(deep) = nesting::check_flow_nesting(text, MAX_NESTING) {
         run.document = deep.document;
@@ -358,11 +369,7 @@ pub fn migrate(text: &str, attaches: &mut Attaches<'_>) -> Result<Migration, Vec
             }
         }
     }
-    if run.refusals.is_empty() {
-        Ok(run.migration)
-    } else {
-        Err(run.refusals)
-    }
+    run.finish()
 }
 
 struct Run<'a, 'b> {
@@ -444,6 +451,15 @@ fn fresh_metadata(meta: &mut ObjectMeta) {
 }
 
 impl Run<'_, '_> {
+    /// All or nothing: the objects when nothing was refused.
+    fn finish(self) -> Result<Migration, Vec<Refusal>> {
+        if self.refusals.is_empty() {
+            Ok(self.migration)
+        } else {
+            Err(self.refusals)
+        }
+    }
+
     fn refuse(&mut self, object: &str, volume: Option<&str>, reason: Reason) {
         self.refusals.push(Refusal {
             document: self.document,

@@ -708,6 +708,19 @@ fn the_binary_refuses_deep_nesting_before_parsing_it() {
         )),
         "{stderr}"
     );
+    // JSON too: serde_json, which reads JSON first, stops at its own limit of 128.
+    let input = format!(
+        "{}1{}",
+        "{\"a\": [".repeat(levels / 2),
+        "]}".repeat(levels / 2)
+    );
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("flexd: cannot migrate document 1: nests {…} or […] deeper than 128 levels at line 1 column 449 "),
+        "{}",
+        text(&out.stderr)
+    );
     // At the limit it parses (and is skipped: no flexVolume).
     let input = format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: s, x: {}1{}}}\n",
@@ -737,6 +750,17 @@ fn the_binary_refuses_a_key_given_twice() {
     assert!(
         stderr.starts_with("flexd: cannot migrate document 2: is not YAML or JSON: key \"kind\" is given twice in one mapping"),
         "{stderr}"
+    );
+    // In JSON too (which serde_json reads first, and then refuses as well).
+    let input = r#"{"apiVersion": "v1", "kind": "PersistentVolume", "kind": "Secret"}"#;
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with(
+            "flexd: cannot migrate document 1: is not YAML or JSON: key \"kind\" is given twice"
+        ),
+        "{}",
+        text(&out.stderr)
     );
     // Deeper in, too: a volume's options.
     let input = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p}\nspec:\n  flexVolume:\n    driver: acme/nfs\n    options: {server: a, server: b}\n";
