@@ -794,6 +794,44 @@ fn names_from_the_input_reach_the_terminal_escaped() {
     );
 }
 
+#[test]
+fn a_driver_said_twice_or_not_a_name_is_bad_usage() {
+    let sandbox = Sandbox::new();
+    for args in [
+        ["--attaching", "acme/a", "--not-attaching", "acme/a"],
+        ["--attaching", "acme/a", "--attaching", "acme/a"],
+    ] {
+        let out = flexd(
+            &sandbox.plugin(),
+            &[&["migrate", "-f", "-"][..], &args].concat(),
+            "",
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr)
+                .contains("driver acme/a is given more than once to --attaching/--not-attaching"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = flexd(
+        &sandbox.plugin(),
+        &["migrate", "-f", "-", "--attaching", "../x"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid value '../x' for '--attaching"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 // ---- end to end: the old PV's data through the migrated PV, as root ----
 
 /// kubelet's access mode for a PV's access modes (the ones a migrated loop PV can have).

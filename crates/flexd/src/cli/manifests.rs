@@ -136,7 +136,7 @@ fn profiles(
     if args.drivers.is_empty() {
         for p in &probed {
             let Subject::Driver(name) = &p.subject else {
-                tracing::warn!(entry = %p.name, "not a driver name; left out");
+                tracing::warn!(entry = ?p.name, "not a driver name; left out");
                 continue;
             };
             found.push((name.clone(), installed(p)?));
