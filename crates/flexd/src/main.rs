@@ -26,6 +26,11 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
+            // Bad usage found after parsing: printed and exited as clap does.
+            if let Some(usage) = e.downcast_ref::<clap::Error>() {
+                let _ = usage.print();
+                return ExitCode::from(2);
+            }
             // Each cause once: many errors quote their source in their own message too.
             let e: &(dyn std::error::Error + 'static) = e.as_ref();
             eprintln!("flexd: error: {}", serve::status::message_of(e));

@@ -27,6 +27,11 @@ use serde_json::Value;
 
 use crate::naming;
 
+mod nesting;
+mod unique_keys;
+
+pub use nesting::MAX_NESTING;
+
 /// Volume-context keys flexd serve takes for kubelet's (pod information), never the driver's:
 /// an option under this prefix would not reach the driver after the migration.
 pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
@@ -50,6 +55,11 @@ pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration
 pub enum Reason {
     #[error("is not YAML or JSON: {0}")]
     NotYaml(String),
+    #[error(
+        "nests {{…}} or […] deeper than {MAX_NESTING} levels at line {line} column {column} \
+         (the YAML parser's limit; no Kubernetes object nests that deep)"
+    )]
+    TooDeep { line: u64, column: u64 },
     #[error("is not a Kubernetes object (no apiVersion and kind)")]
     NotAnObject,
     #[error("is not a valid {kind}: {error}")]
@@ -117,6 +127,8 @@ pub struct Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        let f = &mut Printable(f);
         where_in_input(f, self.document, &self.object)?;
         if let Some(volume) = &self.volume {
             write!(f, ", volume {volume:?}")?;
@@ -125,12 +137,26 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// Writes text with its control characters escaped (`\u{1b}`, `\n`): refusals and notes
+/// quote names from the input, and they go to a terminal, where an escape sequence in a name
+/// would act rather than show.
+struct Printable<'a, 'b>(&'a mut std::fmt::Formatter<'b>);
+
+impl std::fmt::Write for Printable<'_, '_> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        for c in text.chars() {
+            if c.is_control() {
+                write!(self.0, "{}", c.escape_debug())?;
+            } else {
+                self.0.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `document N`, then the object when the document is one: how refusals and notes start.
-fn where_in_input(
-    f: &mut std::fmt::Formatter<'_>,
-    document: usize,
-    object: &str,
-) -> std::fmt::Result {
+fn where_in_input(f: &mut impl std::fmt::Write, document: usize, object: &str) -> std::fmt::Result {
     write!(f, "document {document}")?;
     if !object.is_empty() {
         write!(f, ", {object}")?;
@@ -148,6 +174,8 @@ pub struct Note {
 
 impl std::fmt::Display for Note {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        let f = &mut Printable(f);
         where_in_input(f, self.document, &self.object)?;
         write!(f, ": {}", self.text)
     }
@@ -304,9 +332,33 @@ pub fn migrate(text: &str, attaches: &mut Attaches<'_>) -> Result<Migration, Vec
         refusals: Vec::new(),
         document: 0,
     };
+    // JSON, as `kubectl get -o json` prints it: serde_json reads it in one linear pass, with
+    // the same 128-level limit, where YAML would need the nesting check's scan and the parse's.
+    // Anything serde_json does not take (YAML, several documents, a key given twice) is read
+    // as YAML, which says what is wrong.
+    if let Ok(unique_keys::UniqueKeys(value)) = serde_json::from_str(text) {
+        run.document = 1;
+        if !value.is_null() {
+            run.object(value);
+        }
+        return run.finish();
+    }
+    // Before the parse, which would spend time quadratic in the nesting to refuse it.
+    if let Err(deep) = nesting::check_flow_nesting(text, MAX_NESTING) {
+        run.document = deep.document;
+        run.refuse(
+            "",
+            None,
+            Reason::TooDeep {
+                line: deep.line,
+                column: deep.column,
+            },
+        );
+        return Err(run.refusals);
+    }
     for document in serde_yaml_ng::Deserializer::from_str(text) {
         run.document += 1;
-        match Value::deserialize(document) {
+        match unique_keys::UniqueKeys::deserialize(document).map(|v| v.0) {
             // An empty document (a leading or trailing `---`).
             Ok(Value::Null) => {}
             Ok(value) => run.object(value),
@@ -317,11 +369,7 @@ pub fn migrate(text: &str, attaches: &mut Attaches<'_>) -> Result<Migration, Vec
             }
         }
     }
-    if run.refusals.is_empty() {
-        Ok(run.migration)
-    } else {
-        Err(run.refusals)
-    }
+    run.finish()
 }
 
 struct Run<'a, 'b> {
@@ -403,6 +451,15 @@ fn fresh_metadata(meta: &mut ObjectMeta) {
 }
 
 impl Run<'_, '_> {
+    /// All or nothing: the objects when nothing was refused.
+    fn finish(self) -> Result<Migration, Vec<Refusal>> {
+        if self.refusals.is_empty() {
+            Ok(self.migration)
+        } else {
+            Err(self.refusals)
+        }
+    }
+
     fn refuse(&mut self, object: &str, volume: Option<&str>, reason: Reason) {
         self.refusals.push(Refusal {
             document: self.document,

@@ -71,9 +71,10 @@ fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
         "--threads",
         "100000",
     ]);
-    assert!(!out.status.success(), "--threads 100000 was accepted");
+    // Bad usage, like every other bad flag value, with the range.
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("at most 64 walker threads"),
+        stderr(&out).contains("'--threads <THREADS>': 100000 is not in 0..=64"),
         "{}",
         stderr(&out)
     );
@@ -112,6 +113,43 @@ fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
 }
 
 #[test]
+fn numeric_flags_out_of_range_are_bad_usage_naming_the_range() {
+    // Beyond what pids.max takes; once, a cgroup v1 cap of u32::MAX overflowed its `+ 1`.
+    let out = flexd(&[
+        "--driver-max-processes",
+        "4294967295",
+        "drivers",
+        "--timeout",
+        "1s",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("4294967295 is not in 0..=4194303"),
+        "{}",
+        stderr(&out)
+    );
+    let out = common::clean_flexd()
+        .env("FLEXD_DRIVER_MAX_PROCESSES", "5000000")
+        .arg("drivers")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    for args in [
+        ["--fs-group", "1", "--threads=-1"],
+        ["--fs-group=-1", "--threads", "1"],
+        ["--fs-group=x", "--threads", "1"],
+    ] {
+        let out = flexd(&[&["ownership", "apply", "/nonexistent"][..], &args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("invalid value"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
 fn the_unset_gid_is_refused_and_nothing_changes() {
     let (dir, before) = tree();
     let out = flexd(&[
@@ -121,8 +159,13 @@ fn the_unset_gid_is_refused_and_nothing_changes() {
         "--fs-group",
         "4294967295",
     ]);
-    assert!(!out.status.success(), "--fs-group 4294967295 was accepted");
-    assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("(gid_t)-1")
+            && stderr(&out).contains("a group id is in 0..=4294967294"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group changes"));
     assert_eq!(
         snapshot(dir.path()),
@@ -137,7 +180,7 @@ fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
     s.install_example("tmpfs/tmpfs", "acme~tmpfs");
     let target = s.path("target");
     let out = s.volume_mount("acme/tmpfs", &target, &["--fs-group", "4294967295"]);
-    assert!(!out.status.success(), "the mount went ahead");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(

@@ -156,3 +156,98 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
         "{stderr}"
     );
 }
+
+/// `flexd manifests` with `args` after the given drivers' capabilities (no probe needed).
+fn manifests(p: &std::path::Path, args: &[&str]) -> Output {
+    flexd(
+        p,
+        &[
+            &["manifests", "--driver", r#"acme/blk={"attach":true}"#][..],
+            args,
+        ]
+        .concat(),
+    )
+}
+
+#[test]
+fn values_kubernetes_would_refuse_are_bad_usage_and_print_nothing() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    // Once pasted into the header comment unquoted: this printed a ClusterRoleBinding of
+    // cluster-admin, exit 0.
+    let injection = "x\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding";
+    let refused: [(&[&str], &str); 9] = [
+        (&["--namespace", injection], "is not a DNS-1123 label"),
+        (
+            &["--namespace", &"a".repeat(64)],
+            "is not a DNS-1123 label (at most 63",
+        ),
+        (&["--namespace", "Flexd"], "is not a DNS-1123 label"),
+        (
+            &["--state-storage-class", "fast\nssd"],
+            "is not a DNS-1123 subdomain",
+        ),
+        (&["--image", "flexd:1\n---\nkind: x"], "holds '\\n'"),
+        (&["--attacher-image", "a\u{1b}[2J"], "holds '\\u{1b}'"),
+        (
+            &["--kubelet-dir", "/var/lib/kube\rlet"],
+            "control character '\\r'",
+        ),
+        (&["--host-dir", "/srv/../etc"], "holds '..'"),
+        (&["--driver", "acme/a.={}"], "is not a valid domain name"),
+    ];
+    for (args, rule) in refused {
+        let out = manifests(p, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(rule), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed something");
+    }
+    // The global directories are printed too.
+    let out = flexd(
+        p,
+        &[
+            "--state-dir",
+            "/var/lib/flexd\n---",
+            "manifests",
+            "--driver",
+            "acme/blk={}",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value for '--state-dir'"));
+
+    // What is accepted is what the header and the objects say.
+    let out = manifests(
+        p,
+        &[
+            "--namespace",
+            "storage-1",
+            "--state-storage-class",
+            "fast.ssd",
+        ],
+    );
+    let text = stdout(&out);
+    assert!(text.contains("\n# in namespace storage-1. "), "{text}");
+    let docs = documents(&text);
+    assert!(docs
+        .iter()
+        .filter(|d| d["kind"] != "Namespace" && d["metadata"]["namespace"].is_string())
+        .all(|d| d["metadata"]["namespace"] == "storage-1"));
+}
+
+#[test]
+fn a_driver_named_twice_is_bad_usage_naming_it() {
+    let plugin = tempfile::tempdir().unwrap();
+    let p = plugin.path();
+    for second in ["acme/blk", r#"acme/blk={"attach":false}"#] {
+        let out = manifests(p, &["--driver", "acme/other={}", "--driver", second]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{second}: {stderr}");
+        assert!(
+            stderr.contains("driver acme/blk is given more than once with --driver"),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}

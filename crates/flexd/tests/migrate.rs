@@ -685,6 +685,153 @@ fn the_binary_probes_the_plugin_dir_and_prints_nothing_when_anything_is_refused(
     assert!(text(&out.stderr).contains("driver acme/tmpfs attaches, and an inline CSI volume"));
 }
 
+#[test]
+fn the_binary_refuses_deep_nesting_before_parsing_it() {
+    let sandbox = Sandbox::new();
+    // 100,000 levels (500 KB): libyaml's scanner alone took 38 s over this in a release build.
+    let levels = 100_000;
+    let input = format!(
+        "{}\n---\napiVersion: v1\nkind: Pod\nmetadata: {}x{}\n",
+        pv("pv-1", json!({"flexVolume": {"driver": "acme/nfs"}})),
+        "{a: ".repeat(levels),
+        "}".repeat(levels)
+    );
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    let stderr = text(&out.stderr);
+    // The PV is one line of JSON: the Pod's metadata is on line 5.
+    assert!(
+        stderr.starts_with(&format!(
+            "flexd: cannot migrate document 2: nests {{…}} or […] deeper than 128 levels at line 5 column {} (the YAML parser's limit",
+            "metadata: ".len() + 128 * "{a: ".len() + 1
+        )),
+        "{stderr}"
+    );
+    // JSON too: serde_json, which reads JSON first, stops at its own limit of 128.
+    let input = format!(
+        "{}1{}",
+        "{\"a\": [".repeat(levels / 2),
+        "]}".repeat(levels / 2)
+    );
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("flexd: cannot migrate document 1: nests {…} or […] deeper than 128 levels at line 1 column 449 "),
+        "{}",
+        text(&out.stderr)
+    );
+    // At the limit it parses (and is skipped: no flexVolume).
+    let input = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: s, x: {}1{}}}\n",
+        "[".repeat(126),
+        "]".repeat(126)
+    );
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "flexd: document 1, Secret s: skipped: no flexVolume\n"
+    );
+}
+
+#[test]
+fn the_binary_refuses_a_key_given_twice() {
+    let sandbox = Sandbox::new();
+    // Read as the last `kind`, this was a Secret, silently skipped.
+    let input = format!(
+        "{}\n---\napiVersion: v1\nkind: PersistentVolume\nkind: Secret\nmetadata: {{name: s}}\n",
+        pv("pv-1", json!({"flexVolume": {"driver": "acme/nfs"}})),
+    );
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("flexd: cannot migrate document 2: is not YAML or JSON: key \"kind\" is given twice in one mapping"),
+        "{stderr}"
+    );
+    // In JSON too (which serde_json reads first, and then refuses as well).
+    let input = r#"{"apiVersion": "v1", "kind": "PersistentVolume", "kind": "Secret"}"#;
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with(
+            "flexd: cannot migrate document 1: is not YAML or JSON: key \"kind\" is given twice"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    // Deeper in, too: a volume's options.
+    let input = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p}\nspec:\n  flexVolume:\n    driver: acme/nfs\n    options: {server: a, server: b}\n";
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("key \"server\" is given twice"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn names_from_the_input_reach_the_terminal_escaped() {
+    let sandbox = Sandbox::new();
+    let input = "apiVersion: v1\nkind: \"Secret\\e[2J\"\nmetadata: {name: \"s\\e]0;owned\\a\", namespace: \"n\\nflexd: fake line\"}\nflexVolume: {}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: \"c\\u009b31m\"}\n";
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "flexd: cannot migrate document 1, Secret\\u{1b}[2J n\\nflexd: fake line/s\\u{1b}]0;owned\\u{7}: holds a flexVolume, and flexd migrate does not convert a Secret\\u{1b}[2J; convert its owner or write the csi volume by hand\n\
+         flexd: error: cannot migrate -: 1 problem above; nothing was printed\n"
+    );
+    // Notes too (a C1 control: CSI).
+    let (_, skipped) = input.split_once("---\n").unwrap();
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], skipped);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "flexd: document 1, ConfigMap c\\u{9b}31m: skipped: no flexVolume\n"
+    );
+}
+
+#[test]
+fn a_driver_said_twice_or_not_a_name_is_bad_usage() {
+    let sandbox = Sandbox::new();
+    for args in [
+        ["--attaching", "acme/a", "--not-attaching", "acme/a"],
+        ["--attaching", "acme/a", "--attaching", "acme/a"],
+    ] {
+        let out = flexd(
+            &sandbox.plugin(),
+            &[&["migrate", "-f", "-"][..], &args].concat(),
+            "",
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr)
+                .contains("driver acme/a is given more than once to --attaching/--not-attaching"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = flexd(
+        &sandbox.plugin(),
+        &["migrate", "-f", "-", "--attaching", "../x"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid value '../x' for '--attaching"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 // ---- end to end: the old PV's data through the migrated PV, as root ----
 
 /// kubelet's access mode for a PV's access modes (the ones a migrated loop PV can have).

@@ -2,17 +2,20 @@
 //! drivers installed in the plugin dir or named with `--driver`. What the objects are and why:
 //! [`render`]. This module only finds out what each driver can do.
 
+pub mod checks;
 pub mod render;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
+use clap::error::ErrorKind;
 use clap::Args;
 use flexvolume::prober::{self, Probed, Subject};
 use flexvolume::{Capabilities, DriverName};
 
 use crate::builtin::Builtin;
+use crate::cli::usage_error;
 use crate::settings::Global;
 use render::{DriverProfile, Settings};
 
@@ -21,33 +24,35 @@ pub struct ManifestsArgs {
     /// A driver to deploy, repeatable; default: every driver installed in the plugin dir.
     /// `NAME` takes its capabilities from its `init` (a builtin driver's, else the plugin dir's);
     /// `NAME=JSON` gives them as its `init` would answer them (`capabilities` object, e.g.
-    /// `acme/nfs={"attach":false}`; absent keys keep the FlexVolume defaults).
-    #[arg(long = "driver", value_name = "NAME[=CAPABILITIES]")]
-    pub drivers: Vec<String>,
+    /// `acme/nfs={"attach":false}`; absent keys keep the FlexVolume defaults). A driver named
+    /// twice is refused.
+    #[arg(long = "driver", value_name = "NAME[=CAPABILITIES]", value_parser = checks::driver)]
+    pub drivers: Vec<checks::DriverArg>,
     /// The flexd image (built from deploy/Dockerfile, target flexd).
-    #[arg(long, default_value = concat!("registry.example/flexd:", env!("CARGO_PKG_VERSION")))]
+    #[arg(long, value_parser = checks::image, default_value = concat!("registry.example/flexd:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
-    /// The namespace of flexd's pods, accounts and claim.
-    #[arg(long, default_value = "flexd-system")]
+    /// The namespace of flexd's pods, accounts and claim (a DNS-1123 label).
+    #[arg(long, value_parser = checks::dns_label, default_value = "flexd-system")]
     pub namespace: String,
     /// kubelet's root dir (--root-dir): CSI and registration sockets go under it.
-    #[arg(long, default_value = "/var/lib/kubelet")]
+    #[arg(long, value_parser = checks::node_path, default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
     /// A host directory the drivers use (an image dir, a config dir), repeatable: mounted at the
     /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
-    #[arg(long = "host-dir", value_name = "PATH")]
+    #[arg(long = "host-dir", value_name = "PATH", value_parser = checks::node_path)]
     pub host_dirs: Vec<PathBuf>,
-    /// StorageClass of the controller's state claim; default: the cluster's default class.
-    #[arg(long, value_name = "CLASS")]
+    /// StorageClass of the controller's state claim (a DNS-1123 subdomain); default: the
+    /// cluster's default class.
+    #[arg(long, value_name = "CLASS", value_parser = checks::dns_subdomain)]
     pub state_storage_class: Option<String>,
     /// csi-attacher image, for drivers that attach.
-    #[arg(long, default_value = render::DEFAULT_ATTACHER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_ATTACHER_IMAGE)]
     pub attacher_image: String,
     /// csi-provisioner image, for drivers that provision.
-    #[arg(long, default_value = render::DEFAULT_PROVISIONER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_PROVISIONER_IMAGE)]
     pub provisioner_image: String,
     /// csi-resizer image, for expanding drivers with a controller side.
-    #[arg(long, default_value = render::DEFAULT_RESIZER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_RESIZER_IMAGE)]
     pub resizer_image: String,
     /// Timeout of each driver's init.
     #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
@@ -55,19 +60,32 @@ pub struct ManifestsArgs {
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
-    // These are paths on the nodes, mounted at the same place in the pods.
-    let paths = [
-        ("--kubelet-dir", &args.kubelet_dir),
+    // Paths on the nodes, mounted at the same place in the pods; --kubelet-dir and --host-dir
+    // are checked the same way as they are parsed.
+    for (flag, path) in [
         ("--plugin-dir", &global.plugin_dir),
         ("--state-dir", &global.state_dir),
-    ];
-    let host_dirs = args.host_dirs.iter().map(|dir| ("--host-dir", dir));
-    if let Some((flag, path)) = paths
-        .into_iter()
-        .chain(host_dirs)
-        .find(|(_, path)| !path.is_absolute())
-    {
-        bail!("{flag} {}: not an absolute path", path.display());
+    ] {
+        if let Err(e) = checks::check_node_path(path) {
+            return Err(usage_error(
+                "manifests",
+                ErrorKind::ValueValidation,
+                format!("invalid value for '{flag}': {e}"),
+            ));
+        }
+    }
+    let mut names: Vec<&DriverName> = args.drivers.iter().map(|d| &d.name).collect();
+    names.sort();
+    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(usage_error(
+            "manifests",
+            ErrorKind::ArgumentConflict,
+            format!(
+                "driver {} is given more than once with --driver (each driver once, with its \
+                 capabilities or without)",
+                twice[0]
+            ),
+        ));
     }
     let mut host_dirs = args.host_dirs.clone();
     let drivers = profiles(global, &args, &mut host_dirs)?;
@@ -101,7 +119,7 @@ fn profiles(
         || args
             .drivers
             .iter()
-            .any(|d| !d.contains('=') && builtin_named(d).is_none());
+            .any(|d| d.capabilities.is_none() && builtin_named(d.name.as_str()).is_none());
     let probed = if needs_probe {
         let config = global.runner_config()?.with_timeout_for_all(args.timeout);
         prober::probe_all(
@@ -118,7 +136,7 @@ fn profiles(
     if args.drivers.is_empty() {
         for p in &probed {
             let Subject::Driver(name) = &p.subject else {
-                tracing::warn!(entry = %p.name, "not a driver name; left out");
+                tracing::warn!(entry = ?p.name, "not a driver name; left out");
                 continue;
             };
             found.push((name.clone(), installed(p)?));
@@ -131,14 +149,9 @@ fn profiles(
         }
     }
     for given in &args.drivers {
-        let (name, json) = match given.split_once('=') {
-            Some((name, json)) => (name, Some(json)),
-            None => (given.as_str(), None),
-        };
-        let name = DriverName::parse(name).with_context(|| format!("--driver {given}"))?;
-        let capabilities = match json {
-            Some(json) => capabilities_from_json(json)
-                .with_context(|| format!("--driver {name}: capabilities"))?,
+        let name = given.name.clone();
+        let capabilities = match given.capabilities {
+            Some(capabilities) => capabilities,
             None => match builtin_named(name.as_str()) {
                 Some(b) => builtin(b, host_dirs)?,
                 None => match probed
@@ -174,18 +187,6 @@ fn installed(p: &Probed) -> anyhow::Result<Capabilities> {
     }
 }
 
-/// Parses capabilities by the rules the driver's own `init` reply is parsed with.
-fn capabilities_from_json(json: &str) -> anyhow::Result<Capabilities> {
-    let value: serde_json::Value = serde_json::from_str(json).context("not JSON")?;
-    if !value.is_object() {
-        bail!("not a JSON object");
-    }
-    let reply = serde_json::json!({ "status": "Success", "capabilities": value });
-    flexvolume::protocol::find_reply(reply.to_string().as_bytes())
-        .and_then(|r| r.capabilities)
-        .context("not a capabilities object")
-}
-
 fn builtin_named(name: &str) -> Option<Builtin> {
     use clap::ValueEnum as _;
     Builtin::value_variants()
@@ -203,18 +204,5 @@ fn builtin(builtin: Builtin, host_dirs: &mut Vec<PathBuf>) -> anyhow::Result<Cap
             flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
                 .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name()))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn capabilities_are_read_as_an_init_reply_is() {
-        let caps = capabilities_from_json(r#"{"attach":"false","FSGroup":false}"#).unwrap();
-        assert!(!caps.attach && !caps.fs_group && caps.requires_fs_resize);
-        assert!(capabilities_from_json("[]").is_err());
-        assert!(capabilities_from_json("{").is_err());
     }
 }

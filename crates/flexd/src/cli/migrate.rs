@@ -27,11 +27,16 @@ pub struct MigrateArgs {
     pub file: PathBuf,
     /// A driver known to attach, without probing it (repeatable). Only inline volumes need to
     /// know: an attaching driver's inline volume cannot become an inline CSI volume.
-    #[arg(long, value_name = "VENDOR/DRIVER")]
-    pub attaching: Vec<String>,
-    /// A driver known not to attach, without probing it (repeatable).
-    #[arg(long, value_name = "VENDOR/DRIVER")]
-    pub not_attaching: Vec<String>,
+    #[arg(long, value_name = "VENDOR/DRIVER", value_parser = parse_driver_name)]
+    pub attaching: Vec<DriverName>,
+    /// A driver known not to attach, without probing it (repeatable; each driver once, in one
+    /// of the two).
+    #[arg(long, value_name = "VENDOR/DRIVER", value_parser = parse_driver_name)]
+    pub not_attaching: Vec<DriverName>,
+}
+
+fn parse_driver_name(text: &str) -> Result<DriverName, String> {
+    DriverName::parse(text).map_err(|e| e.to_string())
 }
 
 fn read_input(file: &PathBuf) -> anyhow::Result<String> {
@@ -50,9 +55,12 @@ pub fn run(global: &Global, args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let mut known: HashMap<DriverName, Result<bool, String>> = HashMap::new();
     for (names, attaches) in [(&args.attaching, true), (&args.not_attaching, false)] {
         for name in names {
-            let driver = DriverName::parse(name).with_context(|| format!("bad driver {name:?}"))?;
-            if known.insert(driver, Ok(attaches)).is_some() {
-                bail!("driver {name} is given more than once to --attaching/--not-attaching");
+            if known.insert(name.clone(), Ok(attaches)).is_some() {
+                return Err(super::usage_error(
+                    "migrate",
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("driver {name} is given more than once to --attaching/--not-attaching"),
+                ));
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod watch;
 
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 use crate::settings::{exit, Global};
@@ -92,6 +93,23 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Manifests(args) => manifests::run(&cli.global, args),
         Command::Completions(args) => completions::run(args),
     }
+}
+
+/// Bad usage found after parsing (one flag against another, or a global flag a command cannot
+/// take): clap's own error for `subcommand`, which `main` prints with exit status 2, as clap
+/// does for every other bad usage.
+pub fn usage_error(
+    subcommand: &str,
+    kind: ErrorKind,
+    message: impl std::fmt::Display,
+) -> anyhow::Error {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    command.build();
+    let error = match command.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(kind, message),
+        None => command.error(kind, message),
+    };
+    anyhow::Error::new(error)
 }
 
 /// Prints a value as one line of JSON on stdout.

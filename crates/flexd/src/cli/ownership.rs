@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -31,8 +31,8 @@ pub enum OwnershipCommand {
 pub struct ApplyArgs {
     /// The volume's root.
     pub dir: PathBuf,
-    /// The group that must own the volume.
-    #[arg(long)]
+    /// The group that must own the volume (0 to 4294967294: 4294967295 is the unset id).
+    #[arg(long, value_parser = parse_fs_group)]
     pub fs_group: u32,
     /// When to walk the tree (fsGroupChangePolicy): always, or only when the root's group or
     /// mode is not right yet.
@@ -43,8 +43,25 @@ pub struct ApplyArgs {
     pub read_only: bool,
     /// Walker threads (0: one per core); at most 64 are accepted, and a pass runs at most
     /// 4 per core whatever it asks for.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = threads_parser())]
     pub threads: usize,
+}
+
+/// A group id a volume can be given: every `u32` but [`ownership::UNSET_ID`], which chown
+/// reads as "no change". Out of range is bad usage (exit 2), with the range and the reason.
+pub fn parse_fs_group(text: &str) -> Result<u32, String> {
+    let range = format!("0..={}", ownership::UNSET_ID - 1);
+    let gid: u32 = text
+        .parse()
+        .map_err(|e| format!("{e}: a group id is in {range}"))?;
+    ownership::check_gid(gid).map_err(|e| format!("{e}: a group id is in {range}"))
+}
+
+/// Refused rather than clamped: a number this large is a typo or an attack, and saying so
+/// beats silently running with fewer. Values up to the limit are clamped by the library to a
+/// few walkers per core (the report says how many ran).
+fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(0..=ownership::MAX_WALKERS as u64)
 }
 
 /// `fsGroupChangePolicy`, as flags spell it.
@@ -68,19 +85,6 @@ impl From<PolicyArg> for Policy {
 pub fn run(global: &Global, args: OwnershipArgs) -> anyhow::Result<ExitCode> {
     let OwnershipCommand::Apply(apply) = args.command;
     let root = std::path::absolute(&apply.dir).context("bad DIR")?;
-    ownership::check_gid(apply.fs_group).context("bad --fs-group")?;
-    // Refused rather than clamped: a number this large is a typo or an attack, and saying so
-    // beats silently running with fewer. Values up to the limit are clamped by the library to
-    // a few walkers per core (the report says how many ran).
-    if apply.threads > ownership::MAX_WALKERS {
-        bail!(
-            "--threads {}: at most {} walker threads (the walk is bound by the filesystem; \
-             this machine uses at most {}); 0 means one per core",
-            apply.threads,
-            ownership::MAX_WALKERS,
-            ownership::max_walkers()
-        );
-    }
     let request = OwnershipRequest {
         root: &root,
         gid: apply.fs_group,

@@ -85,8 +85,8 @@ pub struct MountArgs {
     /// Where the volume is mounted: the pod's volume directory.
     #[arg(long)]
     pub target: PathBuf,
-    /// The group that must own the volume (SetUp(fsGroup)).
-    #[arg(long)]
+    /// The group that must own the volume (SetUp(fsGroup); 0 to 4294967294).
+    #[arg(long, value_parser = super::ownership::parse_fs_group)]
     pub fs_group: Option<u32>,
     /// When the ownership pass walks the volume (fsGroupChangePolicy).
     #[arg(long, value_enum, default_value_t = super::ownership::PolicyArg::Always)]

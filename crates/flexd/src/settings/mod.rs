@@ -50,7 +50,9 @@ pub struct Global {
     pub probe_interval: Duration,
     /// Processes (threads included) one driver call-out may have at once, held by a cgroup of
     /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
-    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get())]
+    /// At most 4194303: the kernel has at most 4194304 processes, and a cgroup v1 cap counts
+    /// flexd's spawner thread too.
+    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get(), value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(0..=MAX_DRIVER_PROCESSES))]
     pub driver_max_processes: u32,
     /// Run every driver call-out in the mount namespace at PATH (e.g. /proc/1/ns/mnt, with
     /// hostPID), so drivers find the host's tools and their mounts land where kubelet looks.
@@ -169,6 +171,10 @@ pub fn parse_dir(text: &str) -> Result<PathBuf, String> {
 }
 
 /// Durations as written everywhere in the CLI: `500ms`, `2s`, `10m`.
+/// The largest `--driver-max-processes`: the kernel's PID_MAX_LIMIT (the most `pids.max` takes)
+/// less the spawner thread a cgroup v1 cap also counts. A larger one overflowed that `+ 1`.
+pub const MAX_DRIVER_PROCESSES: u64 = 4_194_304 - 1;
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{e} (write durations like 500ms, 2s, 10m)"))

@@ -114,10 +114,15 @@ impl DriverProfile {
         })
     }
 
-    /// Whether the driver needs the controller Deployment (flexd's CSI identity advertises the
-    /// controller service for it).
+    /// Whether the driver needs the controller Deployment: the rule by which `flexd serve`
+    /// offers it the Controller service ([`Capabilities::has_controller_side`]).
     pub fn has_controller(&self) -> bool {
-        self.attach || self.provision
+        Capabilities {
+            attach: self.attach,
+            provision: self.provision,
+            ..Capabilities::default()
+        }
+        .has_controller_side()
     }
 
     fn socket(&self, dir: &str) -> String {
@@ -970,6 +975,34 @@ mod tests {
             .map(|d| (d.spec.attach_required, d.spec.fs_group_policy.clone()))
             .collect();
         assert_eq!(policies[0], (Some(true), Some("File".to_owned())));
+    }
+
+    /// The names flexd makes up itself (accounts, roles, containers, volumes) are ones the API
+    /// server takes, as the flag values are checked to be (`checks`).
+    #[test]
+    fn every_name_is_one_kubernetes_takes() {
+        use super::super::checks::{dns_label, dns_subdomain};
+        let mut d = driver("Big_Vendor/x-y", true, true, true);
+        d.provision = true;
+        let objects = render(&settings(), &[d, driver("a/b", false, true, false)]).unwrap();
+        let mut containers = 0;
+        for object in &objects {
+            let value = serde_json::to_value(object).unwrap();
+            let name = value["metadata"]["name"].as_str().unwrap();
+            dns_subdomain(name).unwrap();
+            if let Some(ns) = value["metadata"]["namespace"].as_str() {
+                dns_label(ns).unwrap();
+            }
+            let pod = &value["spec"]["template"]["spec"];
+            for list in ["containers", "volumes"] {
+                for item in pod[list].as_array().into_iter().flatten() {
+                    dns_label(item["name"].as_str().unwrap()).unwrap();
+                    containers += usize::from(list == "containers");
+                }
+            }
+        }
+        // flexd in the node pod; flexd, flexd-capabilities and three sidecars in the controller.
+        assert_eq!(containers, 6);
     }
 
     #[test]
