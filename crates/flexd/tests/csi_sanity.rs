@@ -224,6 +224,11 @@ fn conformance(subject: Subject<'_>) {
         format!("--csi.mountdir={}", root.join("mnt").display()),
         format!("--csi.stagingdir={}", root.join("staging").display()),
         "--ginkgo.no-color".to_owned(),
+        // Volumes that fit the smallest scratch filesystem the tests run on (the VM suite's
+        // tmpfs is 2 GiB): the loop driver refuses an image larger than its whole filesystem,
+        // and the suite's default is 10 GiB.
+        format!("--csi.testvolumesize={}", 64 << 20),
+        format!("--csi.testvolumeexpandsize={}", 128 << 20),
     ];
     let mut skips = Vec::new();
     if !controller_service {
