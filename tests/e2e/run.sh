@@ -513,12 +513,74 @@ scenario_fsgroup() {
     "    persistentVolumeClaim: {claimName: e2e-fsgroup}" \
     "{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000}"
   local log=$D/run/e2e-fsgroup.log
+  # kubelet's SetVolumeOwnership: group fsGroup, mode |= 0660, and directories |= setgid 0110.
   grep -qx '1000' "$log"
-  grep -qE '^3000( .*)? 2000|^3000 2000' "$log"
-  grep -qE '^/data 2000 drwxrwsr?-?x?' "$log" || grep -qE '^/data 2000 d...rws' "$log"
-  grep -qE '^/data/driver 2000 -..-rw-' "$log"
-  grep -qE '^/data/mine 1000 2000 ' "$log"
+  grep -qx '3000 2000' "$log"
+  grep -qx '/data 2000 drwxrwsr-x' "$log"
+  grep -qx '/data/driver 2000 -rw-rw-r--' "$log"
+  # The pod's user writes through the group; the setgid directory hands the group on.
+  grep -qx '/data/mine 1000 2000 -rw-r--r--' "$log"
   delete_pod e2e-fsgroup
+}
+
+flex_pv() { # NAME GREETING: a FlexVolume PV (kubelet's own FlexVolume plugin) and its claim
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $1}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  flexVolume:
+    driver: $DRIVER
+    options: {greeting: "$2"}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: $1
+  resources: {requests: {storage: 1Gi}}
+EOF
+  wait_for 60 "claim $1 Bound" claim_bound "$1"
+}
+
+pv_gone() { ! kubectl get pv "$1"; }
+
+# 5. Migration (docs/migration.md#cut-over): a FlexVolume PV mounted by kubelet's own FlexVolume
+#    plugin from the same plugin dir, data written; the cut-over with `flexd migrate`; a new pod
+#    reads the same data through flexd serve.
+scenario_migrate() {
+  flex_pv e2e-migrate "through FlexVolume"
+  pod e2e-migrate-before 'cat /data/driver; echo before-migration > /data/payload' \
+    "    persistentVolumeClaim: {claimName: e2e-migrate}"
+  grep -qx 'hostdir e2e-migrate through FlexVolume' "$D/run/e2e-migrate-before.log"
+  # kubelet's FlexVolume plugin mounted it: its dir, not the CSI plugin's.
+  local target
+  target=$D/kubelet/pods/$(pod_uid e2e-migrate-before)/volumes/${DRIVER/\//\~}/e2e-migrate
+  mounted "$target"
+  delete_pod e2e-migrate-before
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  # The cut-over, as docs/migration.md says it.
+  kubectl get pv e2e-migrate -o yaml | "$D/bin/flexd" --plugin-dir "$D/plugins" migrate -f - >"$D/run/migrated.yaml"
+  cat "$D/run/migrated.yaml"
+  kubectl delete pv e2e-migrate --wait=false
+  kubectl patch pv e2e-migrate -p '{"metadata":{"finalizers":null}}' || true
+  wait_for 60 "the FlexVolume PV to go" pv_gone e2e-migrate
+  kubectl create -f "$D/run/migrated.yaml"
+  [ "$(kubectl get pv e2e-migrate -o jsonpath='{.spec.csi.driver}')" = "$CSI_NAME" ]
+  wait_for 120 "claim e2e-migrate Bound again" claim_bound e2e-migrate
+  pod e2e-migrate-after 'cat /data/driver /data/payload' \
+    "    persistentVolumeClaim: {claimName: e2e-migrate}"
+  grep -qx 'hostdir e2e-migrate through FlexVolume' "$D/run/e2e-migrate-after.log"
+  grep -qx 'before-migration' "$D/run/e2e-migrate-after.log"
+  target=$(volume_target "$(pod_uid e2e-migrate-after)" e2e-migrate)
+  mounted "$target"
+  delete_pod e2e-migrate-after
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
 }
 
 run_scenario() {
@@ -537,7 +599,7 @@ run_scenario() {
   fi
 }
 
-SCENARIOS=(deploy static_pv inline fsgroup)
+SCENARIOS=(deploy static_pv inline fsgroup migrate)
 
 run_scenarios() {
   passed=0 failed=0
