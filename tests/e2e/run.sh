@@ -15,10 +15,13 @@
 # containerd and kubelet run in it (nsenter --net, so their mounts are the host's), and every
 # pod is hostNetwork: nothing is sent to any address outside that namespace. They also run in a
 # pid namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1
-# is then that init, in the host's mount namespace, which flexd's --driver-mount-namespace
-# =/proc/1/ns/mnt needs (the machine's own pid 1 may be unreadable), and `down` ends every
-# process of the cluster, containers included, by killing that one init. Everything on disk is
-# under E2E_DIR (a shared bind mount of itself: Bidirectional propagation needs one): etcd,
+# is then that init, which flexd's --driver-mount-namespace=/proc/1/ns/mnt needs (the machine's
+# own pid 1 may be unreadable), and `down` ends every process of the cluster, containers
+# included, by killing that one init. The pid namespace needs its own /proc (runc reads
+# /proc/<its pid>), so a mount namespace too, made from the host's with propagation unchanged:
+# everything on disk is under E2E_DIR, a shared bind mount of itself, so every mount kubelet,
+# containerd and the drivers make there is seen on the host (and Bidirectional propagation,
+# which needs a shared mount, works). Under E2E_DIR: etcd,
 # certificates, containerd's root and state, kubelet's root dir, the FlexVolume plugin dir,
 # flexd's state dir; cgroups are under /flexd-e2e in every hierarchy (kubelet's cgroupRoot).
 set -euo pipefail
@@ -43,7 +46,7 @@ skip() { echo "E2E SKIPPED: $*"; echo "0 passed, 0 failed"; exit 0; }
 
 # Commands in the cluster's network namespace; daemons also in its pid namespace.
 innet() { nsenter --net=/run/netns/$NETNS "$@"; }
-incluster() { nsenter --target "$(cat "$D/run/init.pid")" --pid --net=/run/netns/$NETNS "$@"; }
+incluster() { nsenter --target "$(cat "$D/run/init.pid")" --pid --mount --net "$@"; }
 kubectl() { innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" "$@"; }
 ctr() { command ctr --address "$D/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
@@ -133,17 +136,23 @@ build() {
 
 # --- images --------------------------------------------------------------------------------
 
-# copy_with_libs ROOTFS FILE...: the files and the shared libraries they load, at their paths.
-copy_with_libs() {
-  local rootfs=$1; shift
-  local file lib
-  for file in "$@"; do
-    cp -a --parents "$file" "$rootfs"
-    [ -L "$file" ] && cp -a --parents "$(readlink -f "$file")" "$rootfs"
-    for lib in $(ldd "$file" 2>/dev/null | grep -o '/[^ ]*' || true); do
-      cp -L --parents -n "$lib" "$rootfs" 2>/dev/null || true
-    done
+# copy_libs ROOTFS FILE...: the shared libraries the files load (and the loader), at their paths.
+copy_libs() {
+  local rootfs=$1 lib; shift
+  for lib in $(ldd "$@" 2>/dev/null | grep -o '/[^ :]*' | sort -u); do
+    [ -e "$lib" ] && [ ! -e "$rootfs$lib" ] && cp -L --parents "$lib" "$rootfs"
   done
+  return 0
+}
+
+# copy_with_libs ROOTFS FILE...: host files at their paths, with their libraries.
+copy_with_libs() {
+  local rootfs=$1 file; shift
+  for file in "$@"; do
+    mkdir -p "$rootfs$(dirname "$file")"
+    cp -L "$file" "$rootfs$file"
+  done
+  copy_libs "$rootfs" "$@"
 }
 
 # image NAME:TAG POPULATE ENTRYPOINT...: an OCI image built with umoci, imported into containerd.
@@ -173,10 +182,11 @@ populate_pause() { install -D -m 0755 "$D/bin/pause" "$1/pause"; }
 # Debian host's tools: what flexd runs itself (mount, umount, blkid, mkfs.*, resize2fs,
 # xfs_growfs), /bin/sh, and their libraries.
 populate_flexd() {
-  local rootfs=$1 tool tools=()
+  local rootfs=$1 tool tools=() dir
+  # Merged /usr, as in Debian 12: /bin, /sbin and /lib* are links into /usr.
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
   install -D -m 0755 "$D/bin/flexd" "$rootfs/usr/local/bin/flexd"
-  copy_with_libs "$rootfs" "$D/bin/flexd"
-  rm -f "$rootfs$D/bin/flexd"
+  copy_libs "$rootfs" "$D/bin/flexd"
   for tool in sh mount umount blkid findmnt losetup mkfs.ext4 mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs xfs_repair; do
     tool=$(command -v $tool || true)
     [ -z "$tool" ] || tools+=("$tool")
@@ -262,8 +272,9 @@ up() {
     ip -n $NETNS addr add $NODE_IP/32 dev lo
   fi
 
-  log "up: pid namespace, init = pause"
-  setsid unshare --pid --fork --kill-child nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
+  log "up: pid and mount namespaces, init = pause"
+  setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \
+    nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
     >"$D/logs/init.log" 2>&1 </dev/null &
   echo $! >"$D/run/unshare.pid"
   wait_for 10 "the cluster's init" pgrep -P "$(cat "$D/run/unshare.pid")"
