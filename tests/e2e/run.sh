@@ -113,6 +113,7 @@ down() {
     [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
   done
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
+  if [ -f "$D/run/made-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
   rm -rf --one-file-system "$D"
   log "down: done"
 }
@@ -280,6 +281,13 @@ up() {
   wait_for 10 "the cluster's init" pgrep -P "$(cat "$D/run/unshare.pid")"
   pgrep -P "$(cat "$D/run/unshare.pid")" >"$D/run/init.pid"
 
+  # containerd 1.6 keeps its shims' sockets, fifos and runc state in /run/containerd whatever
+  # its state dir: a tmpfs there, in the cluster's mount namespace only (/ is not shared).
+  if [ ! -e /run/containerd ]; then
+    mkdir /run/containerd && touch "$D/run/made-run-containerd"
+  fi
+  incluster mount -t tmpfs -o mode=0711 flexd-e2e-containerd /run/containerd
+
   certificates
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
@@ -289,7 +297,7 @@ up() {
   start etcd "$D/bin/kube" etcd --name e2e --data-dir "$D/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster e2e=http://127.0.0.1:2380 --listen-metrics-urls= --log-level warn
+    --initial-cluster e2e=http://127.0.0.1:2380 --log-level warn
 
   log "up: kube-apiserver"
   start kube-apiserver "$D/bin/kube" kube-apiserver \
