@@ -172,7 +172,7 @@ image() {
   umoci gc --layout "$work/oci"
   tar -C "$work/oci" -cf "$work/image.tar" .
   ctr images import --base-name "$name" "$work/image.tar" >/dev/null
-  ctr images ls -q | grep -qx "$ref" || die "image $ref is not in containerd after the import"
+  ctr images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in containerd after the import"
   rm -rf --one-file-system "$work"
 }
 
@@ -303,6 +303,7 @@ up() {
   start kube-apiserver "$D/bin/kube" kube-apiserver \
     --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port=6443 \
     --advertise-address=$NODE_IP --endpoint-reconciler-type=none \
+    --kubelet-preferred-address-types=InternalIP \
     --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
     --cert-dir="$D/pki/apiserver" --token-auth-file="$D/pki/tokens.csv" \
     --authorization-mode=Node,RBAC --allow-privileged=true \
@@ -340,6 +341,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "$PAUSE_IMAGE"
   stream_server_address = "127.0.0.1"
   netns_mounts_under_state_dir = true
+  # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; a host without it (this
+  # one: a VM whose root lacks it) fails every sandbox in runc ("can't get final child's PID
+  # from pipe: EOF"). Restricted, no score goes below containerd's own.
+  restrict_oom_score_adj = $(grep -q '^CapBnd:.*' /proc/self/status && [ $(( 0x$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24 & 1 )) = 0 ] && echo true || echo false)
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -410,7 +415,7 @@ flexd_manifests() {
 healthz() { [ "$(innet curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9808/healthz)" = 200 ]; }
 
 csinode_lists_driver() {
-  kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -qw "$CSI_NAME"
+  kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -w "$CSI_NAME" >/dev/null
 }
 
 # 1. flexd's manifests, applied unmodified: the node DaemonSet Ready, its CSIDriver, the driver
@@ -460,14 +465,14 @@ EOF
   cat "$D/run/$1.log"
 }
 
-script_done() { kubectl logs "$1" | grep -qx DONE; }
+script_done() { kubectl logs "$1" | grep -x DONE >/dev/null; }
 claim_bound() { [ "$(kubectl get pvc "$1" -o jsonpath='{.status.phase}')" = Bound ]; }
 delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
 
 # The pod's volume dir in kubelet's dir is (not) a mount point: mounted PODNAME VOLUME-NAME
 pod_uid() { kubectl get pod "$1" -o jsonpath='{.metadata.uid}'; }
 volume_target() { echo "$D/kubelet/pods/$1/volumes/kubernetes.io~csi/$2/mount"; }
-mounted() { findmnt -rn -o TARGET | grep -qx "$1"; }
+mounted() { findmnt -rn -o TARGET | grep -x "$1" >/dev/null; }
 not_mounted() { ! mounted "$1"; }
 
 static_pv() { # NAME GREETING
