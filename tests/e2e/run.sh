@@ -254,6 +254,7 @@ node_ready() {
 up() {
   preflight
   down
+  rm -rf "$D.logs"
   local started=$SECONDS
   build
   mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
@@ -475,6 +476,9 @@ volume_target() { echo "$D/kubelet/pods/$1/volumes/kubernetes.io~csi/$2/mount"; 
 mounted() { findmnt -rn -o TARGET | grep -x "$1" >/dev/null; }
 not_mounted() { ! mounted "$1"; }
 
+volumes() { "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" volume list; }
+no_record() { ! volumes | grep -F "$1" >/dev/null; }
+
 static_pv() { # NAME GREETING
   kubectl apply -f - <<EOF
 apiVersion: v1
@@ -512,8 +516,11 @@ scenario_static_pv() {
   [ "$(cat "$D/volumes/e2e-static/pod")" = written-by-pod ]
   local target; target=$(volume_target "$(pod_uid e2e-static)" e2e-static)
   mounted "$target"
+  # flexd's record of the publish (what a restarted flexd resumes from), gone after unpublish.
+  volumes | grep -F "$target" | grep -w e2e-static >/dev/null
   delete_pod e2e-static
   wait_for 60 "$target to be unmounted" not_mounted "$target"
+  wait_for 30 "flexd's record of $target to go" no_record "$target"
   [ "$(cat "$D/volumes/e2e-static/pod")" = written-by-pod ]
 }
 
