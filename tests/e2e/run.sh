@@ -539,10 +539,10 @@ scenario_inline() {
 # 4. fsGroup: the volume's files belong to the pod's fsGroup as kubelet makes them (group
 #    fsGroup, group read-write, setgid directories), and a non-root user of that group writes.
 scenario_fsgroup() {
+  local script='id -u; id -G; stat -c "%n %g %A" /data /data/driver; echo mine > /data/mine && stat -c "%n %u %g %A" /data/mine'
+  local security="{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000}"
   static_pv e2e-fsgroup "fsgroup"
-  pod e2e-fsgroup 'id -u; id -G; stat -c "%n %g %A" /data /data/driver; echo mine > /data/mine && stat -c "%n %u %g %A" /data/mine' \
-    "    persistentVolumeClaim: {claimName: e2e-fsgroup}" \
-    "{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000}"
+  pod e2e-fsgroup "$script" "    persistentVolumeClaim: {claimName: e2e-fsgroup}" "$security"
   local log=$D/run/e2e-fsgroup.log
   # kubelet's SetVolumeOwnership: group fsGroup, mode |= 0660, and directories |= setgid 0110.
   grep -qx '1000' "$log"
@@ -552,6 +552,11 @@ scenario_fsgroup() {
   # The pod's user writes through the group; the setgid directory hands the group on.
   grep -qx '/data/mine 1000 2000 -rw-r--r--' "$log"
   delete_pod e2e-fsgroup
+  # And exactly what kubelet's own FlexVolume plugin makes of the same driver's volume.
+  flex_pv e2e-fsgroup-flex "fsgroup"
+  pod e2e-fsgroup-flex "$script" "    persistentVolumeClaim: {claimName: e2e-fsgroup-flex}" "$security"
+  diff "$D/run/e2e-fsgroup-flex.log" "$log"
+  delete_pod e2e-fsgroup-flex
 }
 
 flex_pv() { # NAME GREETING: a FlexVolume PV (kubelet's own FlexVolume plugin) and its claim
