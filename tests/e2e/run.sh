@@ -113,6 +113,10 @@ down() {
     [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
   done
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
+  if [ -f "$D/run/made-run-netns-mount" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+  fi
+  if [ -f "$D/run/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
   if [ -f "$D/run/made-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
   rm -rf --one-file-system "$D"
   log "down: done"
@@ -263,6 +267,9 @@ up() {
   mount --make-rshared "$D"
 
   log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
+  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
+  [ -d /run/netns ] || touch "$D/run/made-run-netns"
+  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
   ip netns add $NETNS
   ip -n $NETNS link set lo up
   # The node's address on a dummy interface where the kernel has one, else on lo: either way
