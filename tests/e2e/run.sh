@@ -7,23 +7,25 @@
 #   tests/e2e/run.sh test    the scenarios against a cluster that is up
 #
 # Environment: E2E_DIR (scratch dir, default /var/tmp/flexd-e2e), FLEXD (a flexd binary to use
-# instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around).
+# instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around),
+# E2E_SCENARIOS (which scenarios, in order; default all). A failed run keeps its logs in
+# $E2E_DIR.logs.
 #
 # Where it all runs. One network namespace, flexd-e2e, made here: `lo` and the node's address
 # (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
-# leads out; etcd, the control plane,
-# containerd and kubelet run in it (nsenter --net, so their mounts are the host's), and every
-# pod is hostNetwork: nothing is sent to any address outside that namespace. They also run in a
-# pid namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1
-# is then that init, which flexd's --driver-mount-namespace=/proc/1/ns/mnt needs (the machine's
-# own pid 1 may be unreadable), and `down` ends every process of the cluster, containers
-# included, by killing that one init. The pid namespace needs its own /proc (runc reads
-# /proc/<its pid>), so a mount namespace too, made from the host's with propagation unchanged:
-# everything on disk is under E2E_DIR, a shared bind mount of itself, so every mount kubelet,
-# containerd and the drivers make there is seen on the host (and Bidirectional propagation,
-# which needs a shared mount, works). Under E2E_DIR: etcd,
-# certificates, containerd's root and state, kubelet's root dir, the FlexVolume plugin dir,
-# flexd's state dir; cgroups are under /flexd-e2e in every hierarchy (kubelet's cgroupRoot).
+# leads out. etcd, the control plane, containerd and kubelet run in it, and every pod is
+# hostNetwork: nothing is sent to any address outside that namespace. They also run in a pid
+# namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1 is
+# then that init, which flexd's --driver-mount-namespace=/proc/1/ns/mnt needs (the machine's own
+# pid 1 may be unreadable), and `down` ends every process of the cluster, containers included,
+# by killing that one init. The pid namespace needs its own /proc (runc reads /proc/<its pid>),
+# so a mount namespace too, made from the host's with propagation unchanged: everything on disk
+# is under E2E_DIR, a shared bind mount of itself, so every mount kubelet, containerd and the
+# drivers make there is seen on the host (and Bidirectional propagation, which needs a shared
+# mount, works). Under E2E_DIR: etcd, certificates, containerd's root and state, kubelet's root
+# dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
+# /flexd-e2e in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
+# cluster's mount namespace.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
