@@ -28,16 +28,27 @@ if ! command -v go >/dev/null; then
   fi
 fi
 
-# The pin: the module's requirements, and for a command of this module its own source too.
-pin=$(cat "$here/go.mod" "$here/go.sum" $(case $package in ./*) find "$here/${package#./}" -name '*.go' | sort ;; esac) |
-  sha256sum | cut -c1-16)
+# Kubernetes' version is stamped at link time (else every component says v0.0.0-master): the
+# pinned k8s.io/kubernetes version, as its own release build does.
+ldflags=
+if [ "$tool" = kube ]; then
+  version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
+  major=${version#v}; major=${major%%.*}
+  minor=${version#v$major.}; minor=${minor%%.*}
+  ldflags="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+fi
+
+# The pin: the module's requirements, the link flags, and for a command of this module its own
+# source too.
+pin=$( (cat "$here/go.mod" "$here/go.sum" $(case $package in ./*) find "$here/${package#./}" -name '*.go' | sort ;; esac)
+  [ -z "$ldflags" ] || echo "$ldflags") | sha256sum | cut -c1-16)
 cache=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/$pin
 binary=$cache/$tool
 if [ ! -x "$binary" ]; then
   mkdir -p "$cache"
   echo "tools.sh: building $tool from $package (pinned in tests/e2e/go.mod) into $cache" >&2
   # A temporary name, then a rename: a build that is interrupted leaves no half binary.
-  (cd "$here" && GOFLAGS=-mod=readonly go build -o "$binary.partial.$$" "$package") >&2
+  (cd "$here" && GOFLAGS=-mod=readonly go build -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
   mv -f "$binary.partial.$$" "$binary"
 fi
 echo "$binary"

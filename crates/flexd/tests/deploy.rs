@@ -270,6 +270,11 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
         Some(true),
         "flexd must not be pid 1 (orphaned driver helpers need a reaper), and /proc/1 must be the host's init"
     );
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "drivers must run in the host's network namespace, as kubelet ran them"
+    );
     assert_ne!(
         pod.share_process_namespace,
         Some(true),

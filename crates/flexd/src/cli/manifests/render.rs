@@ -507,6 +507,11 @@ fn node_daemonset(settings: &Settings) -> DaemonSet {
                     // would otherwise stay flexd's zombies, counted against their call-out's
                     // process cap (Kubernetes refuses shareProcessNamespace with hostPID).
                     host_pid: Some(true),
+                    // The host's network namespace: kubelet ran FlexVolume drivers there, and
+                    // a driver's network mounts (NFS, CIFS, iSCSI sessions) belong to the
+                    // namespace they were made in: in the pod's, they would die with the pod
+                    // and reach only what the pod network reaches.
+                    host_network: Some(true),
                     tolerations: Some(vec![Toleration {
                         operator: Some("Exists".to_owned()),
                         ..Default::default()

@@ -1,0 +1,695 @@
+#!/usr/bin/env bash
+# flexd on a real single-node Kubernetes cluster (pinned in tests/e2e/go.mod), as root.
+#
+#   tests/e2e/run.sh up      build what is missing, start the cluster, print `export KUBECONFIG=...`
+#   tests/e2e/run.sh down    stop and remove everything `up` made (idempotent)
+#   tests/e2e/run.sh         up, every scenario, down (always); last line `N passed, M failed`
+#   tests/e2e/run.sh test    the scenarios against a cluster that is up
+#
+# Environment: E2E_DIR (scratch dir, default /var/tmp/flexd-e2e), FLEXD (a flexd binary to use
+# instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around),
+# E2E_SCENARIOS (which scenarios, in order; default all). A failed run keeps its logs in
+# $E2E_DIR.logs.
+#
+# Where it all runs. One network namespace, flexd-e2e, made here: `lo` and the node's address
+# (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
+# leads out. etcd, the control plane, containerd and kubelet run in it, and every pod is
+# hostNetwork: nothing is sent to any address outside that namespace. They also run in a pid
+# namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1 is
+# then that init, which flexd's --driver-mount-namespace=/proc/1/ns/mnt needs (the machine's own
+# pid 1 may be unreadable), and `down` ends every process of the cluster, containers included,
+# by killing that one init. The pid namespace needs its own /proc (runc reads /proc/<its pid>),
+# so a mount namespace too, made from the host's with propagation unchanged: everything on disk
+# is under E2E_DIR, a shared bind mount of itself, so every mount kubelet, containerd and the
+# drivers make there is seen on the host (and Bidirectional propagation, which needs a shared
+# mount, works). Under E2E_DIR: etcd, certificates, containerd's root and state, kubelet's root
+# dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
+# /flexd-e2e in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
+# cluster's mount namespace.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+D=${E2E_DIR:-/var/tmp/flexd-e2e}
+NETNS=flexd-e2e
+NODE_IP=10.77.0.1
+NODE=flexd-e2e
+CGROUP_ROOT=flexd-e2e
+DRIVER=e2e/hostdir
+CSI_NAME=flexvolume-e2e--hostdir
+FLEXD_IMAGE=localhost/flexd:e2e
+PAUSE_IMAGE=localhost/pause:e2e
+TOOLS_IMAGE=localhost/e2e-tools:e2e
+NAMESPACE=flexd-system
+TOKEN=flexd-e2e-admin-token-0123456789abcdef
+
+log() { echo "[e2e $(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+skip() { echo "E2E SKIPPED: $*"; echo "0 passed, 0 failed"; exit 0; }
+
+# Commands in the cluster's network namespace; daemons also in its pid namespace.
+innet() { nsenter --net=/run/netns/$NETNS "$@"; }
+incluster() { nsenter --target "$(cat "$D/run/init.pid")" --pid --mount --net "$@"; }
+kubectl() { innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" "$@"; }
+ctr() { command ctr --address "$D/containerd/containerd.sock" --namespace k8s.io "$@"; }
+
+# wait_for SECONDS WHAT COMMAND...: polls COMMAND (quietly) until it succeeds.
+wait_for() {
+  local seconds=$1 what=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "timed out after ${seconds}s waiting for $what"
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+preflight() {
+  [ "$(id -u)" = 0 ] || skip "not root (the cluster mounts, makes namespaces and cgroups)"
+  command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || skip "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
+  [ -n "${FLEXD:-}" ] || command -v cargo >/dev/null || skip "no cargo and no FLEXD=path/to/flexd"
+  local missing=()
+  for tool in containerd containerd-shim-runc-v2 runc ctr umoci nsenter unshare ip openssl curl jq busybox; do
+    command -v $tool >/dev/null || missing+=("$tool")
+  done
+  [ -x /usr/lib/cni/loopback ] || missing+=("/usr/lib/cni/loopback")
+  ((${#missing[@]} == 0)) || skip "missing ${missing[*]} (apt-get install -y containerd runc containernetworking-plugins umoci busybox-static jq curl)"
+  [ -d /sys/fs/cgroup ] || skip "no /sys/fs/cgroup"
+}
+
+# --- down ------------------------------------------------------------------------------------
+
+down() {
+  log "down: stopping the cluster in $D"
+  # Every process of the cluster is in the pid namespace of init: killing init kills them all.
+  if [ -f "$D/run/init.pid" ]; then
+    local init; init=$(cat "$D/run/init.pid")
+    if [ -d "/proc/$init" ]; then kill -KILL "$init" 2>/dev/null || true; fi
+  fi
+  if [ -f "$D/run/unshare.pid" ]; then
+    kill -KILL "$(cat "$D/run/unshare.pid")" 2>/dev/null || true
+  fi
+  # Anything else still in the network namespace (a run killed before it wrote init.pid).
+  if [ -e /run/netns/$NETNS ]; then
+    local pid
+    for pid in $(ip netns pids $NETNS 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    wait_for 30 "the processes of netns $NETNS to end" sh -c "[ -z \"\$(ip netns pids $NETNS)\" ]" || true
+  fi
+  # Mounts under the scratch dir, deepest first (kubelet's dir, containers' rootfs, the dir itself).
+  if [ -d "$D" ]; then
+    local round mounts
+    for round in 1 2 3 4 5; do
+      mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
+      [ -n "$mounts" ] || break
+      while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+    done
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1')
+    [ -z "$mounts" ] || die "still mounted, not removing $D: $mounts"
+  fi
+  # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ -d "$hierarchy" ] || continue
+    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  done
+  if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
+  if [ -f "$D/run/made-run-netns-mount" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+  fi
+  if [ -f "$D/run/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
+  if [ -f "$D/run/made-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
+  rm -rf --one-file-system "$D"
+  log "down: done"
+}
+
+# --- build ---------------------------------------------------------------------------------
+
+build() {
+  mkdir -p "$D/bin"
+  log "build: kube (tests/e2e/tools.sh kube; a cold build takes 20-40 minutes on 2 cores)"
+  ln -sf "$("$here/tools.sh" kube)" "$D/bin/kube"
+  if [ -n "${FLEXD:-}" ]; then
+    cp "$FLEXD" "$D/bin/flexd"
+  else
+    log "build: flexd (cargo build --release -p flexd)"
+    (cd "$repo" && cargo build --release -p flexd >&2)
+    cp "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/flexd" "$D/bin/flexd"
+  fi
+  log "build: pause"
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
+}
+
+# --- images --------------------------------------------------------------------------------
+
+# copy_libs ROOTFS FILE...: the shared libraries the files load (and the loader), at their paths.
+copy_libs() {
+  local rootfs=$1 lib; shift
+  for lib in $(ldd "$@" 2>/dev/null | grep -o '/[^ :]*' | sort -u); do
+    [ -e "$lib" ] && [ ! -e "$rootfs$lib" ] && cp -L --parents "$lib" "$rootfs"
+  done
+  return 0
+}
+
+# copy_with_libs ROOTFS FILE...: host files at their paths, with their libraries.
+copy_with_libs() {
+  local rootfs=$1 file; shift
+  for file in "$@"; do
+    mkdir -p "$rootfs$(dirname "$file")"
+    cp -L "$file" "$rootfs$file"
+  done
+  copy_libs "$rootfs" "$@"
+}
+
+# image NAME:TAG POPULATE ENTRYPOINT...: an OCI image built with umoci, imported into containerd.
+image() {
+  local ref=$1 populate=$2; shift 2
+  local name=${ref%:*} tag=${ref##*:} work="$D/images/${ref//[\/:]/_}"
+  mkdir -p "$work"
+  umoci init --layout "$work/oci"
+  umoci new --image "$work/oci:$tag"
+  umoci unpack --image "$work/oci:$tag" "$work/bundle" >/dev/null
+  "$populate" "$work/bundle/rootfs"
+  umoci repack --image "$work/oci:$tag" "$work/bundle"
+  local entrypoint=() arg
+  for arg in "$@"; do entrypoint+=(--config.entrypoint "$arg"); done
+  umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
+  umoci gc --layout "$work/oci"
+  tar -C "$work/oci" -cf "$work/image.tar" .
+  ctr images import --base-name "$name" "$work/image.tar" >/dev/null
+  ctr images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in containerd after the import"
+  rm -rf --one-file-system "$work"
+}
+
+populate_pause() { install -D -m 0755 "$D/bin/pause" "$1/pause"; }
+
+# The equivalent of deploy/Dockerfile's flexd target (debian:bookworm-slim with e2fsprogs,
+# xfsprogs, util-linux and mount, flexd in /usr/local/bin), from the same binary and this
+# Debian host's tools: what flexd runs itself (mount, umount, blkid, mkfs.*, resize2fs,
+# xfs_growfs), /bin/sh, and their libraries.
+populate_flexd() {
+  local rootfs=$1 tool tools=() dir
+  # Merged /usr, as in Debian 12: /bin, /sbin and /lib* are links into /usr.
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  install -D -m 0755 "$D/bin/flexd" "$rootfs/usr/local/bin/flexd"
+  copy_libs "$rootfs" "$D/bin/flexd"
+  for tool in sh mount umount blkid findmnt losetup mkfs.ext4 mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs xfs_repair; do
+    tool=$(command -v $tool || true)
+    [ -z "$tool" ] || tools+=("$tool")
+  done
+  copy_with_libs "$rootfs" "${tools[@]}"
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+# The scenarios' pods: a static busybox.
+populate_tools() {
+  install -D -m 0755 "$(command -v busybox)" "$1/bin/busybox"
+  chroot "$1" /bin/busybox --install -s /bin
+  mkdir -p "$1/tmp" "$1/etc"
+}
+
+# --- up ------------------------------------------------------------------------------------
+
+certificates() {
+  local pki=$D/pki
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 7 \
+    -subj /CN=flexd-e2e-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" \
+    -subj /CN=kube-apiserver 2>/dev/null
+  printf 'subjectAltName=IP:%s,IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n' \
+    "$NODE_IP" >"$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -out "$pki/apiserver.crt" -days 7 -extfile "$pki/apiserver.ext" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  # One static admin token: the control plane, kubelet and the scenarios use it.
+  echo "$TOKEN,admin,admin,system:masters" >"$pki/tokens.csv"
+  cat >"$D/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {server: "https://$NODE_IP:6443", certificate-authority: "$pki/ca.crt"}
+users:
+- name: admin
+  user: {token: "$TOKEN"}
+contexts:
+- name: e2e
+  context: {cluster: e2e, user: admin}
+current-context: e2e
+EOF
+}
+
+# start NAME COMMAND...: a daemon in the cluster's namespaces, its log in $D/logs/NAME.log.
+start() {
+  local name=$1; shift
+  incluster setsid "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
+}
+
+apiserver_ready() {
+  innet curl -fsS --cacert "$D/pki/ca.crt" -H "Authorization: Bearer $TOKEN" "https://$NODE_IP:6443/readyz"
+}
+
+node_ready() {
+  [ "$(kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+
+up() {
+  preflight
+  down
+  rm -rf "$D.logs"
+  local started=$SECONDS
+  build
+  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
+  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
+  mount --bind "$D" "$D"
+  mount --make-rshared "$D"
+
+  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
+  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
+  [ -d /run/netns ] || touch "$D/run/made-run-netns"
+  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
+  ip netns add $NETNS
+  ip -n $NETNS link set lo up
+  # The node's address on a dummy interface where the kernel has one, else on lo: either way
+  # it is local to this namespace, which has no other interface.
+  if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
+    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
+    ip -n $NETNS link set e2e0 up
+  else
+    ip -n $NETNS addr add $NODE_IP/32 dev lo
+  fi
+
+  log "up: pid and mount namespaces, init = pause"
+  setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \
+    nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
+    >"$D/logs/init.log" 2>&1 </dev/null &
+  echo $! >"$D/run/unshare.pid"
+  wait_for 10 "the cluster's init" pgrep -P "$(cat "$D/run/unshare.pid")"
+  pgrep -P "$(cat "$D/run/unshare.pid")" >"$D/run/init.pid"
+
+  # containerd 1.6 keeps its shims' sockets, fifos and runc state in /run/containerd whatever
+  # its state dir: a tmpfs there, in the cluster's mount namespace only (/ is not shared).
+  if [ ! -e /run/containerd ]; then
+    mkdir /run/containerd && touch "$D/run/made-run-containerd"
+  fi
+  incluster mount -t tmpfs -o mode=0711 flexd-e2e-containerd /run/containerd
+
+  certificates
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
+  done
+
+  log "up: etcd"
+  start etcd "$D/bin/kube" etcd --name e2e --data-dir "$D/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster e2e=http://127.0.0.1:2380 --log-level warn
+
+  log "up: kube-apiserver"
+  start kube-apiserver "$D/bin/kube" kube-apiserver \
+    --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port=6443 \
+    --advertise-address=$NODE_IP --endpoint-reconciler-type=none \
+    --kubelet-preferred-address-types=InternalIP \
+    --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
+    --cert-dir="$D/pki/apiserver" --token-auth-file="$D/pki/tokens.csv" \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --service-cluster-ip-range=10.0.0.0/24 \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$D/pki/sa.pub" --service-account-signing-key-file="$D/pki/sa.key"
+  wait_for 180 "kube-apiserver /readyz" apiserver_ready
+
+  log "up: kube-controller-manager, kube-scheduler"
+  start kube-controller-manager "$D/bin/kube" kube-controller-manager \
+    --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1 \
+    --cert-dir="$D/pki/controller-manager" \
+    --service-account-private-key-file="$D/pki/sa.key" --root-ca-file="$D/pki/ca.crt" \
+    --flex-volume-plugin-dir="$D/plugins"
+  start kube-scheduler "$D/bin/kube" kube-scheduler \
+    --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
+
+  log "up: containerd"
+  cat >"$D/cni/net.d/10-loopback.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
+EOF
+  cat >"$D/containerd/config.toml" <<EOF
+version = 2
+root = "$D/containerd/root"
+state = "$D/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$D/containerd/containerd.sock"
+[ttrpc]
+  address = "$D/containerd/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$D/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  stream_server_address = "127.0.0.1"
+  netns_mounts_under_state_dir = true
+  # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; a host without it (this
+  # one: a VM whose root lacks it) fails every sandbox in runc ("can't get final child's PID
+  # from pipe: EOF"). Restricted, no score goes below containerd's own.
+  restrict_oom_score_adj = $(grep -q '^CapBnd:.*' /proc/self/status && [ $(( 0x$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24 & 1 )) = 0 ] && echo true || echo false)
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$D/cni/net.d"
+EOF
+  start containerd containerd --config "$D/containerd/config.toml"
+  wait_for 60 "containerd" ctr version
+
+  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE"
+  image "$PAUSE_IMAGE" populate_pause /pause
+  image "$FLEXD_IMAGE" populate_flexd /usr/local/bin/flexd
+  image "$TOOLS_IMAGE" populate_tools /bin/sh
+
+  log "up: the driver $DRIVER in the plugin dir"
+  sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/hostdir"
+  chmod 0755 "$D/run/hostdir"
+  "$D/bin/flexd" --plugin-dir "$D/plugins" install --driver "$DRIVER" "$D/run/hostdir" >&2
+
+  log "up: kubelet"
+  cat >"$D/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: unix://$D/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
+failCgroupV1: false
+failSwapOn: false
+volumePluginDir: $D/plugins
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+serializeImagePulls: false
+EOF
+  start kubelet "$D/bin/kube" kubelet --config="$D/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
+    --root-dir="$D/kubelet" --cert-dir="$D/pki/kubelet" \
+    --hostname-override=$NODE --node-ip=$NODE_IP
+  wait_for 180 "node $NODE Ready" node_ready
+  wait_for 60 "the default service account" kubectl get serviceaccount default
+  log "up: cluster ready in $((SECONDS - started))s"
+  cat >"$D/env" <<EOF
+export KUBECONFIG=$D/kubeconfig
+# The API server is in the network namespace $NETNS: run kubectl there, e.g.
+#   nsenter --net=/run/netns/$NETNS $D/bin/kube kubectl get nodes
+EOF
+  cat "$D/env"
+}
+
+# --- scenarios -----------------------------------------------------------------------------
+
+flexd_manifests() {
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
+    --driver "$DRIVER" --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet"
+}
+
+healthz() { [ "$(innet curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9808/healthz)" = 200 ]; }
+
+csinode_lists_driver() {
+  kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -w "$CSI_NAME" >/dev/null
+}
+
+# 1. flexd's manifests, applied unmodified: the node DaemonSet Ready, its CSIDriver, the driver
+#    registered with kubelet (CSINode), /healthz; no controller side for a node-only driver.
+scenario_deploy() {
+  flexd_manifests >"$D/run/flexd.yaml"
+  kubectl apply -f - <"$D/run/flexd.yaml"
+  kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
+  [ "$(kubectl -n $NAMESPACE get daemonset flexd-node -o jsonpath='{.status.numberReady}')" = 1 ]
+  [ -z "$(kubectl -n $NAMESPACE get deployments -o name)" ] || { echo "a node-only driver got a controller Deployment"; return 1; }
+  local csidriver
+  csidriver=$(kubectl get csidriver -o json)
+  [ "$(jq '.items | length' <<<"$csidriver")" = 1 ]
+  jq -e --arg n "$CSI_NAME" '.items[0] | .metadata.name == $n and .spec.attachRequired == false
+    and .spec.podInfoOnMount == true and .spec.fsGroupPolicy == "File"
+    and (.spec.volumeLifecycleModes | sort) == ["Ephemeral", "Persistent"]' <<<"$csidriver"
+  wait_for 120 "CSINode $NODE to list $CSI_NAME" csinode_lists_driver
+  wait_for 30 "flexd's /healthz" healthz
+}
+
+# A pod on the node (hostNetwork: no traffic leaves the cluster's netns) running SCRIPT with the
+# volume VOLUME_YAML at /data. pod NAME SCRIPT VOLUME_YAML [SECURITY_CONTEXT_YAML]
+pod() {
+  local security=${4:-"{}"}
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  securityContext: $security
+  containers:
+  - name: main
+    image: $TOOLS_IMAGE
+    imagePullPolicy: Never
+    command: [/bin/sh, -c, '$2; echo DONE; exec sleep 3600']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - name: data
+$3
+EOF
+  kubectl wait --for=condition=Ready pod/$1 --timeout=180s
+  wait_for 60 "pod $1's script" script_done "$1"
+  kubectl logs "$1" >"$D/run/$1.log"
+  cat "$D/run/$1.log"
+}
+
+script_done() { kubectl logs "$1" | grep -x DONE >/dev/null; }
+claim_bound() { [ "$(kubectl get pvc "$1" -o jsonpath='{.status.phase}')" = Bound ]; }
+delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
+
+# The pod's volume dir in kubelet's dir is (not) a mount point: mounted PODNAME VOLUME-NAME
+pod_uid() { kubectl get pod "$1" -o jsonpath='{.metadata.uid}'; }
+volume_target() { echo "$D/kubelet/pods/$1/volumes/kubernetes.io~csi/$2/mount"; }
+mounted() { findmnt -rn -o TARGET | grep -x "$1" >/dev/null; }
+not_mounted() { ! mounted "$1"; }
+
+volumes() { "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" volume list; }
+no_record() { ! volumes | grep -F "$1" >/dev/null; }
+
+static_pv() { # NAME GREETING
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $1}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  csi:
+    driver: $CSI_NAME
+    volumeHandle: $1
+    volumeAttributes: {greeting: "$2"}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: $1
+  resources: {requests: {storage: 1Gi}}
+EOF
+  wait_for 60 "claim $1 Bound" claim_bound "$1"
+}
+
+# 2. A static PV + claim of the node-only driver: the pod reads what the driver's mount wrote
+#    (with the PV's volumeAttributes), writes back to the host directory, and the volume is
+#    unmounted from kubelet's dir when the pod goes.
+scenario_static_pv() {
+  static_pv e2e-static "from the static PV"
+  pod e2e-static 'cat /data/driver; echo written-by-pod > /data/pod' \
+    "    persistentVolumeClaim: {claimName: e2e-static}"
+  grep -qx 'hostdir e2e-static from the static PV' "$D/run/e2e-static.log"
+  [ "$(cat "$D/volumes/e2e-static/pod")" = written-by-pod ]
+  local target; target=$(volume_target "$(pod_uid e2e-static)" e2e-static)
+  mounted "$target"
+  # flexd's record of the publish (what a restarted flexd resumes from), gone after unpublish.
+  volumes | grep -F "$target" | grep -w e2e-static >/dev/null
+  delete_pod e2e-static
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  wait_for 30 "flexd's record of $target to go" no_record "$target"
+  [ "$(cat "$D/volumes/e2e-static/pod")" = written-by-pod ]
+}
+
+# 3. A CSI ephemeral inline volume: the same, with the options in the pod.
+scenario_inline() {
+  pod e2e-inline 'cat /data/driver; echo written-by-pod > /data/pod' \
+    "    csi: {driver: $CSI_NAME, volumeAttributes: {volume: e2e-inline, greeting: inline hello}}"
+  grep -qx 'hostdir e2e-inline inline hello' "$D/run/e2e-inline.log"
+  [ "$(cat "$D/volumes/e2e-inline/pod")" = written-by-pod ]
+  local target; target=$(volume_target "$(pod_uid e2e-inline)" data)
+  mounted "$target"
+  delete_pod e2e-inline
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+}
+
+# 4. fsGroup: the volume's files belong to the pod's fsGroup as kubelet makes them (group
+#    fsGroup, group read-write, setgid directories), and a non-root user of that group writes.
+scenario_fsgroup() {
+  local script='id -u; id -G; stat -c "%n %g %A" /data /data/driver; echo mine > /data/mine && stat -c "%n %u %g %A" /data/mine'
+  local security="{runAsUser: 1000, runAsGroup: 3000, fsGroup: 2000}"
+  static_pv e2e-fsgroup "fsgroup"
+  pod e2e-fsgroup "$script" "    persistentVolumeClaim: {claimName: e2e-fsgroup}" "$security"
+  local log=$D/run/e2e-fsgroup.log
+  # kubelet's SetVolumeOwnership: group fsGroup, mode |= 0660, and directories |= setgid 0110.
+  grep -qx '1000' "$log"
+  grep -qx '3000 2000' "$log"
+  grep -qx '/data 2000 drwxrwsr-x' "$log"
+  grep -qx '/data/driver 2000 -rw-rw-r--' "$log"
+  # The pod's user writes through the group; the setgid directory hands the group on.
+  grep -qx '/data/mine 1000 2000 -rw-r--r--' "$log"
+  delete_pod e2e-fsgroup
+  # And exactly what kubelet's own FlexVolume plugin makes of the same driver's volume.
+  flex_pv e2e-fsgroup-flex "fsgroup"
+  pod e2e-fsgroup-flex "$script" "    persistentVolumeClaim: {claimName: e2e-fsgroup-flex}" "$security"
+  diff "$D/run/e2e-fsgroup-flex.log" "$log"
+  delete_pod e2e-fsgroup-flex
+}
+
+flex_pv() { # NAME GREETING: a FlexVolume PV (kubelet's own FlexVolume plugin) and its claim
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $1}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  flexVolume:
+    driver: $DRIVER
+    options: {greeting: "$2"}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: $1
+  resources: {requests: {storage: 1Gi}}
+EOF
+  wait_for 60 "claim $1 Bound" claim_bound "$1"
+}
+
+pv_gone() { ! kubectl get pv "$1"; }
+
+# 5. Migration (docs/migration.md#cut-over): a FlexVolume PV mounted by kubelet's own FlexVolume
+#    plugin from the same plugin dir, data written; the cut-over with `flexd migrate`; a new pod
+#    reads the same data through flexd serve.
+scenario_migrate() {
+  flex_pv e2e-migrate "through FlexVolume"
+  pod e2e-migrate-before 'cat /data/driver; echo before-migration > /data/payload' \
+    "    persistentVolumeClaim: {claimName: e2e-migrate}"
+  grep -qx 'hostdir e2e-migrate through FlexVolume' "$D/run/e2e-migrate-before.log"
+  # kubelet's FlexVolume plugin mounted it: its dir, not the CSI plugin's.
+  local target
+  target=$D/kubelet/pods/$(pod_uid e2e-migrate-before)/volumes/${DRIVER/\//\~}/e2e-migrate
+  mounted "$target"
+  delete_pod e2e-migrate-before
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  # The cut-over, as docs/migration.md says it.
+  kubectl get pv e2e-migrate -o yaml | "$D/bin/flexd" --plugin-dir "$D/plugins" migrate -f - >"$D/run/migrated.yaml"
+  cat "$D/run/migrated.yaml"
+  kubectl delete pv e2e-migrate --wait=false
+  kubectl patch pv e2e-migrate -p '{"metadata":{"finalizers":null}}' || true
+  wait_for 60 "the FlexVolume PV to go" pv_gone e2e-migrate
+  kubectl create -f "$D/run/migrated.yaml"
+  [ "$(kubectl get pv e2e-migrate -o jsonpath='{.spec.csi.driver}')" = "$CSI_NAME" ]
+  wait_for 120 "claim e2e-migrate Bound again" claim_bound e2e-migrate
+  pod e2e-migrate-after 'cat /data/driver /data/payload' \
+    "    persistentVolumeClaim: {claimName: e2e-migrate}"
+  grep -qx 'hostdir e2e-migrate through FlexVolume' "$D/run/e2e-migrate-after.log"
+  grep -qx 'before-migration' "$D/run/e2e-migrate-after.log"
+  target=$(volume_target "$(pod_uid e2e-migrate-after)" e2e-migrate)
+  mounted "$target"
+  delete_pod e2e-migrate-after
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+}
+
+run_scenario() {
+  local name=$1 started=$SECONDS
+  log "scenario $name: start"
+  # set -e holds in the subshell only outside a condition: run it, then look at its status.
+  set +e
+  (set -euo pipefail; "scenario_$name") >"$D/logs/scenario-$name.log" 2>&1
+  local status=$?
+  set -e
+  if [ $status = 0 ]; then
+    passed=$((passed + 1)); log "PASS $name ($((SECONDS - started))s)"
+  else
+    failed=$((failed + 1)); log "FAIL $name ($((SECONDS - started))s); its output:"
+    sed 's/^/    /' "$D/logs/scenario-$name.log" >&2
+  fi
+}
+
+# E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate}"
+
+run_scenarios() {
+  passed=0 failed=0
+  local name
+  for name in "${SCENARIOS[@]}"; do run_scenario "$name"; done
+}
+
+finish() {
+  local status=$?
+  if [ "${E2E_KEEP:-}" = 1 ]; then
+    log "E2E_KEEP=1: the cluster stays up; tests/e2e/run.sh down removes it"
+  else
+    # Keep the logs of a failed run next to the scratch dir.
+    if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then
+      rm -rf "$D.logs" && cp -r "$D/logs" "$D.logs" 2>/dev/null && log "logs kept in $D.logs" || true
+    fi
+    down || true
+  fi
+  echo "${passed:-0} passed, ${failed:-0} failed"
+  if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then exit 1; fi
+}
+
+# Sourced (to call its functions by hand), it stops here.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+
+case "${1:-all}" in
+  up) up ;;
+  down) [ "$(id -u)" = 0 ] || skip "not root"; down ;;
+  test)
+    run_scenarios
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ] ;;
+  all)
+    preflight
+    passed=0 failed=0
+    trap finish EXIT
+    set +e
+    (set -euo pipefail; up) >&2
+    status=$?
+    set -e
+    if [ $status = 0 ]; then
+      run_scenarios
+    else
+      failed=1; log "FAIL: the cluster did not come up (logs in $D/logs)"
+    fi ;;
+  *) echo "usage: $0 [up|down|test]" >&2; exit 2 ;;
+esac
