@@ -9,7 +9,7 @@
 # the VM cannot run here (not root, packages cannot be installed, the VM does not boot); exits
 # non-zero when the VM ran and a test failed.
 #
-# Environment: FLEXD_VM_TIMEOUT (seconds for the whole VM, default 1500), FLEXD_VM_CPUS (2),
+# Environment: FLEXD_VM_TIMEOUT (seconds for the whole VM, default 2400), FLEXD_VM_CPUS (2),
 # FLEXD_VM_MEMORY (6G), FLEXD_SOAK_SECS (10), FLEXD_VM_EXEC (a command to run in the VM
 # instead of the tests, with the same set-up; for benchmarks).
 set -euo pipefail
@@ -89,7 +89,7 @@ echo "vm: $(wc -l <"$work/binaries") test binaries"
 echo "vm: booting $vmlinuz (QEMU without KVM: slow, be patient)"
 started=$(date +%s)
 set +e
-timeout --kill-after=30 "${FLEXD_VM_TIMEOUT:-1500}" vng --run "$vmlinuz" --user root --disable-kvm \
+timeout --kill-after=30 "${FLEXD_VM_TIMEOUT:-2400}" vng --run "$vmlinuz" --user root --disable-kvm \
   --cpus "${FLEXD_VM_CPUS:-2}" --memory "${FLEXD_VM_MEMORY:-6G}" --rwdir "$work" --cwd "$repo" \
   --exec "bash $repo/tests/vm/inside.sh $work" </dev/null 2>&1 | tee "$work/console.log" |
   grep --line-buffered -v '^\s*$'
