@@ -6,13 +6,15 @@
 #   tests/e2e/run.sh         up, every scenario, down (always); last line `N passed, M failed`
 #   tests/e2e/run.sh test    the scenarios against a cluster that is up
 #
-# Environment: E2E_DIR (scratch dir, default /var/tmp/flexd-e2e), FLEXD (a flexd binary to use
+# Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
+# default scratch dir, so runs with different names coexist on one host; E2E_DIR (scratch dir,
+# default /var/tmp/$E2E_NAME), FLEXD (a flexd binary to use
 # instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around),
 # E2E_SCENARIOS (which scenarios, in order; default all). A failed run keeps its logs in
 # $E2E_DIR.logs.
 #
-# Where it all runs. One network namespace, flexd-e2e, made here: `lo` and the node's address
-# (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
+# Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
+# the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
 # leads out. etcd, the control plane, containerd and kubelet run in it, and every pod is
 # hostNetwork: nothing is sent to any address outside that namespace. They also run in a pid
 # namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1 is
@@ -24,16 +26,20 @@
 # drivers make there is seen on the host (and Bidirectional propagation, which needs a shared
 # mount, works). Under E2E_DIR: etcd, certificates, containerd's root and state, kubelet's root
 # dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
-# /flexd-e2e in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
+# /$E2E_NAME in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
 # cluster's mount namespace.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-D=${E2E_DIR:-/var/tmp/flexd-e2e}
-NETNS=flexd-e2e
+# Everything of this run that the host sees by name derives from E2E_NAME: two runs with
+# different names share nothing but the cached kube binary and /run/containerd's (empty) dir.
+E2E_NAME=${E2E_NAME:-flexd-e2e}
+case $E2E_NAME in '' | */* | *[!A-Za-z0-9_.-]*) echo "E2E_NAME=$E2E_NAME: letters, digits, . _ - only" >&2; exit 2 ;; esac
+D=${E2E_DIR:-/var/tmp/$E2E_NAME}
+NETNS=$E2E_NAME
 NODE_IP=10.77.0.1
 NODE=flexd-e2e
-CGROUP_ROOT=flexd-e2e
+CGROUP_ROOT=$E2E_NAME
 DRIVER=e2e/hostdir
 CSI_NAME=flexvolume-e2e--hostdir
 FLEXD_IMAGE=localhost/flexd:e2e
@@ -119,7 +125,11 @@ down() {
     umount /run/netns 2>/dev/null || true
   fi
   if [ -f "$D/run/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
-  if [ -f "$D/run/made-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
+  # Not while another run's cluster (another netns) may have its tmpfs on it: removing a dir
+  # that is a mount point in another mount namespace detaches that mount there.
+  if [ -f "$D/run/made-run-containerd" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    rmdir /run/containerd 2>/dev/null || true
+  fi
   rm -rf --one-file-system "$D"
   log "down: done"
 }
@@ -296,7 +306,7 @@ up() {
   if [ ! -e /run/containerd ]; then
     mkdir /run/containerd && touch "$D/run/made-run-containerd"
   fi
-  incluster mount -t tmpfs -o mode=0711 flexd-e2e-containerd /run/containerd
+  incluster mount -t tmpfs -o mode=0711 "$E2E_NAME-containerd" /run/containerd
 
   certificates
   for hierarchy in /sys/fs/cgroup/*/; do
