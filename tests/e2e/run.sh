@@ -291,6 +291,13 @@ start_init() {
     mkdir /run/containerd && touch "$D/run/made-run-containerd"
   fi
   incluster mount -t tmpfs -o mode=0711 "$E2E_NAME-containerd" /run/containerd
+  # kubelet writes the containers' logs in /var/log/pods and links them from /var/log/containers
+  # (a fixed path): the cluster's /var/log is $D/var-log, on disk as a node's (a node restart
+  # keeps it), so nothing is left on the host's /var/log.
+  mkdir -p "$D/var-log"
+  touch "$D/var-log/.$E2E_NAME"
+  incluster mount --bind "$D/var-log" /var/log
+  [ ! -e "/var/log/.$E2E_NAME" ] || die "the cluster's /var/log propagated to the host's"
 
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
