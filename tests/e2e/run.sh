@@ -962,8 +962,14 @@ finish() {
     # Keep the logs of a failed run next to the scratch dir.
     if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then
       rm -rf "$D.logs" && cp -r "$D/logs" "$D.logs" 2>/dev/null && log "logs kept in $D.logs" || true
+      # The pods' logs too (flexd's among them), as kubelet wrote them.
+      cp -r "$D/var-log/pods" "$D.logs/pods" 2>/dev/null || true
     fi
-    down || true
+    # A down that leaves something (it dies saying what) fails the run.
+    if ! (down); then
+      log "FAIL down: it did not remove everything"
+      failed=$((${failed:-0} + 1))
+    fi
   fi
   echo "${passed:-0} passed, ${failed:-0} failed"
   if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then exit 1; fi
