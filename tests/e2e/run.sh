@@ -6,13 +6,15 @@
 #   tests/e2e/run.sh         up, every scenario, down (always); last line `N passed, M failed`
 #   tests/e2e/run.sh test    the scenarios against a cluster that is up
 #
-# Environment: E2E_DIR (scratch dir, default /var/tmp/flexd-e2e), FLEXD (a flexd binary to use
+# Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
+# default scratch dir, so runs with different names coexist on one host; E2E_DIR (scratch dir,
+# default /var/tmp/$E2E_NAME), FLEXD (a flexd binary to use
 # instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around),
 # E2E_SCENARIOS (which scenarios, in order; default all). A failed run keeps its logs in
 # $E2E_DIR.logs.
 #
-# Where it all runs. One network namespace, flexd-e2e, made here: `lo` and the node's address
-# (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
+# Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
+# the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
 # leads out. etcd, the control plane, containerd and kubelet run in it, and every pod is
 # hostNetwork: nothing is sent to any address outside that namespace. They also run in a pid
 # namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1 is
@@ -24,16 +26,20 @@
 # drivers make there is seen on the host (and Bidirectional propagation, which needs a shared
 # mount, works). Under E2E_DIR: etcd, certificates, containerd's root and state, kubelet's root
 # dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
-# /flexd-e2e in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
+# /$E2E_NAME in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
 # cluster's mount namespace.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-D=${E2E_DIR:-/var/tmp/flexd-e2e}
-NETNS=flexd-e2e
+# Everything of this run that the host sees by name derives from E2E_NAME: two runs with
+# different names share nothing but the cached kube binary and /run/containerd's (empty) dir.
+E2E_NAME=${E2E_NAME:-flexd-e2e}
+case $E2E_NAME in '' | */* | *[!A-Za-z0-9_.-]*) echo "E2E_NAME=$E2E_NAME: letters, digits, . _ - only" >&2; exit 2 ;; esac
+D=${E2E_DIR:-/var/tmp/$E2E_NAME}
+NETNS=$E2E_NAME
 NODE_IP=10.77.0.1
 NODE=flexd-e2e
-CGROUP_ROOT=flexd-e2e
+CGROUP_ROOT=$E2E_NAME
 DRIVER=e2e/hostdir
 CSI_NAME=flexvolume-e2e--hostdir
 FLEXD_IMAGE=localhost/flexd:e2e
@@ -108,19 +114,27 @@ down() {
     [ -z "$mounts" ] || die "still mounted, not removing $D: $mounts"
   fi
   # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
-  local hierarchy
-  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
-    [ -d "$hierarchy" ] || continue
-    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
-    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
-  done
+  remove_cgroups
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
   if [ -f "$D/run/made-run-netns-mount" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
     umount /run/netns 2>/dev/null || true
   fi
   if [ -f "$D/run/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
-  if [ -f "$D/run/made-run-containerd" ]; then rmdir /run/containerd 2>/dev/null || true; fi
+  # Not while another run's cluster (another netns) may have its tmpfs on it: removing a dir
+  # that is a mount point in another mount namespace detaches that mount there.
+  if [ -f "$D/run/made-run-containerd" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    rmdir /run/containerd 2>/dev/null || true
+  fi
   rm -rf --one-file-system "$D"
+  # Nothing left: no process started from the scratch dir, no netns, no cgroup, no dir.
+  local left=()
+  [ ! -e "$D" ] || left+=("$D")
+  [ ! -e /run/netns/$NETNS ] || left+=("netns $NETNS")
+  ! pgrep -f "$D/" >/dev/null || left+=("processes $(pgrep -f "$D/" | tr '\n' ' ')")
+  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ ! -d "$hierarchy" ] || left+=("$hierarchy")
+  done
+  ((${#left[@]} == 0)) || die "down left ${left[*]}"
   log "down: done"
 }
 
@@ -174,6 +188,7 @@ image() {
   umoci repack --image "$work/oci:$tag" "$work/bundle"
   local entrypoint=() arg
   for arg in "$@"; do entrypoint+=(--config.entrypoint "$arg"); done
+  for arg in "${IMAGE_ENV[@]}"; do entrypoint+=(--config.env "$arg"); done
   umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
   umoci gc --layout "$work/oci"
   tar -C "$work/oci" -cf "$work/image.tar" .
@@ -181,6 +196,8 @@ image() {
   ctr images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in containerd after the import"
   rm -rf --one-file-system "$work"
 }
+
+IMAGE_ENV=() # KEY=VALUE environment of the next image()
 
 populate_pause() { install -D -m 0755 "$D/bin/pause" "$1/pause"; }
 
@@ -257,32 +274,9 @@ node_ready() {
   [ "$(kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 
-up() {
-  preflight
-  down
-  rm -rf "$D.logs"
-  local started=$SECONDS
-  build
-  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
-  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
-  mount --bind "$D" "$D"
-  mount --make-rshared "$D"
-
-  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
-  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
-  [ -d /run/netns ] || touch "$D/run/made-run-netns"
-  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
-  ip netns add $NETNS
-  ip -n $NETNS link set lo up
-  # The node's address on a dummy interface where the kernel has one, else on lo: either way
-  # it is local to this namespace, which has no other interface.
-  if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
-    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
-    ip -n $NETNS link set e2e0 up
-  else
-    ip -n $NETNS addr add $NODE_IP/32 dev lo
-  fi
-
+# The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
+# the disk as it was, no process, no mount of the pods, no cgroup).
+start_init() {
   log "up: pid and mount namespaces, init = pause"
   setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \
     nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
@@ -296,13 +290,21 @@ up() {
   if [ ! -e /run/containerd ]; then
     mkdir /run/containerd && touch "$D/run/made-run-containerd"
   fi
-  incluster mount -t tmpfs -o mode=0711 flexd-e2e-containerd /run/containerd
+  incluster mount -t tmpfs -o mode=0711 "$E2E_NAME-containerd" /run/containerd
+  # kubelet writes the containers' logs in /var/log/pods and links them from /var/log/containers
+  # (a fixed path): the cluster's /var/log is $D/var-log, on disk as a node's (a node restart
+  # keeps it), so nothing is left on the host's /var/log.
+  mkdir -p "$D/var-log"
+  touch "$D/var-log/.$E2E_NAME"
+  incluster mount --bind "$D/var-log" /var/log
+  [ ! -e "/var/log/.$E2E_NAME" ] || die "the cluster's /var/log propagated to the host's"
 
-  certificates
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
   done
+}
 
+start_control_plane() {
   log "up: etcd"
   start etcd "$D/bin/kube" etcd --name e2e --data-dir "$D/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -330,7 +332,53 @@ up() {
     --flex-volume-plugin-dir="$D/plugins"
   start kube-scheduler "$D/bin/kube" kube-scheduler \
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
+}
 
+start_containerd() {
+  start containerd containerd --config "$D/containerd/config.toml"
+  wait_for 60 "containerd" ctr version
+}
+
+kubelet_command() {
+  echo "$D/bin/kube" kubelet --config="$D/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
+    --root-dir="$D/kubelet" --cert-dir="$D/pki/kubelet" \
+    --hostname-override=$NODE --node-ip=$NODE_IP
+}
+
+start_kubelet() {
+  # Appended: a restarted kubelet's log follows the first one's.
+  incluster setsid $(kubelet_command) >>"$D/logs/kubelet.log" 2>&1 </dev/null &
+}
+
+up() {
+  preflight
+  down
+  rm -rf "$D.logs"
+  local started=$SECONDS
+  build
+  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
+  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
+  mount --bind "$D" "$D"
+  mount --make-rshared "$D"
+
+  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
+  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
+  [ -d /run/netns ] || touch "$D/run/made-run-netns"
+  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
+  ip netns add $NETNS
+  ip -n $NETNS link set lo up
+  # The node's address on a dummy interface where the kernel has one, else on lo: either way
+  # it is local to this namespace, which has no other interface.
+  if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
+    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
+    ip -n $NETNS link set e2e0 up
+  else
+    ip -n $NETNS addr add $NODE_IP/32 dev lo
+  fi
+
+  start_init
+  certificates
+  start_control_plane
   log "up: containerd"
   cat >"$D/cni/net.d/10-loopback.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
@@ -366,8 +414,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$D/cni/net.d"
 EOF
-  start containerd containerd --config "$D/containerd/config.toml"
-  wait_for 60 "containerd" ctr version
+  start_containerd
 
   log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE"
   image "$PAUSE_IMAGE" populate_pause /pause
@@ -401,9 +448,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.availabl
 imageGCHighThresholdPercent: 100
 serializeImagePulls: false
 EOF
-  start kubelet "$D/bin/kube" kubelet --config="$D/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
-    --root-dir="$D/kubelet" --cert-dir="$D/pki/kubelet" \
-    --hostname-override=$NODE --node-ip=$NODE_IP
+  start_kubelet
   wait_for 180 "node $NODE Ready" node_ready
   wait_for 60 "the default service account" kubectl get serviceaccount default
   log "up: cluster ready in $((SECONDS - started))s"
@@ -449,6 +494,11 @@ scenario_deploy() {
 # A pod on the node (hostNetwork: no traffic leaves the cluster's netns) running SCRIPT with the
 # volume VOLUME_YAML at /data. pod NAME SCRIPT VOLUME_YAML [SECURITY_CONTEXT_YAML]
 pod() {
+  pod_create "$@"
+  pod_ready "$1" 180
+}
+
+pod_create() { # NAME SCRIPT VOLUME_YAML [SECURITY_CONTEXT_YAML]: the pod, not waiting for it
   local security=${4:-"{}"}
   kubectl apply -f - <<EOF
 apiVersion: v1
@@ -469,7 +519,10 @@ spec:
   - name: data
 $3
 EOF
-  kubectl wait --for=condition=Ready pod/$1 --timeout=180s
+}
+
+pod_ready() { # NAME SECONDS: Ready, its script done, its log in $D/run/NAME.log
+  kubectl wait --for=condition=Ready pod/$1 --timeout=${2}s
   wait_for 60 "pod $1's script" script_done "$1"
   kubectl logs "$1" >"$D/run/$1.log"
   cat "$D/run/$1.log"
@@ -498,7 +551,7 @@ spec:
   accessModes: [ReadWriteOnce]
   persistentVolumeReclaimPolicy: Retain
   csi:
-    driver: $CSI_NAME
+    driver: ${PV_DRIVER:-$CSI_NAME}
     volumeHandle: $1
     volumeAttributes: {greeting: "$2"}
 ---
@@ -628,6 +681,254 @@ scenario_migrate() {
   wait_for 60 "$target to be unmounted" not_mounted "$target"
 }
 
+# --- the installer DaemonSet and faults (issue 25) -------------------------------------------
+
+LATE_DRIVER=e2e/late
+LATE_CSI_NAME=flexvolume-e2e--late
+INSTALLER_IMAGE=localhost/flexd-installer:e2e
+
+# deploy/Dockerfile's installer target: flexd and one driver (/driver), its entrypoint /bin/sh.
+populate_installer() {
+  local rootfs=$1 dir
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  install -D -m 0755 "$D/bin/flexd" "$rootfs/usr/local/bin/flexd"
+  copy_libs "$rootfs" "$D/bin/flexd"
+  copy_with_libs "$rootfs" "$(command -v sh)"
+  install -m 0755 "$D/run/late" "$rootfs/driver"
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+csinode_lists() { kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -w "$1" >/dev/null; }
+csinode_lacks() { ! csinode_lists "$1"; }
+flexd_pod() { kubectl -n $NAMESPACE get pod -l app.kubernetes.io/name=flexd-node -o jsonpath='{.items[0].metadata.name}'; }
+flexd_pod_state() { # uid and restart count of the node pod
+  kubectl -n $NAMESPACE get pod -l app.kubernetes.io/name=flexd-node \
+    -o jsonpath='{.items[0].metadata.uid} {.items[0].status.containerStatuses[0].restartCount}'
+}
+new_flexd_pod() { [ "$(flexd_pod_state | cut -d' ' -f1)" != "$1" ]; }
+kubelet_pids() { pgrep -f -x "$(kubelet_command)"; }
+kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; }
+
+# 6. A driver installed by the installer DaemonSet (deploy/installer-daemonset.yaml, its image as
+#    deploy/Dockerfile's installer target) while everything runs: flexd registers it with kubelet
+#    (CSINode) with neither restarted; the operator re-applies `flexd manifests` for its CSIDriver
+#    (the node pod is unchanged by it); a pod reads its data; `flexd uninstall`, run in the node
+#    pod, refuses while the volume is mounted and removes it once unmounted; kubelet forgets it.
+scenario_installer() {
+  local before kubelet_before target
+  before=$(flexd_pod_state)
+  kubelet_before=$(kubelet_pids)
+  [ ! -e "$D/plugins/e2e~late" ]
+  sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/late"
+  IMAGE_ENV=(FLEXD_DRIVER=$LATE_DRIVER)
+  image "$INSTALLER_IMAGE" populate_installer /bin/sh -c \
+    'exec /usr/local/bin/flexd --plugin-dir /flexmnt install --driver "$FLEXD_DRIVER" /driver --then-sleep'
+  IMAGE_ENV=()
+  # The DaemonSet as shipped, with this image and this kubelet's plugin dir, and hostNetwork as
+  # every pod here (the cluster has no pod network: its CNI is loopback only).
+  sed -e "s|image: registry.example/acme/tmpfs-installer:1.0.0|image: $INSTALLER_IMAGE\n          imagePullPolicy: Never|" \
+    -e "s|^      tolerations:|      hostNetwork: true\n      tolerations:|" \
+    -e "s|path: /usr/libexec/kubernetes/kubelet-plugins/volume/exec|path: $D/plugins|" \
+    "$repo/deploy/installer-daemonset.yaml" >"$D/run/installer.yaml"
+  grep -q "image: $INSTALLER_IMAGE" "$D/run/installer.yaml"
+  grep -q "path: $D/plugins\$" "$D/run/installer.yaml"
+  grep -q "hostNetwork: true" "$D/run/installer.yaml"
+  kubectl apply -f "$D/run/installer.yaml"
+  kubectl -n kube-system rollout status daemonset/flex-deploy --timeout=180s
+  wait_for 60 "the installed driver" test -x "$D/plugins/e2e~late/late"
+  cmp "$D/run/late" "$D/plugins/e2e~late/late"
+  wait_for 120 "CSINode $NODE to list $LATE_CSI_NAME" csinode_lists $LATE_CSI_NAME
+  # What the operator is told: re-apply `flexd manifests` (every installed driver) for the new
+  # driver's CSIDriver; kubelet alone would wait for an attachment nobody makes.
+  ! kubectl get csidriver $LATE_CSI_NAME
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
+    --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" >"$D/run/flexd-late.yaml"
+  kubectl apply -f "$D/run/flexd-late.yaml"
+  kubectl get csidriver $LATE_CSI_NAME -o json | jq -e '.spec.attachRequired == false'
+  kubectl get csidriver $CSI_NAME
+  # Neither flexd nor kubelet restarted: the same node pod, no container restart, same kubelet.
+  [ "$(flexd_pod_state)" = "$before" ] || { echo "flexd's node pod changed: $before -> $(flexd_pod_state)"; return 1; }
+  [ "$(kubelet_pids)" = "$kubelet_before" ]
+  PV_DRIVER=$LATE_CSI_NAME static_pv e2e-late "installed late"
+  pod e2e-late 'cat /data/driver; echo late > /data/pod' "    persistentVolumeClaim: {claimName: e2e-late}"
+  grep -qx 'hostdir e2e-late installed late' "$D/run/e2e-late.log"
+  [ "$(cat "$D/volumes/e2e-late/pod")" = late ]
+  target=$(volume_target "$(pod_uid e2e-late)" e2e-late)
+  mounted "$target"
+  # flexd uninstall in the node pod: the plugin and state dirs at their host paths, writable, the
+  # node's own flexd, and no login on the node.
+  local uninstall=(kubectl -n $NAMESPACE exec "$(flexd_pod)" -c flexd -- flexd --plugin-dir "$D/plugins"
+    --state-dir "$D/flexd-state" uninstall --driver $LATE_DRIVER)
+  if "${uninstall[@]}" >"$D/run/uninstall.out" 2>&1; then
+    cat "$D/run/uninstall.out"; echo "flexd uninstall removed a driver in use"; return 1
+  fi
+  cat "$D/run/uninstall.out"
+  grep -q 'is used by 1 mounted volume' "$D/run/uninstall.out"
+  [ -x "$D/plugins/e2e~late/late" ]
+  delete_pod e2e-late
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  wait_for 30 "flexd's record of $target to go" no_record "$target"
+  kubectl -n kube-system delete daemonset flex-deploy --wait=true --timeout=120s
+  "${uninstall[@]}"
+  [ ! -e "$D/plugins/e2e~late" ]
+  wait_for 120 "CSINode $NODE to drop $LATE_CSI_NAME" csinode_lacks $LATE_CSI_NAME
+  kubectl delete pvc e2e-late --wait=false
+  kubectl delete pv e2e-late --wait=false
+  kubectl delete csidriver $LATE_CSI_NAME
+  [ "$(flexd_pod_state)" = "$before" ]
+}
+
+FAULT_PODS=${E2E_FAULT_PODS:-10}
+
+fault_pod() { # N: a pod with an inline volume of its own, reading it
+  pod_create e2e-fault-$1 'cat /data/driver' \
+    "    csi: {driver: $CSI_NAME, volumeAttributes: {volume: e2e-fault-$1, greeting: fault $1}}"
+}
+
+# Every fault pod Ready within SECONDS, reading its own data (its log, and its container now),
+# its volume mounted once on its target, and flexd holding one record of it.
+fault_pods_ok() {
+  local seconds=$1 i target
+  for i in $(seq 1 $FAULT_PODS); do
+    pod_ready e2e-fault-$i "$seconds" >/dev/null
+    grep -qx "hostdir e2e-fault-$i fault $i" "$D/run/e2e-fault-$i.log"
+    wait_for "$seconds" "pod e2e-fault-$i's container to read its volume" reads_own_volume $i
+    target=$(volume_target "$(pod_uid e2e-fault-$i)" data)
+    [ "$(findmnt -rn -o TARGET | grep -cxF "$target")" = 1 ] || { echo "$target: not mounted once"; findmnt -rn -o TARGET | grep -F "$target"; return 1; }
+    [ "$(volumes | grep -cF "$target")" = 1 ] || { echo "$target: not one record"; volumes; return 1; }
+  done
+  # Nothing else: exactly the fault pods' volumes are mounted in kubelet's dir and recorded.
+  [ "$(findmnt -rn -o TARGET | grep -c "^$D/kubelet/pods/.*/volumes/kubernetes.io~csi/")" = $FAULT_PODS ] ||
+    { echo "CSI volume mounts in kubelet's dir:"; findmnt -rn -o TARGET | grep "^$D/kubelet/pods/.*/volumes/kubernetes.io~csi/"; return 1; }
+  [ "$(volumes | tail -n +2 | wc -l)" = $FAULT_PODS ] || { echo "flexd's records:"; volumes; return 1; }
+}
+
+reads_own_volume() { [ "$(kubectl exec e2e-fault-$1 -- cat /data/driver)" = "hostdir e2e-fault-$1 fault $1" ]; }
+
+fault_states() { # uid and restart count of every fault pod
+  local i
+  for i in $(seq 1 $FAULT_PODS); do
+    kubectl get pod e2e-fault-$i -o jsonpath='{.metadata.uid} {.status.containerStatuses[0].restartCount}{"\n"}'
+  done
+}
+
+# 7. The node pod deleted while FAULT_PODS pods with volumes start: every pod Running with its data.
+scenario_faults_pod() {
+  local i half=$((FAULT_PODS / 2)) before
+  before=$(flexd_pod_state)
+  for i in $(seq 1 $half); do fault_pod $i; done
+  kubectl -n $NAMESPACE delete pod "$(flexd_pod)" --wait=false
+  for i in $(seq $((half + 1)) $FAULT_PODS); do fault_pod $i; done
+  wait_for 120 "a new node pod" new_flexd_pod "${before%% *}"
+  kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
+  fault_pods_ok 300
+  fault_states >"$D/run/fault-states"
+}
+
+# 8. kubelet killed and started again: the pods keep running with their volumes (same pods, no
+#    container restart, mounted once, readable), and a new pod mounts.
+scenario_faults_kubelet() {
+  local before; before=$(fault_states)
+  kill -KILL $(kubelet_pids)
+  wait_for 30 "kubelet to end" sh -c "! pgrep -f -x '$(kubelet_command)'"
+  start_kubelet
+  wait_for 120 "kubelet's /healthz" kubelet_healthz
+  wait_for 120 "node $NODE Ready" node_ready
+  [ "$(fault_states)" = "$before" ] || { echo "pods changed: $before -> $(fault_states)"; return 1; }
+  fault_pods_ok 120
+  pod e2e-after-kubelet 'cat /data/driver' \
+    "    csi: {driver: $CSI_NAME, volumeAttributes: {volume: e2e-after-kubelet, greeting: after kubelet}}"
+  grep -qx 'hostdir e2e-after-kubelet after kubelet' "$D/run/e2e-after-kubelet.log"
+  local target; target=$(volume_target "$(pod_uid e2e-after-kubelet)" data)
+  mounted "$target"
+  delete_pod e2e-after-kubelet
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  wait_for 30 "flexd's record of $target to go" no_record "$target"
+}
+
+# Mounts under the scratch dir but itself, deepest first.
+unmount_under() {
+  local round mounts
+  for round in 1 2 3 4 5; do
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1' | sort -r)
+    [ -n "$mounts" ] || return 0
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+  done
+  [ -z "$(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1')" ]
+}
+
+remove_cgroups() {
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ -d "$hierarchy" ] || continue
+    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  done
+}
+
+netns_empty() { [ -z "$(ip netns pids $NETNS)" ]; }
+
+# Every process in the cluster's network namespace started after TICKS (clock ticks since boot,
+# as /proc/PID/stat's starttime): none survived from before.
+no_process_before() {
+  local pid start bad=0
+  for pid in $(ip netns pids $NETNS); do
+    start=$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null) || continue
+    [ -z "$start" ] || ((start >= $1)) ||
+      { echo "process $pid from before the restart: $(tr '\0' ' ' <"/proc/$pid/cmdline")"; bad=1; }
+  done
+  return $bad
+}
+
+now_ticks() { awk -v hz="$(getconf CLK_TCK)" '{printf "%d\n", $1 * hz}' /proc/uptime; }
+
+# 9. A node restart: every process of the cluster killed (containers too), every mount under the
+#    scratch dir gone (the pods' volumes, the containers' root filesystems), the cgroups gone;
+#    then everything started again as `up` does. Every pod Running with its data, each volume
+#    mounted once and recorded once, no process from before; then the pods go and leave no mount
+#    or record (and `down`, after, leaves nothing).
+# Every fault pod's container is a new one since the states in FILE (the restart count grew).
+all_restarted() {
+  local uid count now
+  while read -r uid count; do
+    now=$(kubectl get pods -o json | jq -r --arg u "$uid" '.items[] | select(.metadata.uid == $u) | .status.containerStatuses[0].restartCount')
+    [ -n "$now" ] && ((now > count)) || return 1
+  done <"$1"
+}
+
+scenario_faults_node() {
+  local init; init=$(cat "$D/run/init.pid")
+  fault_states >"$D/run/fault-states-before-restart"
+  kill -KILL "$init"
+  wait_for 60 "every process of the cluster to end" netns_empty
+  unmount_under "$D"
+  [ -z "$(findmnt -rn -o TARGET | grep "^$D/kubelet/pods/")" ]
+  remove_cgroups
+  local booted; booted=$(now_ticks)
+  log "node restart: starting again"
+  start_init
+  start_control_plane
+  start_containerd
+  start_kubelet
+  wait_for 120 "kubelet's /healthz" kubelet_healthz
+  wait_for 180 "node $NODE Ready" node_ready
+  kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
+  wait_for 120 "CSINode $NODE to list $CSI_NAME" csinode_lists_driver
+  wait_for 300 "every fault pod's container to start again" all_restarted "$D/run/fault-states-before-restart"
+  fault_pods_ok 300
+  no_process_before "$booted"
+  local i targets=()
+  for i in $(seq 1 $FAULT_PODS); do targets+=("$(volume_target "$(pod_uid e2e-fault-$i)" data)"); done
+  kubectl delete pod $(for i in $(seq 1 $FAULT_PODS); do echo e2e-fault-$i; done) --wait=true --timeout=180s
+  for target in "${targets[@]}"; do
+    wait_for 60 "$target to be unmounted" not_mounted "$target"
+    wait_for 30 "flexd's record of $target to go" no_record "$target"
+  done
+  [ -z "$(findmnt -rn -o TARGET | grep "^$D/kubelet/pods/.*/volumes/kubernetes.io~csi/")" ]
+  [ "$(volumes | tail -n +2 | wc -l)" = 0 ] || { volumes; return 1; }
+}
+
 run_scenario() {
   local name=$1 started=$SECONDS
   log "scenario $name: start"
@@ -645,7 +946,7 @@ run_scenario() {
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
-read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate}"
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node}"
 
 run_scenarios() {
   passed=0 failed=0
@@ -661,8 +962,14 @@ finish() {
     # Keep the logs of a failed run next to the scratch dir.
     if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then
       rm -rf "$D.logs" && cp -r "$D/logs" "$D.logs" 2>/dev/null && log "logs kept in $D.logs" || true
+      # The pods' logs too (flexd's among them), as kubelet wrote them.
+      cp -r "$D/var-log/pods" "$D.logs/pods" 2>/dev/null || true
     fi
-    down || true
+    # A down that leaves something (it dies saying what) fails the run.
+    if ! (down); then
+      log "FAIL down: it did not remove everything"
+      failed=$((${failed:-0} + 1))
+    fi
   fi
   echo "${passed:-0} passed, ${failed:-0} failed"
   if [ "${failed:-0}" != 0 ] || [ $status != 0 ]; then exit 1; fi
