@@ -161,6 +161,11 @@ fn create(name: &str, bytes: i64, tier: &str) -> csi::CreateVolumeRequest {
     }
 }
 
+/// The code of a CreateVolume that must be refused.
+async fn refused(c: &mut ControllerClient<Channel>, request: csi::CreateVolumeRequest) -> Code {
+    c.create_volume(request).await.unwrap_err().code()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() {
     let mut server = Server::start();
@@ -217,16 +222,14 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     assert_eq!(again.into_inner().volume.unwrap(), made);
     assert_eq!(server.calls("provision").len(), 1);
     // The same name for something else is a conflict.
-    let err = c
-        .create_volume(create("pvc-1", 6 << 20, "gold"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    let err = c
-        .create_volume(create("pvc-1", 3 << 20, "silver"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert_eq!(
+        refused(&mut c, create("pvc-1", 6 << 20, "gold")).await,
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        refused(&mut c, create("pvc-1", 3 << 20, "silver")).await,
+        Code::AlreadyExists
+    );
 
     // A failure the driver names keeps its meaning.
     let err = c
@@ -303,11 +306,10 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
 async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry() {
     let server = Server::start();
     let mut c = server.client().await;
-    let err = c
-        .create_volume(create("pvc-full", 1 << 20, "full"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(
+        refused(&mut c, create("pvc-full", 1 << 20, "full")).await,
+        Code::ResourceExhausted
+    );
     let made = c
         .create_volume(create("pvc-full", 1 << 20, "gold"))
         .await
@@ -315,11 +317,10 @@ async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry(
     assert_eq!(made.into_inner().volume.unwrap().volume_id, "pvc-full");
     assert!(server.calls("delete").is_empty(), "nothing to clean up");
 
-    let err = c
-        .create_volume(create("pvc-cut", 1 << 20, "crash"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    assert_eq!(
+        refused(&mut c, create("pvc-cut", 1 << 20, "crash")).await,
+        Code::Internal
+    );
     c.create_volume(create("pvc-cut", 2 << 20, "gold"))
         .await
         .unwrap();
@@ -361,11 +362,10 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
         .await
         .unwrap_err();
     assert_eq!(caps.code(), Code::Unimplemented, "{caps:?}");
-    let err = c
-        .create_volume(create("pvc-1", 1 << 20, "gold"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert_eq!(
+        refused(&mut c, create("pvc-1", 1 << 20, "gold")).await,
+        Code::Unimplemented
+    );
 
     // Updated in place (an installer's rename) to a driver that attaches: same endpoint, and
     // now it has a controller.
