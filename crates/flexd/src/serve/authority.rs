@@ -29,7 +29,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The HTTP/2 client preface (RFC 9113 §3.4): the 24 bytes every gRPC client sends first.
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;

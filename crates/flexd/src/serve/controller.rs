@@ -8,13 +8,12 @@
 
 use std::sync::Arc;
 
-use flexvolume::lifecycle::Lifecycle;
+use flexvolume::lifecycle::LifecycleError;
 use flexvolume::state::Role;
 use tonic::{Request, Response, Status};
 
+use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::{ServedDriver, ServedResolver};
-use super::locks::VolumeLocks;
-use super::node::{ready_plugin, run_locked, DEVICE_KEY};
 use super::proto::csi::controller_server::Controller;
 use super::proto::csi::{
     controller_service_capability, validate_volume_capabilities_response,
@@ -46,9 +45,7 @@ pub fn only_with_controller_side(
 }
 
 pub struct ControllerService {
-    pub driver: Arc<ServedDriver>,
-    pub lifecycle: Arc<Lifecycle>,
-    pub locks: VolumeLocks,
+    pub calls: VolumeCalls,
     /// `--mode both`: this flexd is one node's whole plugin, and the only node it can publish
     /// to is its own (any other node id is NOT_FOUND). In controller mode every node id goes
     /// to the driver, which may answer `NotFound` itself.
@@ -61,14 +58,14 @@ impl Controller for ControllerService {
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        provision::create_volume(self, request).await
+        provision::create_volume(&self.calls, request).await
     }
 
     async fn delete_volume(
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        provision::delete_volume(self, request).await
+        provision::delete_volume(&self.calls, request).await
     }
 
     async fn controller_publish_volume(
@@ -78,21 +75,16 @@ impl Controller for ControllerService {
         let (req, volume_id) = request::one_volume(request)?;
         let node = request::node_id(&req.node_id)?.to_owned();
         request::mount_capability(req.volume_capability.as_ref())?;
-        let context = provision::volume_context(
-            &self.driver,
-            &self.lifecycle,
-            &volume_id,
-            &req.volume_context,
-        )
-        .await?;
-        if self.own_node_only && node != self.lifecycle.node {
+        let context =
+            provision::volume_context(&self.calls, &volume_id, &req.volume_context).await?;
+        if self.own_node_only && node != self.calls.lifecycle.node {
             return Err(Status::not_found(format!(
                 "node {node} is not known here: flexd serves both modes for node {} only (run --mode controller to publish to any node)",
-                self.lifecycle.node
+                self.calls.lifecycle.node
             )));
         }
         let spec = request::spec(
-            &self.driver.name,
+            &self.calls.driver.name,
             &volume_id,
             req.volume_capability.as_ref(),
             req.readonly,
@@ -100,20 +92,22 @@ impl Controller for ControllerService {
             // attach receives no secrets (FlexVolume gives them to mount only).
             &Default::default(),
         )?;
-        let plugin = ready_plugin(&self.driver)?;
+        let plugin = self.calls.ready_plugin()?;
         if !plugin.capabilities.attach {
             return Err(Status::failed_precondition(format!(
                 "driver {} does not attach (PUBLISH_UNPUBLISH_VOLUME is not offered)",
-                self.driver.name
+                self.calls.driver.name
             )));
         }
-        let lifecycle = self.lifecycle.clone();
+        let lifecycle = self.calls.lifecycle.clone();
         let attach_node = node.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.controller_publish(&plugin, &spec, &attach_node)
-        })
-        .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, node = %node, device = %outcome.device, attached_now = outcome.attached_now, "ControllerPublishVolume");
+        let outcome = self
+            .calls
+            .run_locked(&volume_id, move || {
+                lifecycle.controller_publish(&plugin, &spec, &attach_node)
+            })
+            .await?;
+        tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, node = %node, device = %outcome.device, attached_now = outcome.attached_now, "ControllerPublishVolume");
         let mut publish_context = std::collections::HashMap::new();
         if !outcome.device.is_empty() {
             publish_context.insert(DEVICE_KEY.to_owned(), outcome.device);
@@ -128,38 +122,42 @@ impl Controller for ControllerService {
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
-        let lifecycle = self.lifecycle.clone();
-        let resolver = ServedResolver(self.driver.clone());
-        let driver = self.driver.name.clone();
+        let lifecycle = self.calls.lifecycle.clone();
+        let resolver = ServedResolver(self.calls.driver.clone());
+        let driver = self.calls.driver.name.clone();
         let node = req.node_id.clone();
         let id = volume_id.clone();
-        let detached = run_locked(&self.locks, &volume_id, move || {
-            // CSI: no node id means every node the volume is published to.
-            let nodes = if node.is_empty() {
-                lifecycle
-                    .state
-                    .list()?
-                    .into_iter()
-                    .flatten()
-                    .filter(|r| r.role == Role::Attach && r.driver == driver && r.volume_name == id)
-                    .map(|r| r.node)
-                    .collect()
-            } else {
-                vec![node]
-            };
-            let mut detached = 0;
-            for node in nodes {
-                if lifecycle
-                    .controller_unpublish(&driver, &id, &node, &resolver)?
-                    .managed
-                {
-                    detached += 1;
+        let detached = self
+            .calls
+            .run_locked(&volume_id, move || {
+                // CSI: no node id means every node the volume is published to.
+                let nodes = if node.is_empty() {
+                    lifecycle
+                        .state
+                        .list()?
+                        .into_iter()
+                        .flatten()
+                        .filter(|r| {
+                            r.role == Role::Attach && r.driver == driver && r.volume_name == id
+                        })
+                        .map(|r| r.node)
+                        .collect()
+                } else {
+                    vec![node]
+                };
+                let mut detached = 0;
+                for node in nodes {
+                    if lifecycle
+                        .controller_unpublish(&driver, &id, &node, &resolver)?
+                        .managed
+                    {
+                        detached += 1;
+                    }
                 }
-            }
-            Ok(detached)
-        })
-        .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, node = %req.node_id, detached, "ControllerUnpublishVolume");
+                Ok::<_, LifecycleError>(detached)
+            })
+            .await?;
+        tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, node = %req.node_id, detached, "ControllerUnpublishVolume");
         Ok(Response::new(ControllerUnpublishVolumeResponse {}))
     }
 
@@ -174,13 +172,13 @@ impl Controller for ControllerService {
         // A volume exists when flexd provisioned it, or when the request describes it (a static
         // PV's attributes are its FlexVolume options).
         if req.volume_context.is_empty()
-            && provision::provisioned(&self.lifecycle, &self.driver.name, &volume_id)
+            && provision::provisioned(&self.calls.lifecycle, &self.calls.driver.name, &volume_id)
                 .await?
                 .is_none()
         {
             return Err(Status::not_found(format!(
                 "volume {volume_id} does not exist: driver {} has no provisioned volume of that id, and no volume_context describes one",
-                self.driver.name
+                self.calls.driver.name
             )));
         }
         // Every mount capability is one a FlexVolume driver can serve; block is not.
@@ -217,7 +215,7 @@ impl Controller for ControllerService {
             )),
         };
         let mut capabilities = Vec::new();
-        if let Some(caps) = self.driver.plugin().map(|p| p.capabilities) {
+        if let Some(caps) = self.calls.driver.plugin().map(|p| p.capabilities) {
             if caps.provision {
                 capabilities.push(capability(Type::CreateDeleteVolume));
             }

@@ -37,7 +37,7 @@ use tokio_stream::StreamExt as _;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tonic::transport::Server;
 
-use super::authority::{self, AuthorityFix};
+use super::authority::{self, AuthorityFix, PREFACE};
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
 use super::proto::csi::identity_server::IdentityServer;
@@ -82,8 +82,6 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5 * 60);
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// ...and a peer that does not answer one within this is dropped.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The connection bounds in force (the defaults, or the environment's overrides).
 #[derive(Debug, Clone, Copy)]

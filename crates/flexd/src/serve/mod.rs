@@ -7,6 +7,7 @@
 //! library's [`Registry`]'s, fed by the same events: this module keeps only what is CSI's.
 
 pub mod authority;
+pub mod calls;
 pub mod controller;
 pub mod driver;
 pub mod endpoint;
@@ -120,20 +121,20 @@ impl Served {
         };
         let lifecycle = self.lifecycle.clone();
         let services = |router: tonic::transport::server::Router| {
-            let locks = locks::VolumeLocks::default();
+            let calls = calls::VolumeCalls {
+                driver: driver.clone(),
+                lifecycle,
+                locks: locks::VolumeLocks::default(),
+            };
             let router = router.add_optional_service(node.then(|| {
                 proto::csi::node_server::NodeServer::new(node::NodeService {
-                    driver: driver.clone(),
-                    lifecycle: lifecycle.clone(),
-                    locks: locks.clone(),
+                    calls: calls.clone(),
                 })
             }));
             router.add_optional_service(controller.then(|| {
                 proto::csi::controller_server::ControllerServer::with_interceptor(
                     controller::ControllerService {
-                        driver: driver.clone(),
-                        lifecycle,
-                        locks,
+                        calls,
                         own_node_only: node,
                     },
                     controller::only_with_controller_side(driver.clone()),

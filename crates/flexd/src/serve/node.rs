@@ -4,16 +4,14 @@
 //! Call-outs block, so every operation runs on the blocking pool, holding its volume's lock.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use flexvolume::lifecycle::{
     DriverResolver, Lifecycle, LifecycleError, MountRequest, StageRequest, UnmountOutcome,
 };
-use flexvolume::Plugin;
 use tonic::{Request, Response, Status};
 
-use super::driver::{ServedDriver, ServedResolver};
-use super::locks::VolumeLocks;
+use super::calls::{VolumeCalls, DEVICE_KEY};
+use super::driver::ServedResolver;
 use super::lookup;
 use super::proto::csi::node_server::Node;
 use super::proto::csi::{
@@ -25,47 +23,9 @@ use super::proto::csi::{
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeUsage,
 };
 use super::request;
-use super::status;
-
-/// The key of the publish context that carries the device attach returned.
-pub const DEVICE_KEY: &str = "device";
 
 pub struct NodeService {
-    pub driver: Arc<ServedDriver>,
-    pub lifecycle: Arc<Lifecycle>,
-    pub locks: VolumeLocks,
-}
-
-/// The driver's plugin, or FailedPrecondition while its last init failed.
-pub fn ready_plugin(driver: &ServedDriver) -> Result<Arc<Plugin>, Status> {
-    driver.plugin().ok_or_else(|| {
-        Status::failed_precondition(format!(
-            "driver {} is not ready: its last init failed",
-            driver.name
-        ))
-    })
-}
-
-/// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if the
-/// caller gives up waiting); ABORTED at once while another call on the volume runs.
-pub async fn run_locked<T: Send + 'static>(
-    locks: &VolumeLocks,
-    volume_id: &str,
-    operation: impl FnOnce() -> Result<T, LifecycleError> + Send + 'static,
-) -> Result<T, Status> {
-    let guard = locks.try_lock(volume_id).ok_or_else(|| {
-        Status::aborted(format!(
-            "an operation is pending for volume {volume_id}: retry when it has finished"
-        ))
-    })?;
-    tokio::task::spawn_blocking(move || {
-        let result = operation();
-        drop(guard);
-        result
-    })
-    .await
-    .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
-    .map_err(|e| status::from_lifecycle(&e))
+    pub calls: VolumeCalls,
 }
 
 /// A lifecycle teardown of what is recorded at a path for one volume (unstage, unpublish).
@@ -80,8 +40,13 @@ impl NodeService {
         volume_id: &str,
         volume_path: &str,
     ) -> Result<std::path::PathBuf, Status> {
-        let record =
-            lookup::volume_at(&self.lifecycle, &self.driver.name, volume_id, volume_path).await?;
+        let record = lookup::volume_at(
+            &self.calls.lifecycle,
+            &self.calls.driver.name,
+            volume_id,
+            volume_path,
+        )
+        .await?;
         Ok(record.target)
     }
 
@@ -94,14 +59,16 @@ impl NodeService {
         teardown: Teardown,
         call: &'static str,
     ) -> Result<(), Status> {
-        let lifecycle = self.lifecycle.clone();
-        let resolver = ServedResolver(self.driver.clone());
+        let lifecycle = self.calls.lifecycle.clone();
+        let resolver = ServedResolver(self.calls.driver.clone());
         let id = volume_id.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            teardown(&lifecycle, &id, Path::new(&path), &resolver)
-        })
-        .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, path = %outcome.target.display(), managed = outcome.managed, "{call}");
+        let outcome = self
+            .calls
+            .run_locked(&volume_id, move || {
+                teardown(&lifecycle, &id, Path::new(&path), &resolver)
+            })
+            .await?;
+        tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, path = %outcome.target.display(), managed = outcome.managed, "{call}");
         Ok(())
     }
 }
@@ -125,7 +92,7 @@ impl Node for NodeService {
         let (req, volume_id) = request::one_volume(request)?;
         let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
         let spec = request::spec(
-            &self.driver.name,
+            &self.calls.driver.name,
             &volume_id,
             req.volume_capability.as_ref(),
             false,
@@ -133,11 +100,11 @@ impl Node for NodeService {
             // mountdevice receives no secrets (FlexVolume gives them to mount only).
             &Default::default(),
         )?;
-        let plugin = ready_plugin(&self.driver)?;
+        let plugin = self.calls.ready_plugin()?;
         if !plugin.capabilities.attach {
             return Err(Status::failed_precondition(format!(
                 "driver {} does not attach: it has no stage step (STAGE_UNSTAGE_VOLUME is not offered)",
-                self.driver.name
+                self.calls.driver.name
             )));
         }
         let device = req
@@ -145,17 +112,19 @@ impl Node for NodeService {
             .get(DEVICE_KEY)
             .cloned()
             .unwrap_or_default();
-        let lifecycle = self.lifecycle.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.stage(&StageRequest {
-                plugin: &plugin,
-                spec: &spec,
-                device: &device,
-                staging: Path::new(&staging),
+        let lifecycle = self.calls.lifecycle.clone();
+        let outcome = self
+            .calls
+            .run_locked(&volume_id, move || {
+                lifecycle.stage(&StageRequest {
+                    plugin: &plugin,
+                    spec: &spec,
+                    device: &device,
+                    staging: Path::new(&staging),
+                })
             })
-        })
-        .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, staging = %outcome.staging.display(), staged_now = outcome.staged_now, "NodeStageVolume");
+            .await?;
+        tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, staging = %outcome.staging.display(), staged_now = outcome.staged_now, "NodeStageVolume");
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
@@ -182,7 +151,7 @@ impl Node for NodeService {
         let (req, volume_id) = request::one_volume(request)?;
         let target = request::path(&req.target_path, "target_path")?.to_owned();
         let spec = request::spec(
-            &self.driver.name,
+            &self.calls.driver.name,
             &volume_id,
             req.volume_capability.as_ref(),
             req.readonly,
@@ -192,7 +161,7 @@ impl Node for NodeService {
         let pod = request::pod_info(&req.volume_context);
         let fs_group = request::fs_group(req.volume_capability.as_ref())?;
         let ephemeral = request::is_ephemeral(&req.volume_context)?;
-        let plugin = ready_plugin(&self.driver)?;
+        let plugin = self.calls.ready_plugin()?;
         if ephemeral && plugin.capabilities.attach {
             // Nothing would attach it (no ControllerPublish) or stage it; its CSIDriver object
             // lists only Persistent, so kubelet should not have asked.
@@ -200,7 +169,7 @@ impl Node for NodeService {
                 "driver {} attaches (its volumes are attached and staged before they are \
                  published), so it cannot serve an inline ephemeral volume: use a \
                  PersistentVolume, or a driver that does not attach",
-                self.driver.name
+                self.calls.driver.name
             )));
         }
         // An inline ephemeral volume of a driver that does not attach is a plain publish: the
@@ -216,22 +185,24 @@ impl Node for NodeService {
         } else {
             None
         };
-        let lifecycle = self.lifecycle.clone();
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.publish(
-                &MountRequest {
-                    plugin: &plugin,
-                    spec: &spec,
-                    pod: &pod,
-                    fs_group,
-                    fs_group_policy: Default::default(),
-                    target: Path::new(&target),
-                },
-                staging.as_deref().map(Path::new),
-            )
-        })
-        .await?;
-        tracing::info!(driver = %self.driver.name, volume = %volume_id, target = %outcome.target.display(), mounted_now = outcome.mounted_now, "NodePublishVolume");
+        let lifecycle = self.calls.lifecycle.clone();
+        let outcome = self
+            .calls
+            .run_locked(&volume_id, move || {
+                lifecycle.publish(
+                    &MountRequest {
+                        plugin: &plugin,
+                        spec: &spec,
+                        pod: &pod,
+                        fs_group,
+                        fs_group_policy: Default::default(),
+                        target: Path::new(&target),
+                    },
+                    staging.as_deref().map(Path::new),
+                )
+            })
+            .await?;
+        tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, target = %outcome.target.display(), mounted_now = outcome.mounted_now, "NodePublishVolume");
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -257,10 +228,10 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         request::required(&req.volume_path, "volume_path")?;
-        if !ready_plugin(&self.driver)?.capabilities.supports_metrics {
+        if !self.calls.ready_plugin()?.capabilities.supports_metrics {
             return Err(Status::unimplemented(format!(
                 "driver {} does not support metrics (supportsMetrics: false)",
-                self.driver.name
+                self.calls.driver.name
             )));
         }
         // Only a path the volume is recorded at is measured.
@@ -320,12 +291,14 @@ impl Node for NodeService {
         } else {
             request::path(&req.staging_target_path, "staging_target_path")?.into()
         };
-        let lifecycle = self.lifecycle.clone();
-        let resolver = ServedResolver(self.driver.clone());
-        let outcome = run_locked(&self.locks, &volume_id, move || {
-            lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
-        })
-        .await?;
+        let lifecycle = self.calls.lifecycle.clone();
+        let resolver = ServedResolver(self.calls.driver.clone());
+        let outcome = self
+            .calls
+            .run_locked(&volume_id, move || {
+                lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
+            })
+            .await?;
         Ok(Response::new(NodeExpandVolumeResponse {
             capacity_bytes: i64::try_from(outcome.new_bytes).unwrap_or(i64::MAX),
         }))
@@ -337,7 +310,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         use node_service_capability::rpc::Type;
         let mut capabilities = Vec::new();
-        if let Some(plugin) = self.driver.plugin() {
+        if let Some(plugin) = self.calls.driver.plugin() {
             let caps = plugin.capabilities;
             if caps.attach {
                 capabilities.push(capability(Type::StageUnstageVolume));
@@ -361,7 +334,7 @@ impl Node for NodeService {
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         Ok(Response::new(NodeGetInfoResponse {
-            node_id: self.lifecycle.node.clone(),
+            node_id: self.calls.lifecycle.node.clone(),
             max_volumes_per_node: 0,
         }))
     }

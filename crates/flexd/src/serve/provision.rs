@@ -8,14 +8,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use flexvolume::lifecycle::{Lifecycle, ProvisionError, ProvisionRequest, ProvisionedVolume};
+use flexvolume::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
 use flexvolume::{DriverName, Plugin};
 use tonic::{Request, Response, Status};
 
-use super::controller::ControllerService;
-use super::driver::ServedDriver;
-use super::locks::VolumeLocks;
-use super::node::ready_plugin;
+use super::calls::VolumeCalls;
 use super::proto::csi::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
 };
@@ -24,44 +21,23 @@ use super::status;
 
 /// The plugin of a driver that provisions, or UNIMPLEMENTED (CREATE_DELETE_VOLUME is not
 /// offered for it).
-fn provisioning_plugin(driver: &ServedDriver) -> Result<Arc<Plugin>, Status> {
-    let plugin = ready_plugin(driver)?;
+fn provisioning_plugin(calls: &VolumeCalls) -> Result<Arc<Plugin>, Status> {
+    let plugin = calls.ready_plugin()?;
     if !plugin.capabilities.provision {
         return Err(Status::unimplemented(format!(
             "driver {} does not provision (no \"provision\": true in its init capabilities): its volumes are static PVs",
-            driver.name
+            calls.driver.name
         )));
     }
     Ok(plugin)
-}
-
-fn status_of(error: &ProvisionError) -> Status {
-    match error {
-        ProvisionError::Lifecycle(e) => status::from_lifecycle(e),
-        ProvisionError::Conflict { .. } => Status::already_exists(error.to_string()),
-        ProvisionError::InUse { .. } => Status::failed_precondition(error.to_string()),
-        ProvisionError::HostKey { .. } => Status::invalid_argument(error.to_string()),
-    }
 }
 
 fn bytes(value: i64, field: &str) -> Result<u64, Status> {
     u64::try_from(value).map_err(|_| Status::invalid_argument(format!("{field} is negative")))
 }
 
-/// Runs a blocking provisioning operation under the volume's lock, as every other call on a
-/// volume runs (ABORTED at once while one is in flight).
-async fn run_locked<T: Send + 'static>(
-    locks: &VolumeLocks,
-    name: &str,
-    operation: impl FnOnce() -> Result<T, ProvisionError> + Send + 'static,
-) -> Result<T, Status> {
-    super::node::run_locked(locks, name, move || Ok(operation()))
-        .await?
-        .map_err(|e| status_of(&e))
-}
-
 pub async fn create_volume(
-    service: &ControllerService,
+    calls: &VolumeCalls,
     request: Request<CreateVolumeRequest>,
 ) -> Result<Response<CreateVolumeResponse>, Status> {
     let req = request.into_inner();
@@ -101,24 +77,25 @@ pub async fn create_volume(
             "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
         )));
     }
-    let plugin = provisioning_plugin(&service.driver)?;
+    let plugin = provisioning_plugin(calls)?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
     let secrets = request::secrets(&req.secrets);
-    let lc = service.lifecycle.clone();
+    let lc = calls.lifecycle.clone();
     let id = name.clone();
-    let outcome = run_locked(&service.locks, &name, move || {
-        lc.provision(&ProvisionRequest {
-            plugin: &plugin,
-            name: &id,
-            required_bytes,
-            limit_bytes,
-            fs_type: &fs_type,
-            parameters: &parameters,
-            secrets: &secrets,
+    let outcome = calls
+        .run_locked(&name, move || {
+            lc.provision(&ProvisionRequest {
+                plugin: &plugin,
+                name: &id,
+                required_bytes,
+                limit_bytes,
+                fs_type: &fs_type,
+                parameters: &parameters,
+                secrets: &secrets,
+            })
         })
-    })
-    .await?;
-    tracing::info!(driver = %service.driver.name, volume = %name, bytes = outcome.volume.capacity_bytes, provisioned_now = outcome.provisioned_now, "CreateVolume");
+        .await?;
+    tracing::info!(driver = %calls.driver.name, volume = %name, bytes = outcome.volume.capacity_bytes, provisioned_now = outcome.provisioned_now, "CreateVolume");
     Ok(Response::new(CreateVolumeResponse {
         volume: Some(Volume {
             capacity_bytes: i64::try_from(outcome.volume.capacity_bytes).unwrap_or(i64::MAX),
@@ -129,19 +106,20 @@ pub async fn create_volume(
 }
 
 pub async fn delete_volume(
-    service: &ControllerService,
+    calls: &VolumeCalls,
     request: Request<DeleteVolumeRequest>,
 ) -> Result<Response<DeleteVolumeResponse>, Status> {
     let (req, volume_id) = request::one_volume(request)?;
-    let plugin = provisioning_plugin(&service.driver)?;
+    let plugin = provisioning_plugin(calls)?;
     let secrets = request::secrets(&req.secrets);
-    let lc = service.lifecycle.clone();
+    let lc = calls.lifecycle.clone();
     let id = volume_id.clone();
-    let deleted = run_locked(&service.locks, &volume_id, move || {
-        lc.delete_provisioned(&plugin, &id, &secrets)
-    })
-    .await?;
-    tracing::info!(driver = %service.driver.name, volume = %volume_id, deleted, "DeleteVolume");
+    let deleted = calls
+        .run_locked(&volume_id, move || {
+            lc.delete_provisioned(&plugin, &id, &secrets)
+        })
+        .await?;
+    tracing::info!(driver = %calls.driver.name, volume = %volume_id, deleted, "DeleteVolume");
     Ok(Response::new(DeleteVolumeResponse {}))
 }
 
@@ -166,12 +144,12 @@ pub async fn provisioned(
 /// no context, nothing provisioned under that id, and a driver that provisions (a static
 /// volume of such a driver is described by its context).
 pub async fn volume_context(
-    driver: &ServedDriver,
-    lifecycle: &Arc<Lifecycle>,
+    calls: &VolumeCalls,
     volume_id: &str,
     context: &HashMap<String, String>,
 ) -> Result<HashMap<String, String>, Status> {
-    let record = provisioned(lifecycle, &driver.name, volume_id).await?;
+    let driver = &calls.driver;
+    let record = provisioned(&calls.lifecycle, &driver.name, volume_id).await?;
     let provisions = driver.plugin().is_some_and(|p| p.capabilities.provision);
     match record {
         Some(volume) => {

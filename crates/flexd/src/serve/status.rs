@@ -3,7 +3,7 @@
 //! Messages are the errors' own text, which never holds a secret: driver messages are redacted
 //! by the runner, and nothing here prints a spec's secret values.
 
-use flexvolume::lifecycle::LifecycleError;
+use flexvolume::lifecycle::{LifecycleError, ProvisionError};
 use flexvolume::mount::safe_path::PathError;
 use flexvolume::mount::MountError;
 use flexvolume::runner::CallError;
@@ -92,6 +92,32 @@ pub fn message_of(error: &dyn std::error::Error) -> String {
 
 pub fn from_lifecycle(error: &LifecycleError) -> Status {
     Status::new(code_of(error), message_of(error))
+}
+
+pub fn from_provision(error: &ProvisionError) -> Status {
+    match error {
+        ProvisionError::Lifecycle(e) => from_lifecycle(e),
+        ProvisionError::Conflict { .. } => Status::already_exists(error.to_string()),
+        ProvisionError::InUse { .. } => Status::failed_precondition(error.to_string()),
+        ProvisionError::HostKey { .. } => Status::invalid_argument(error.to_string()),
+    }
+}
+
+/// An error a volume call can end in, as its CSI status.
+pub trait ToStatus {
+    fn to_status(&self) -> Status;
+}
+
+impl ToStatus for LifecycleError {
+    fn to_status(&self) -> Status {
+        from_lifecycle(self)
+    }
+}
+
+impl ToStatus for ProvisionError {
+    fn to_status(&self) -> Status {
+        from_provision(self)
+    }
 }
 
 #[cfg(test)]

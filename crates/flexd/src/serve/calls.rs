@@ -1,0 +1,60 @@
+//! What the Node and Controller services share for every call on a volume: find the driver's
+//! plugin, take the volume's lock, run the blocking call-out, answer a CSI status. It sits below
+//! both services so that neither reaches into the other.
+
+use std::sync::Arc;
+
+use flexvolume::lifecycle::Lifecycle;
+use flexvolume::Plugin;
+use tonic::Status;
+
+use super::driver::ServedDriver;
+use super::locks::VolumeLocks;
+use super::status::ToStatus;
+
+/// The key of the publish context that carries the device attach returned (set by
+/// ControllerPublish, read by NodeStage).
+pub const DEVICE_KEY: &str = "device";
+
+/// One served driver's volumes: the driver, the lifecycle that acts on them, and the per-volume
+/// locks its Node and Controller services share.
+#[derive(Clone)]
+pub struct VolumeCalls {
+    pub driver: Arc<ServedDriver>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub locks: VolumeLocks,
+}
+
+impl VolumeCalls {
+    /// The driver's plugin, or FailedPrecondition while its last init failed.
+    pub fn ready_plugin(&self) -> Result<Arc<Plugin>, Status> {
+        self.driver.plugin().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "driver {} is not ready: its last init failed",
+                self.driver.name
+            ))
+        })
+    }
+
+    /// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if
+    /// the caller gives up waiting); ABORTED at once while another call on the volume runs.
+    pub async fn run_locked<T: Send + 'static, E: ToStatus + Send + 'static>(
+        &self,
+        volume_id: &str,
+        operation: impl FnOnce() -> Result<T, E> + Send + 'static,
+    ) -> Result<T, Status> {
+        let guard = self.locks.try_lock(volume_id).ok_or_else(|| {
+            Status::aborted(format!(
+                "an operation is pending for volume {volume_id}: retry when it has finished"
+            ))
+        })?;
+        tokio::task::spawn_blocking(move || {
+            let result = operation();
+            drop(guard);
+            result
+        })
+        .await
+        .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
+        .map_err(|e| e.to_status())
+    }
+}
