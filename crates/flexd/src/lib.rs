@@ -1,10 +1,11 @@
-//! The parts of `flexd` that are pure enough to share with the fuzzers and the tests: manifest
-//! parsing, the FlexVolume-to-CSI conversion, and the CSI name of a driver. Everything else
-//! lives in the binary (src/main.rs, src/cli/, src/serve/).
+//! The pure parts of `flexd`, built once and shared by the binary, the fuzzers and the tests:
+//! the CSI name of a driver, the Kubernetes manifests flexd deploys with, users' manifests read
+//! as volume specs, the FlexVolume-to-CSI migration, and how errors are printed. No I/O here;
+//! everything that runs (the CLI, `flexd serve`) lives in the binary (src/main.rs, src/cli/,
+//! src/serve/).
 
+pub mod deploy;
+pub mod errors;
 pub mod manifest;
 pub mod migrate;
-/// The very file `flexd serve` names its endpoints with, so a migrated object and the server
-/// can never disagree on a driver's CSI name.
-#[path = "serve/naming.rs"]
 pub mod naming;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             }
             // Each cause once: many errors quote their source in their own message too.
             let e: &(dyn std::error::Error + 'static) = e.as_ref();
-            eprintln!("flexd: error: {}", serve::status::message_of(e));
+            eprintln!("flexd: error: {}", flexd::errors::message_of(e));
             ExitCode::from(1)
         }
     }

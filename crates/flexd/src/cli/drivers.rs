@@ -38,7 +38,7 @@ impl DriverReport {
             Err(e) => ("failed", Some(e.to_string()), None),
         };
         let csi_name = match &p.subject {
-            Subject::Driver(name) => crate::serve::naming::csi_name(name).ok(),
+            Subject::Driver(name) => flexd::naming::csi_name(name).ok(),
             Subject::InvalidEntry { .. } => None,
         };
         Self {

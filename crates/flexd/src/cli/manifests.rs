@@ -1,9 +1,6 @@
 //! `flexd manifests`: everything to deploy flexd to a cluster, as multi-document YAML, for the
 //! drivers installed in the plugin dir or named with `--driver`. What the objects are and why:
-//! [`render`]. This module only finds out what each driver can do.
-
-pub mod checks;
-pub mod render;
+//! [`flexd::deploy`]. This module only finds out what each driver can do.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,7 +14,7 @@ use flexvolume::{Capabilities, DriverName};
 use crate::builtin::Builtin;
 use crate::cli::usage_error;
 use crate::settings::Global;
-use render::{DriverProfile, Settings};
+use flexd::deploy::{self, checks, DriverProfile, Settings};
 
 #[derive(Debug, Args)]
 pub struct ManifestsArgs {
@@ -46,13 +43,13 @@ pub struct ManifestsArgs {
     #[arg(long, value_name = "CLASS", value_parser = checks::dns_subdomain)]
     pub state_storage_class: Option<String>,
     /// csi-attacher image, for drivers that attach.
-    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_ATTACHER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_ATTACHER_IMAGE)]
     pub attacher_image: String,
     /// csi-provisioner image, for drivers that provision.
-    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_PROVISIONER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_PROVISIONER_IMAGE)]
     pub provisioner_image: String,
     /// csi-resizer image, for expanding drivers with a controller side.
-    #[arg(long, value_parser = checks::image, default_value = render::DEFAULT_RESIZER_IMAGE)]
+    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_RESIZER_IMAGE)]
     pub resizer_image: String,
     /// Timeout of each driver's init.
     #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
@@ -103,8 +100,8 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         resizer_image: args.resizer_image,
         state_storage_class: args.state_storage_class,
     };
-    let objects = render::render(&settings, &drivers)?;
-    print!("{}", render::to_yaml(&settings, &drivers, &objects)?);
+    let objects = deploy::render(&settings, &drivers)?;
+    print!("{}", deploy::to_yaml(&settings, &drivers, &objects)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use flexvolume::lifecycle::LifecycleError;
-use flexvolume::state::Role;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
@@ -132,16 +131,7 @@ impl Controller for ControllerService {
             .run_locked(&volume_id, move || {
                 // CSI: no node id means every node the volume is published to.
                 let nodes = if node.is_empty() {
-                    lifecycle
-                        .state
-                        .list()?
-                        .into_iter()
-                        .flatten()
-                        .filter(|r| {
-                            r.role == Role::Attach && r.driver == driver && r.volume_name == id
-                        })
-                        .map(|r| r.node)
-                        .collect()
+                    lifecycle.state.attached_nodes(&driver, &id)?
                 } else {
                     vec![node]
                 };

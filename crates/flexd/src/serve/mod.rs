@@ -2,7 +2,7 @@
 //!
 //! Each ready driver gets a CSI endpoint (`<csi-dir>/<csi-name>/csi.sock`) and, in node mode, a
 //! kubelet registration socket (`<registration-dir>/<csi-name>-reg.sock`). The CSI name comes
-//! from [`naming`]. Drivers found later get their sockets when the prober reports them; removed
+//! from [`flexd::naming`]. Drivers found later get their sockets when the prober reports them; removed
 //! drivers lose them. What each driver is (ready with its plugin, failed, removed) is the
 //! library's [`Registry`]'s, fed by the same events: this module keeps only what is CSI's.
 
@@ -13,9 +13,7 @@ pub mod driver;
 pub mod endpoint;
 pub mod identity;
 pub mod locks;
-pub mod lookup;
 pub mod metrics;
-pub mod naming;
 pub mod node;
 pub mod proto;
 pub mod provision;
@@ -99,7 +97,7 @@ impl Served {
         if self.endpoints.contains_key(name) {
             return;
         }
-        let csi_name = match naming::csi_name(name) {
+        let csi_name = match flexd::naming::csi_name(name) {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(driver = %name, error = %e, "driver cannot be served through CSI");
@@ -175,8 +173,9 @@ impl Served {
             .values()
             .map(|e| e.driver.csi_name.as_str())
             .collect();
-        let stale =
-            |csi_name: &str| naming::driver_name(csi_name).is_ok() && !served.contains(&csi_name);
+        let stale = |csi_name: &str| {
+            flexd::naming::driver_name(csi_name).is_ok() && !served.contains(&csi_name)
+        };
         if let Ok(entries) = std::fs::read_dir(&self.args.csi_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();

@@ -12,7 +12,6 @@ use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::ServedResolver;
-use super::lookup;
 use super::proto::csi::node_server::Node;
 use super::proto::csi::{
     node_service_capability, volume_usage, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
@@ -23,6 +22,7 @@ use super::proto::csi::{
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeUsage,
 };
 use super::request;
+use super::status;
 
 pub struct NodeService {
     pub calls: VolumeCalls,
@@ -40,13 +40,14 @@ impl NodeService {
         volume_id: &str,
         volume_path: &str,
     ) -> Result<std::path::PathBuf, Status> {
-        let record = lookup::volume_at(
-            &self.calls.lifecycle,
-            &self.calls.driver.name,
-            volume_id,
-            volume_path,
-        )
-        .await?;
+        let lifecycle = self.calls.lifecycle.clone();
+        let driver = self.calls.driver.name.clone();
+        let (id, path) = (volume_id.to_owned(), std::path::PathBuf::from(volume_path));
+        let record =
+            tokio::task::spawn_blocking(move || lifecycle.state.volume_at(&driver, &id, &path))
+                .await
+                .map_err(|e| Status::internal(format!("state lookup did not finish: {e}")))?
+                .map_err(|e| status::from_lookup(&e))?;
         Ok(record.target)
     }
 

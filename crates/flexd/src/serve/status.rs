@@ -3,10 +3,12 @@
 //! Messages are the errors' own text, which never holds a secret: driver messages are redacted
 //! by the runner, and nothing here prints a spec's secret values.
 
+use flexd::errors::message_of;
 use flexvolume::lifecycle::{LifecycleError, ProvisionError};
 use flexvolume::mount::safe_path::PathError;
 use flexvolume::mount::MountError;
 use flexvolume::runner::CallError;
+use flexvolume::state::LookupError;
 use flexvolume::ErrorCode;
 use tonic::{Code, Status};
 
@@ -75,21 +77,6 @@ fn path_code(error: &PathError) -> Code {
     }
 }
 
-/// The error with its causes, as one message.
-pub fn message_of(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}
-
 pub fn from_lifecycle(error: &LifecycleError) -> Status {
     Status::new(code_of(error), message_of(error))
 }
@@ -100,6 +87,20 @@ pub fn from_provision(error: &ProvisionError) -> Status {
         ProvisionError::Conflict { .. } => Status::already_exists(error.to_string()),
         ProvisionError::InUse { .. } => Status::failed_precondition(error.to_string()),
         ProvisionError::HostKey { .. } => Status::invalid_argument(error.to_string()),
+    }
+}
+
+/// Where a volume is, for NodeGetVolumeStats and NodeExpandVolume: their `volume_path` names a
+/// place to look the volume up, so a volume or path flexd has no record of is NOT_FOUND (a
+/// relative path included: no volume can be there), and only a path that could never name
+/// anything (NUL, `..`, over PATH_MAX) is INVALID_ARGUMENT.
+pub fn from_lookup(error: &LookupError) -> Status {
+    match error {
+        LookupError::NotHere { .. }
+        | LookupError::Relative { .. }
+        | LookupError::Elsewhere { .. } => Status::not_found(error.to_string()),
+        LookupError::Malformed(e) => Status::invalid_argument(format!("volume_path: {e}")),
+        LookupError::State(e) => Status::internal(format!("cannot read the state dir: {e}")),
     }
 }
 

@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 use crate::name::DriverName;
 
 mod entry;
+mod query;
 mod watch;
 use entry::OpenError;
 pub(crate) use entry::{create_fresh, open_dir};
 pub use entry::{EntryKind, MAX_RECORD_BYTES};
+pub use query::LookupError;
 use watch::RecordWatch;
 
 #[derive(Debug, thiserror::Error)]

@@ -100,7 +100,7 @@ pub fn driver(text: &str) -> Result<DriverArg, String> {
         None => (text, None),
     };
     let name = DriverName::parse(name).map_err(|e| e.to_string())?;
-    crate::serve::naming::csi_name(&name).map_err(|e| e.to_string())?;
+    crate::naming::csi_name(&name).map_err(|e| e.to_string())?;
     let capabilities = json
         .map(capabilities_from_json)
         .transpose()

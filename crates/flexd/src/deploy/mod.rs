@@ -1,0 +1,282 @@
+//! Everything a cluster needs to run flexd, as typed Kubernetes objects: pure functions from
+//! what each driver can do ([`DriverProfile`]) and where things live ([`Settings`]) to objects,
+//! so `flexd manifests`, `deploy/flexd.yaml` and the tests agree by construction.
+//!
+//! The choices, and why (the README's "Deploy to a cluster" says the same to operators):
+//! - **Node**: a DaemonSet running `flexd serve --mode node`, privileged (drivers mount and set
+//!   up devices), with the kubelet dir at its host path with Bidirectional propagation (mounts
+//!   made in the pod must reach kubelet), the plugin dir, and the state dir on the host (node
+//!   records must outlive the pod). flexd registers with kubelet itself: no registrar sidecar.
+//!   It talks to no API server: no token, no permissions.
+//! - **Controller**: only when some driver has a controller side (it attaches, or it
+//!   provisions). A Deployment running `flexd serve --mode controller` beside one set of CSI
+//!   sidecars per driver, talking over `<csi-dir>/<csi-name>/csi.sock` in a shared emptyDir.
+//!   - Its drivers come from the **host plugin dir**, read-only: the installer DaemonSet
+//!     (`deploy/installer-daemonset.yaml`) already puts every driver on every node, control plane
+//!     included, so the controller runs exactly the driver version the nodes run, with no image
+//!     per driver to keep in step. This is where kube-controller-manager ran FlexVolume attach.
+//!   - Its **state lives on a PersistentVolumeClaim** of the cluster's default (or a named)
+//!     StorageClass, provisioned volumes' records included: detach must use the volume name
+//!     recorded at attach, and
+//!     ControllerUnpublishVolume carries only the volume id and the node, not the spec
+//!     `getvolumename` would need, so the name cannot be recomputed. One replica with the
+//!     Recreate strategy, because the claim is ReadWriteOnce and two controllers must never
+//!     attach the same volume.
+//!   - Privileged, with `/dev`: attach and detach are the driver's own code, which FlexVolume
+//!     drivers expect to run as root on a host, as they did in the controller manager.
+//! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver) and a
+//!   `--timeout` beyond flexd's call-out timeout ([`sidecar_timeout`]): csi-attacher
+//!   for a driver that attaches; csi-provisioner for one that provisions; csi-resizer for an
+//!   expanding driver (`requiresFSResize`) that has a controller side. flexd expands on the node
+//!   only (NodeExpandVolume), so csi-resizer runs its "trivial" resizer: it only checks, at
+//!   start, that the plugin has the controller service and the *node* EXPAND_VOLUME capability,
+//!   then marks volumes for kubelet's NodeExpandVolume without calling the plugin again. The
+//!   controller (`--mode controller`, which attaches to any node) has no node service, and
+//!   `--mode both` publishes to its own node only, so the resizers get a second, call-out-free
+//!   flexd beside it: `flexd-capabilities`, `--mode both` on a private socket dir and scratch
+//!   state, which only answers those capability questions (kubelet never sees it). An expanding
+//!   driver with no controller side gets no resizer, because csi-resizer refuses to start
+//!   against a plugin without the controller service.
+//! - **RBAC**: the official sidecars' rules (kubernetes-csi `deploy/kubernetes/rbac.yaml`), one
+//!   ClusterRole per sidecar kind present, bound to the controller's ServiceAccount, and one Role
+//!   for the leader-election leases. The provisioner's snapshot rules are left out: flexd
+//!   provisions no volume from a snapshot.
+//! - **CSIDriver** per driver: `attachRequired` from `attach`; `fsGroupPolicy` `File` when the
+//!   driver takes the fsGroup (flexd's node advertises VOLUME_MOUNT_GROUP, so kubelet hands the
+//!   group over in `volume_mount_group` and flexd's ownership pass applies it, kubelet changing
+//!   nothing itself) and `None` when its `init` declines `fsGroup` (FlexVolume then leaves
+//!   ownership alone, and so must kubelet: `File` would make kubelet chown it, since no
+//!   VOLUME_MOUNT_GROUP is advertised); `podInfoOnMount` (flexd passes pod information to
+//!   mount); `Persistent` volumes, and inline `Ephemeral` ones for drivers that do not attach
+//!   (an inline volume has no attach step); `requiresRepublish` off.
+
+use std::path::PathBuf;
+
+use flexvolume::{Capabilities, DriverName};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+use crate::naming::{self, CsiNameError};
+
+pub mod checks;
+mod objects;
+mod sidecar;
+#[cfg(test)]
+mod tests;
+
+use objects::*;
+pub use objects::{capabilities_args, controller_args, node_args, HOST_MOUNT_NAMESPACE};
+use sidecar::rule;
+pub use sidecar::{sidecar_timeout, Sidecar};
+
+/// The port `/metrics` and `/healthz` are served on, in both pods.
+pub const METRICS_PORT: i32 = 9808;
+/// Where the controller pod shares its CSI sockets with the sidecars.
+pub const CONTROLLER_CSI_DIR: &str = "/csi";
+/// Where the controller pod's capabilities-only flexd puts the resizers' sockets.
+pub const CAPABILITIES_CSI_DIR: &str = "/csi-capabilities";
+/// That flexd's `/metrics` and `/healthz`.
+pub const CAPABILITIES_PORT: i32 = 9809;
+/// Where the controller pod keeps its state (the PersistentVolumeClaim).
+pub const CONTROLLER_STATE_DIR: &str = "/var/lib/flexd";
+
+/// What the manifests need to know about one driver: what it can do, from its `init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverProfile {
+    pub name: DriverName,
+    pub csi_name: String,
+    /// Volumes are attached to a node by a controller (csi-attacher, `attachRequired`).
+    pub attach: bool,
+    /// Volumes are created and deleted on demand (csi-provisioner).
+    pub provision: bool,
+    /// Volumes can grow (`requiresFSResize`: csi-resizer, when there is a controller side).
+    pub expand: bool,
+    /// The driver takes the pod's fsGroup (`fsGroupPolicy`).
+    pub fs_group: bool,
+}
+
+impl DriverProfile {
+    pub fn new(name: DriverName, capabilities: &Capabilities) -> Result<Self, CsiNameError> {
+        Ok(Self {
+            csi_name: naming::csi_name(&name)?,
+            name,
+            attach: capabilities.attach,
+            provision: capabilities.provision,
+            expand: capabilities.requires_fs_resize,
+            fs_group: capabilities.fs_group,
+        })
+    }
+
+    /// Whether the driver needs the controller Deployment: the rule by which `flexd serve`
+    /// offers it the Controller service ([`Capabilities::has_controller_side`]).
+    pub fn has_controller(&self) -> bool {
+        Capabilities {
+            attach: self.attach,
+            provision: self.provision,
+            ..Capabilities::default()
+        }
+        .has_controller_side()
+    }
+
+    fn socket(&self, dir: &str) -> String {
+        format!("{dir}/{}/csi.sock", self.csi_name)
+    }
+}
+
+/// Where things live and which images run them.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub namespace: String,
+    pub image: String,
+    pub kubelet_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    /// The node's state dir, on the host.
+    pub state_dir: PathBuf,
+    /// Host directories the drivers use (an image dir, a config dir), mounted at their host
+    /// path in both pods.
+    pub host_dirs: Vec<PathBuf>,
+    pub attacher_image: String,
+    pub provisioner_image: String,
+    pub resizer_image: String,
+    /// The controller state claim's StorageClass; `None`: the cluster's default.
+    pub state_storage_class: Option<String>,
+}
+
+/// The sidecar images `flexd manifests` uses unless told otherwise.
+pub const DEFAULT_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher:v4.8.1";
+pub const DEFAULT_PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0";
+pub const DEFAULT_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v1.13.2";
+
+/// One Kubernetes object of the output, serialized as itself (with its apiVersion and kind).
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Object {
+    Namespace(Box<Namespace>),
+    ServiceAccount(Box<ServiceAccount>),
+    ClusterRole(Box<ClusterRole>),
+    ClusterRoleBinding(Box<ClusterRoleBinding>),
+    Role(Box<Role>),
+    RoleBinding(Box<RoleBinding>),
+    PersistentVolumeClaim(Box<PersistentVolumeClaim>),
+    DaemonSet(Box<DaemonSet>),
+    Deployment(Box<Deployment>),
+    CSIDriver(Box<CSIDriver>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("no drivers to deploy")]
+    NoDrivers,
+    #[error("cannot write YAML: {0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+}
+
+/// Every object, in the order `kubectl apply` needs them (namespace and identities first).
+pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Object>, RenderError> {
+    if drivers.is_empty() {
+        return Err(RenderError::NoDrivers);
+    }
+    let ns = settings.namespace.as_str();
+    let mut objects = vec![
+        Object::Namespace(Box::new(Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })),
+        // The node talks to no API server: kubelet hands it secrets and pod information.
+        Object::ServiceAccount(Box::new(service_account(NODE, ns, false))),
+    ];
+    let controlled: Vec<DriverProfile> = drivers
+        .iter()
+        .filter(|d| d.has_controller())
+        .cloned()
+        .collect();
+    if !controlled.is_empty() {
+        objects.push(Object::ServiceAccount(Box::new(service_account(
+            CONTROLLER, ns, true,
+        ))));
+        let mut kinds: Vec<Sidecar> = controlled.iter().flat_map(Sidecar::for_driver).collect();
+        kinds.sort();
+        kinds.dedup();
+        for kind in kinds {
+            let name = format!("flexd-{}", kind.name());
+            objects.push(Object::ClusterRole(Box::new(ClusterRole {
+                metadata: meta(&name, None),
+                rules: Some(kind.rules()),
+                ..Default::default()
+            })));
+            objects.push(Object::ClusterRoleBinding(Box::new(ClusterRoleBinding {
+                metadata: meta(&name, None),
+                role_ref: role_ref("ClusterRole", &name),
+                subjects: Some(controller_subject(ns)),
+            })));
+        }
+        let election = "flexd-leader-election";
+        objects.push(Object::Role(Box::new(Role {
+            metadata: meta(election, Some(ns)),
+            rules: Some(vec![rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "watch", "list", "delete", "update", "create"],
+            )]),
+        })));
+        objects.push(Object::RoleBinding(Box::new(RoleBinding {
+            metadata: meta(election, Some(ns)),
+            role_ref: role_ref("Role", election),
+            subjects: Some(controller_subject(ns)),
+        })));
+        objects.push(Object::PersistentVolumeClaim(Box::new(state_claim(
+            settings,
+        ))));
+    }
+    objects.push(Object::DaemonSet(Box::new(node_daemonset(settings))));
+    if !controlled.is_empty() {
+        objects.push(Object::Deployment(Box::new(controller_deployment(
+            settings,
+            &controlled,
+        ))));
+    }
+    objects.extend(
+        drivers
+            .iter()
+            .map(|d| Object::CSIDriver(Box::new(csi_driver(d)))),
+    );
+    Ok(objects)
+}
+
+/// The objects as one multi-document YAML stream, after a comment saying what it is for.
+pub fn to_yaml(
+    settings: &Settings,
+    drivers: &[DriverProfile],
+    objects: &[Object],
+) -> Result<String, RenderError> {
+    let mut out =
+        String::from("# flexd for a cluster: `flexd manifests` printed this for the drivers\n");
+    for d in drivers {
+        let mut sidecars: Vec<&str> = Sidecar::for_driver(d).iter().map(|s| s.name()).collect();
+        if sidecars.is_empty() {
+            sidecars.push("node only");
+        }
+        out.push_str(&format!(
+            "#   {} as CSI driver {} ({})\n",
+            d.name,
+            d.csi_name,
+            sidecars.join(", ")
+        ));
+    }
+    out.push_str(&format!(
+        "# in namespace {}. Why each piece is there: README, \"Deploy to a cluster\".\n",
+        settings.namespace
+    ));
+    for object in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(object)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,128 @@
+//! The CSI sidecars a driver's controller side runs with, and what each may do (RBAC).
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+
+use super::{DriverProfile, Settings};
+
+/// The sidecars one driver gets, in container order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Sidecar {
+    Attacher,
+    Provisioner,
+    Resizer,
+}
+
+impl Sidecar {
+    pub fn for_driver(driver: &DriverProfile) -> Vec<Sidecar> {
+        let mut sidecars = Vec::new();
+        if driver.attach {
+            sidecars.push(Sidecar::Attacher);
+        }
+        if driver.provision {
+            sidecars.push(Sidecar::Provisioner);
+        }
+        if driver.expand && driver.has_controller() {
+            sidecars.push(Sidecar::Resizer);
+        }
+        sidecars
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Attacher => "csi-attacher",
+            Self::Provisioner => "csi-provisioner",
+            Self::Resizer => "csi-resizer",
+        }
+    }
+
+    pub(super) fn image(self, settings: &Settings) -> &str {
+        match self {
+            Self::Attacher => &settings.attacher_image,
+            Self::Provisioner => &settings.provisioner_image,
+            Self::Resizer => &settings.resizer_image,
+        }
+    }
+
+    /// The ClusterRole rules of the official sidecar's `deploy/kubernetes/rbac.yaml`.
+    pub(super) fn rules(self) -> Vec<PolicyRule> {
+        match self {
+            Self::Attacher => vec![
+                rule(
+                    "",
+                    &["persistentvolumes"],
+                    &["get", "list", "watch", "patch"],
+                ),
+                rule("storage.k8s.io", &["csinodes"], &["get", "list", "watch"]),
+                rule(
+                    "storage.k8s.io",
+                    &["volumeattachments"],
+                    &["get", "list", "watch", "patch"],
+                ),
+                rule("storage.k8s.io", &["volumeattachments/status"], &["patch"]),
+            ],
+            Self::Provisioner => vec![
+                rule(
+                    "",
+                    &["persistentvolumes"],
+                    &["get", "list", "watch", "create", "patch", "delete"],
+                ),
+                rule(
+                    "",
+                    &["persistentvolumeclaims"],
+                    &["get", "list", "watch", "update"],
+                ),
+                rule(
+                    "storage.k8s.io",
+                    &["storageclasses"],
+                    &["get", "list", "watch"],
+                ),
+                rule(
+                    "",
+                    &["events"],
+                    &["list", "watch", "create", "update", "patch"],
+                ),
+                rule("storage.k8s.io", &["csinodes"], &["get", "list", "watch"]),
+                rule("", &["nodes"], &["get", "list", "watch"]),
+                // Watched to know when a volume is no longer attached and may be deleted.
+                rule(
+                    "storage.k8s.io",
+                    &["volumeattachments"],
+                    &["get", "list", "watch"],
+                ),
+            ],
+            Self::Resizer => vec![
+                rule(
+                    "",
+                    &["persistentvolumes"],
+                    &["get", "list", "watch", "patch"],
+                ),
+                rule("", &["persistentvolumeclaims"], &["get", "list", "watch"]),
+                rule("", &["pods"], &["get", "list", "watch"]),
+                rule("", &["persistentvolumeclaims/status"], &["patch"]),
+                rule(
+                    "",
+                    &["events"],
+                    &["list", "watch", "create", "update", "patch"],
+                ),
+            ],
+        }
+    }
+}
+
+/// How long a sidecar waits for flexd: longer than flexd's own call-out timeout and kill grace,
+/// so it sees flexd's answer (DEADLINE_EXCEEDED naming the driver) rather than giving up first
+/// and retrying into a call still in flight (ABORTED). The sidecars' defaults are 10-15 s.
+pub fn sidecar_timeout() -> std::time::Duration {
+    flexvolume::runner::DEFAULT_TIMEOUT
+        + flexvolume::runner::DEFAULT_KILL_GRACE
+        + std::time::Duration::from_secs(10)
+}
+
+pub(super) fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    }
+}
