@@ -40,7 +40,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flexvolume::mount;
+use flexvolume_os::mount;
 pub use image_dirs::{ImageDirs, ImageDirsError};
 
 pub mod image_dirs;
@@ -507,9 +507,9 @@ pub fn image_holds_data(image: &Path) -> io::Result<bool> {
     }
 }
 
-/// A volume size (see [`flexvolume::spec::parse_quantity`]); zero is not a size.
+/// A volume size (see [`flexvolume_protocol::spec::parse_quantity`]); zero is not a size.
 pub fn parse_size(text: &str) -> Option<u64> {
-    flexvolume::spec::parse_quantity(text).filter(|n| *n > 0)
+    flexvolume_protocol::spec::parse_quantity(text).filter(|n| *n > 0)
 }
 
 fn size_of(options: &VolumeOptions) -> DriverResult<u64> {
@@ -519,8 +519,8 @@ fn size_of(options: &VolumeOptions) -> DriverResult<u64> {
     if let Some(size) = parse_size(text) {
         return Ok(size);
     }
-    let zero = flexvolume::spec::parse_quantity(text) == Some(0);
-    if !zero && flexvolume::spec::is_quantity_shaped(text) {
+    let zero = flexvolume_protocol::spec::parse_quantity(text) == Some(0);
+    if !zero && flexvolume_protocol::spec::is_quantity_shaped(text) {
         return Err(DriverError::out_of_range(format!(
             "{SIZE_OPTION} {text:?} is more bytes than any file can have"
         )));

@@ -17,7 +17,8 @@
 //!   removed driver included);
 //! - [`check`]: the conformance report for driver authors;
 //! - [`lifecycle`]: attach, mount and back, with Kubernetes' defaults; [`state`]: what survives a crash;
-//! - [`mount`]: the mount table and mount helpers; [`install`]: putting drivers in place atomically.
+//! - [`mount`]: the mount table and mount helpers, from the `flexvolume-os` crate (with the pids
+//!   cgroups the runner caps drivers in); [`install`]: putting drivers in place atomically.
 //!
 //! Data flows one way: plugin dir → prober → registry → plugins → call-outs → driver processes.
 //! The contract is in the repository's `docs/` (protocol, discovery, lifecycle).
@@ -25,13 +26,15 @@
 //! "Driver" is used for several things; `docs/glossary.md` says which word means what
 //! (installed driver, plugin, served driver, the SDK's `Driver` trait).
 
+/// The mount helpers live in the `flexvolume-os` crate, which the loop driver shares; re-exported
+/// here under their old path.
+pub use flexvolume_os::mount;
 pub use flexvolume_protocol::{name, options, protocol, spec};
 
 pub mod check;
 pub mod install;
 pub mod layout;
 pub mod lifecycle;
-pub mod mount;
 pub mod ownership;
 pub mod plugin;
 pub mod prober;

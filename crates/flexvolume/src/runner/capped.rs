@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 
-use super::cgroup::hierarchy;
-use super::leftovers::{self, remember as remember_leftover};
 use super::spawn::{Placement, Process, Request};
+use flexvolume_os::cgroup::leftovers::{self, remember as remember_leftover};
+use flexvolume_os::cgroup::{self, hierarchy};
 
 /// How long a kill waits for the cgroup to empty before it gives up and leaves it for later.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -120,7 +120,7 @@ fn sweep_leftovers() {
 /// next flexd's sweep. Returns how many were removed. Nothing to do where call-outs were never
 /// capped, or no call-out ran (the hierarchy is not detected just for this).
 pub fn remove_own_cgroups() -> usize {
-    let Some(hierarchy) = super::cgroup::detected() else {
+    let Some(hierarchy) = cgroup::detected() else {
         return 0;
     };
     // Spawner threads live in their cgroups (v1): they must end before a cgroup can go.
@@ -132,7 +132,7 @@ pub fn remove_own_cgroups() -> usize {
         }
         removed += usize::from(std::fs::remove_dir(&dir).is_ok());
     }
-    for dir in super::cgroup::own_call_cgroups(&hierarchy.base) {
+    for dir in cgroup::own_call_cgroups(&hierarchy.base) {
         removed += usize::from(std::fs::remove_dir(&dir).is_ok());
     }
     tracing::debug!(removed, dir = %hierarchy.base.display(), "removed this process's call-out cgroups");

@@ -15,14 +15,12 @@
 //! short poll interval and `try_wait` instead.
 
 mod capped;
-mod cgroup;
-mod leftovers;
 mod namespace;
 mod spawn;
 
 use capped::CallCgroup;
 pub use capped::{lingering, remove_own_cgroups};
-pub use cgroup::{process_cap, CALLOUTS_DIR};
+pub use flexvolume_os::cgroup::{process_cap, CALLOUTS_DIR};
 pub use namespace::{MountNamespace, NamespaceError, Propagation};
 use spawn::{Placement, Process, Request};
 

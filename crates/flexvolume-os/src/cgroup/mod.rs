@@ -1,6 +1,6 @@
 //! Finding the cgroup hierarchy that caps call-outs: flexd's own cgroup in the `pids`
 //! hierarchy (cgroup v2, or v1's `pids` on hybrid hosts), with `flexd-callouts/` below it for
-//! the call-outs' cgroups (see [`super::capped`]).
+//! the call-outs' cgroups (the runner's `capped` module makes one per call-out).
 //!
 //! Why a cgroup: drivers run as root, and the kernel ignores `RLIMIT_NPROC` for root, so a
 //! driver that forks without end (a bug in a retry loop, or a fork bomb) could use up the node's
@@ -17,15 +17,17 @@ use rustix::process::Pid;
 
 use crate::mount::unescape;
 
+pub mod leftovers;
+
 /// The directory, below flexd's own cgroup, that holds the call-outs' cgroups.
 pub const CALLOUTS_DIR: &str = "flexd-callouts";
 
 /// Where the per-call-out cgroups go.
 #[derive(Debug)]
-pub(crate) struct Hierarchy {
-    pub(crate) base: PathBuf,
+pub struct Hierarchy {
+    pub base: PathBuf,
     /// cgroup v2: `cgroup.kill`, and no per-thread membership.
-    pub(crate) v2: bool,
+    pub v2: bool,
 }
 
 static HIERARCHY: OnceLock<Result<Hierarchy, String>> = OnceLock::new();
@@ -38,7 +40,7 @@ pub fn process_cap() -> Result<&'static Path, &'static str> {
     }
 }
 
-pub(crate) fn hierarchy() -> &'static Result<Hierarchy, String> {
+pub fn hierarchy() -> &'static Result<Hierarchy, String> {
     HIERARCHY.get_or_init(|| {
         let found = detect();
         match &found {
@@ -273,18 +275,18 @@ fn sweep_stale(base: &Path) {
         }
         let path = entry.path();
         if std::fs::remove_dir(&path).is_err() {
-            super::leftovers::remember(path);
+            leftovers::remember(path);
         }
     }
 }
 
 /// The hierarchy if it was already detected: a stop must not start detecting it.
-pub(crate) fn detected() -> Option<&'static Hierarchy> {
+pub fn detected() -> Option<&'static Hierarchy> {
     HIERARCHY.get().and_then(|found| found.as_ref().ok())
 }
 
 /// The call-out cgroups of this process (`call-<own pid>-<n>`) under `base`.
-pub(crate) fn own_call_cgroups(base: &Path) -> Vec<PathBuf> {
+pub fn own_call_cgroups(base: &Path) -> Vec<PathBuf> {
     let me = i32::try_from(std::process::id()).ok();
     let Ok(entries) = std::fs::read_dir(base) else {
         return Vec::new();

@@ -56,7 +56,7 @@ pub struct MountInfo {
 
 /// Undoes the octal escapes of mountinfo (`\040` for a space, `\011` tab, `\012` newline,
 /// `\134` backslash).
-pub(crate) fn unescape(field: &str) -> String {
+pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
