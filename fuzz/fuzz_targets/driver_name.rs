@@ -3,7 +3,6 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../checks/driver_name.rs"]
-mod checks;
+use test_support::fuzz::driver_name as checks;
 
 fuzz_target!(|data: &[u8]| checks::check(data));

@@ -3,7 +3,6 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../checks/reply_parser.rs"]
-mod checks;
+use test_support::fuzz::reply_parser as checks;
 
 fuzz_target!(|data: &[u8]| checks::check(data));

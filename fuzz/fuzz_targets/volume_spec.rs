@@ -4,7 +4,6 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../checks/volume_spec.rs"]
-mod checks;
+use test_support::fuzz::volume_spec as checks;
 
 fuzz_target!(|data: &[u8]| checks::check(data));

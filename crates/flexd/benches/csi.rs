@@ -11,16 +11,13 @@
 //! The state dir is in the sandbox, below `$TMPDIR`: `bench/csi.sh` runs it once on disk and
 //! once on tmpfs.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "../tests/common/serve.rs"]
-mod serve_support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serve_support::{node_client, publish_all_at_once, publish_request, unpublish_request, Server};
+use test_support::serve::{
+    node_client, publish_all_at_once, publish_request, unpublish_request, Server,
+};
 
 /// flexd logs at its default level, as on a node (tests run it at debug).
 const PRODUCTION_LOGGING: &[(&str, &str)] = &[("RUST_LOG", "info")];
@@ -83,11 +80,11 @@ async fn csi_cycles(sock: &Path, work: &Path, round: usize, cycles: usize) -> Du
 
 fn cycle_bench(rt: &tokio::runtime::Runtime, cycles: usize, rounds: usize) {
     let server = Server::start_with("node", PRODUCTION_LOGGING, |p| {
-        common::install_example(p, "tmpfs/tmpfs", "bench~tmpfs")
+        test_support::install_example(p, "tmpfs/tmpfs", "bench~tmpfs")
     });
     let sock = server.csi_dir.join("flexvolume-bench--tmpfs/csi.sock");
-    common::wait_for_path(&sock);
-    let exe = common::executable_of(&server.plugin_dir, "bench~tmpfs");
+    test_support::wait_for_path(&sock);
+    let exe = test_support::executable_of(&server.plugin_dir, "bench~tmpfs");
     let work = server.path("work");
     // Warm-up: the page cache, the connection, flexd's first pin.
     direct_cycles(&exe, &work, 3);
@@ -123,9 +120,9 @@ fn cycle_bench(rt: &tokio::runtime::Runtime, cycles: usize, rounds: usize) {
 
 /// A driver whose mount takes `delay` seconds and mounts nothing (publish needs only Success).
 fn slow_driver(delay: f64) -> String {
-    common::driver_script(&format!(
+    test_support::driver_script(&format!(
         "{}\nmount) sleep {delay}; echo '{{\"status\":\"Success\"}}';;\nunmount) echo '{{\"status\":\"Success\"}}';;",
-        common::init_case(r#"{"attach":false}"#)
+        test_support::init_case(r#"{"attach":false}"#)
     ))
 }
 
@@ -176,11 +173,14 @@ async fn csi_concurrent(
 fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds: usize) {
     let server = Server::start_with("node", PRODUCTION_LOGGING, |p| {
         std::fs::create_dir_all(p.join("bench~slow")).unwrap();
-        common::write_exe(&common::executable_of(p, "bench~slow"), &slow_driver(delay));
+        test_support::write_exe(
+            &test_support::executable_of(p, "bench~slow"),
+            &slow_driver(delay),
+        );
     });
     let sock = server.csi_dir.join("flexvolume-bench--slow/csi.sock");
-    common::wait_for_path(&sock);
-    let exe = common::executable_of(&server.plugin_dir, "bench~slow");
+    test_support::wait_for_path(&sock);
+    let exe = test_support::executable_of(&server.plugin_dir, "bench~slow");
     let work = server.path("work");
     let (mut ratios, mut cpu_ms) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -210,7 +210,7 @@ fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds:
 }
 
 fn main() {
-    if !common::is_root() {
+    if !test_support::is_root() {
         eprintln!("csi bench needs root (the tmpfs driver mounts): skipped");
         return;
     }

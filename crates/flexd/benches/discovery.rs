@@ -9,9 +9,6 @@
 //! 3. scale: 5,000 drivers present at start; time until all are reported, against a serial loop
 //!    running every `init` once; flexd's peak RSS.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -19,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Watch;
+use test_support::Watch;
 
 /// The instant `watch` printed an event of `driver`.
 fn wait_for(watch: &Watch, driver: &str) -> Instant {
@@ -36,7 +33,7 @@ fn wait_for(watch: &Watch, driver: &str) -> Instant {
 
 /// (user + system) CPU seconds of a process, and its peak RSS in KiB.
 fn proc_cpu_and_rss(pid: u32) -> (f64, u64) {
-    let fields = common::proc_stat(pid as i32)
+    let fields = test_support::proc_stat(pid as i32)
         .map(|(_, f)| f)
         .unwrap_or_default();
     let ticks = rustix::param::clock_ticks_per_second() as f64;
@@ -222,7 +219,7 @@ fn scale(exe: &Path, count: usize) {
 fn main() {
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
     let dir = tempfile::tempdir().expect("tmp");
-    let exe = common::compile_tiny_driver(dir.path(), true);
+    let exe = test_support::compile_tiny_driver(dir.path(), true);
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("latency") {
         latency(&exe);

@@ -2,24 +2,17 @@
 //! connections that never speak HTTP/2, call-out cgroups left after a stop, and installs that
 //! discovery would refuse. Real processes, real sockets, real cgroups.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::io::{Read as _, Write as _};
 use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::Duration;
 
-use common::{eventually, examples, is_root, run_flexd as flexd, Sandbox};
-use serve_support::{csi, identity_client, mount_capability, node_client, publish_request, Server};
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use test_support::serve::{
+    csi, identity_client, mount_capability, node_client, publish_request, Server,
+};
+use test_support::{eventually, examples, is_root, run_flexd as flexd, Sandbox};
 
 /// A small tree whose modes and groups are recorded, to prove a refused pass changed nothing.
 fn tree() -> (tempfile::TempDir, Vec<(PathBuf, u32, u32)>) {
@@ -72,11 +65,16 @@ fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
         "100000",
     ]);
     // Bad usage, like every other bad flag value, with the range.
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("'--threads <THREADS>': 100000 is not in 0..=64"),
+    assert_eq!(
+        out.status.code(),
+        Some(2),
         "{}",
-        stderr(&out)
+        test_support::stderr_of(&out)
+    );
+    assert!(
+        test_support::stderr_of(&out).contains("'--threads <THREADS>': 100000 is not in 0..=64"),
+        "{}",
+        test_support::stderr_of(&out)
     );
     assert_eq!(
         snapshot(dir.path()),
@@ -101,7 +99,7 @@ fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
         "--threads",
         "64",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", test_support::stderr_of(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let walkers = report["walkers"].as_u64().unwrap();
@@ -122,29 +120,44 @@ fn numeric_flags_out_of_range_are_bad_usage_naming_the_range() {
         "--timeout",
         "1s",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("4294967295 is not in 0..=4194303"),
+    assert_eq!(
+        out.status.code(),
+        Some(2),
         "{}",
-        stderr(&out)
+        test_support::stderr_of(&out)
     );
-    let out = common::clean_flexd()
+    assert!(
+        test_support::stderr_of(&out).contains("4294967295 is not in 0..=4194303"),
+        "{}",
+        test_support::stderr_of(&out)
+    );
+    let out = test_support::clean_flexd()
         .env("FLEXD_DRIVER_MAX_PROCESSES", "5000000")
         .arg("drivers")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        test_support::stderr_of(&out)
+    );
     for args in [
         ["--fs-group", "1", "--threads=-1"],
         ["--fs-group=-1", "--threads", "1"],
         ["--fs-group=x", "--threads", "1"],
     ] {
         let out = flexd(&[&["ownership", "apply", "/nonexistent"][..], &args].concat());
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("invalid value"),
+        assert_eq!(
+            out.status.code(),
+            Some(2),
             "{args:?}: {}",
-            stderr(&out)
+            test_support::stderr_of(&out)
+        );
+        assert!(
+            test_support::stderr_of(&out).contains("invalid value"),
+            "{args:?}: {}",
+            test_support::stderr_of(&out)
         );
     }
 }
@@ -159,12 +172,17 @@ fn the_unset_gid_is_refused_and_nothing_changes() {
         "--fs-group",
         "4294967295",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("(gid_t)-1")
-            && stderr(&out).contains("a group id is in 0..=4294967294"),
+    assert_eq!(
+        out.status.code(),
+        Some(2),
         "{}",
-        stderr(&out)
+        test_support::stderr_of(&out)
+    );
+    assert!(
+        test_support::stderr_of(&out).contains("(gid_t)-1")
+            && test_support::stderr_of(&out).contains("a group id is in 0..=4294967294"),
+        "{}",
+        test_support::stderr_of(&out)
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group changes"));
     assert_eq!(
@@ -180,8 +198,17 @@ fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
     s.install_example("tmpfs/tmpfs", "acme~tmpfs");
     let target = s.path("target");
     let out = s.volume_mount("acme/tmpfs", &target, &["--fs-group", "4294967295"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("(gid_t)-1"), "{}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        test_support::stderr_of(&out)
+    );
+    assert!(
+        test_support::stderr_of(&out).contains("(gid_t)-1"),
+        "{}",
+        test_support::stderr_of(&out)
+    );
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(target.to_str().unwrap()),
@@ -209,7 +236,7 @@ impl Serve {
     /// Started with `env`; returns once the driver's CSI socket is there.
     fn start(env: &'static [(&'static str, &'static str)]) -> Self {
         let serve = Self(Server::start_with("node", env, |p| {
-            common::install_example(p, "tmpfs/tmpfs", "acme~tmpfs")
+            test_support::install_example(p, "tmpfs/tmpfs", "acme~tmpfs")
         }));
         let socket = serve.socket();
         // flexd binds the registration socket just after the CSI one: a count of flexd's
@@ -573,7 +600,7 @@ async fn giant_and_worst_case_huffman_header_blocks_leave_other_clients_served()
             })
         })
         .collect();
-    common::eventually("the attackers are sending", || {
+    test_support::eventually("the attackers are sending", || {
         blocks.load(Ordering::Relaxed) >= 8
     });
     for _ in 0..5 {
@@ -635,7 +662,7 @@ fn call_cgroups_of(base: &Path, pid: u32) -> Vec<String> {
 fn a_stopped_serve_leaves_none_of_its_call_out_cgroups() {
     let base = match callouts_dir() {
         Ok(base) => base,
-        Err(why) => common::skip!(format!("no usable pids cgroup hierarchy here: {why}")),
+        Err(why) => test_support::skip!(format!("no usable pids cgroup hierarchy here: {why}")),
     };
     let mut serve = Serve::start(&[]);
     let pid = serve.pid();
@@ -662,7 +689,7 @@ fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_d
     std::fs::create_dir(&good).unwrap();
     std::fs::copy(examples().join("tmpfs/tmpfs"), good.join("tmpfs")).unwrap();
     let out = run(&["install", "--driver", "acme/tmpfs", good.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", test_support::stderr_of(&out));
 
     // A new version whose executable points outside the plugin dir.
     let outside = s.path("outside");
@@ -676,7 +703,7 @@ fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_d
         !out.status.success(),
         "installed a symlink escaping the plugin dir"
     );
-    let refused = stderr(&out);
+    let refused = test_support::stderr_of(&out);
     let live = plugin_dir.join("acme~tmpfs/tmpfs");
     let reason = format!(
         "{} resolves to {}, outside the plugin dir {}; refused",
@@ -691,7 +718,7 @@ fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_d
         .file_type()
         .is_symlink());
     let out = run(&["call", "acme/tmpfs", "init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", test_support::stderr_of(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Success"));
     let leftovers: Vec<_> = std::fs::read_dir(&plugin_dir)
         .unwrap()
@@ -709,7 +736,7 @@ fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_d
         "acme/tmpfs",
         bad.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", test_support::stderr_of(&out));
     let out = run(&["--output", "json", "drivers"]);
     let drivers: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let error = drivers[0]["error"].as_str().unwrap_or_default().to_owned();

@@ -1,12 +1,10 @@
 //! `flexd drivers` and `flexd call` through the real binary, against real driver executables.
 
-mod common;
-
 use std::path::Path;
 
 use serde_json::Value;
 
-use common::{
+use test_support::{
     examples, flexd, flexd_command, install_example as install, is_mounted, stdout_json, Sandbox,
 };
 
@@ -198,7 +196,7 @@ fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
     let s = Sandbox::new();
     let outside = tempfile::tempdir().unwrap();
     let target = outside.path().join("evil");
-    std::fs::copy(common::driver_source("quirks/capitalised"), &target).unwrap();
+    std::fs::copy(test_support::driver_source("quirks/capitalised"), &target).unwrap();
     let dir = s.plugin().join("t~evil");
     std::fs::create_dir(&dir).unwrap();
     std::os::unix::fs::symlink(&target, dir.join("evil")).unwrap();
@@ -216,7 +214,7 @@ fn call_refuses_a_symlink_escaping_the_plugin_dir_unless_allowed() {
 
 #[test]
 fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     s.install_example("tmpfs/tmpfs", "acme~tmpfs");
     let target = s.target("vol");
@@ -241,7 +239,7 @@ fn the_example_tmpfs_driver_really_mounts_through_flexd_call() {
 #[test]
 fn check_passes_a_conforming_driver_and_explains_failures() {
     // The mount flow is among the required checks; as non-root flexd skips it, so fails.
-    common::require_root!("needs root (flexd check runs the mount flow)");
+    test_support::require_root!("needs root (flexd check runs the mount flow)");
     let s = Sandbox::with_examples(&[
         ("tmpfs/tmpfs", "acme~tmpfs"),
         ("quirks/usage-text", "q~usage-text"),
@@ -299,7 +297,7 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
 /// required check passes (a provisioning driver's scratch volume is one it provisioned).
 #[test]
 fn check_passes_with_no_options_on_every_example_driver() {
-    common::require_root!("needs root (flexd check runs the mount flow)");
+    test_support::require_root!("needs root (flexd check runs the mount flow)");
     let s = Sandbox::new();
     let p = &s.plugin();
     let mut drivers = Vec::new();
@@ -308,7 +306,7 @@ fn check_passes_with_no_options_on_every_example_driver() {
         let dir = p.join(format!("acme~{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         if entry.path().join("Cargo.toml").exists() {
-            let exe = common::compile_tiny_driver(&dir, false);
+            let exe = test_support::compile_tiny_driver(&dir, false);
             std::fs::rename(exe, dir.join(&name)).unwrap();
         } else {
             std::fs::copy(entry.path().join(&name), dir.join(&name)).unwrap();
@@ -355,11 +353,11 @@ fn check_passes_with_no_options_on_every_example_driver() {
 /// 3; given the options, it passes.
 #[test]
 fn check_says_which_options_a_driver_needs_rather_than_failing_it() {
-    common::require_root!("needs root (flexd check runs the mount flow)");
+    test_support::require_root!("needs root (flexd check runs the mount flow)");
     let s = Sandbox::new();
     let p = &s.plugin();
     std::fs::create_dir_all(p.join("acme~nfsish")).unwrap();
-    common::write_exe(
+    test_support::write_exe(
         &p.join("acme~nfsish/nfsish"),
         r#"#!/bin/sh
 case "$1" in
@@ -416,7 +414,7 @@ esac
 
 #[test]
 fn check_runs_the_mount_flow_and_catches_drivers_that_are_not_idempotent() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     let p = &s.plugin();
     install(p, "attachable/attachable", "chk~attachable");
@@ -522,9 +520,9 @@ unmount) echo '{"status":"Success"}';;"#,
 /// An attachable sh driver whose isattached is `isattached` (a `case` branch body).
 fn install_attachable(plugin_dir: &Path, dir_name: &str, isattached: &str) {
     std::fs::create_dir_all(plugin_dir.join(dir_name)).unwrap();
-    let init = common::init_case(r#"{"attach":true}"#);
-    let script = common::driver_script(&format!("{init}\nisattached) {isattached};;"));
-    common::write_exe(&common::executable_of(plugin_dir, dir_name), &script);
+    let init = test_support::init_case(r#"{"attach":true}"#);
+    let script = test_support::driver_script(&format!("{init}\nisattached) {isattached};;"));
+    test_support::write_exe(&test_support::executable_of(plugin_dir, dir_name), &script);
 }
 
 #[test]

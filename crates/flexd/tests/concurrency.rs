@@ -2,11 +2,7 @@
 //! their call-outs run at the same time (asserted as overlap, never as a speed), and every
 //! volume is published exactly once.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
-use serve_support::{node_client, publish_all_at_once, unpublish_request, Server};
+use test_support::serve::{node_client, publish_all_at_once, unpublish_request, Server};
 
 /// Volumes published at once.
 const CALLS: usize = 32;
@@ -22,12 +18,12 @@ async fn publishes_of_different_volumes_run_their_call_outs_at_once_each_exactly
     // pause long enough for the others to start; it mounts nothing (publish needs a Success).
     let cases = format!(
         "{}\nmount) echo \"$(date +%s%N) start $2\" >> '{ev}'; sleep 1; echo \"$(date +%s%N) end $2\" >> '{ev}'; echo '{{\"status\":\"Success\"}}';;\nunmount) echo '{{\"status\":\"Success\"}}';;",
-        common::init_case(r#"{"attach":false}"#),
+        test_support::init_case(r#"{"attach":false}"#),
         ev = events.display()
     );
     server.driver("acme~slow", &cases);
     let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
-    common::wait_for_path(&sock);
+    test_support::wait_for_path(&sock);
     let node = node_client(&sock).await;
 
     let volumes: Vec<_> = (0..CALLS)

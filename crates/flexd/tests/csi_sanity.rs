@@ -17,16 +17,11 @@
 //! named by `CSI_SANITY`. Without Go, or without root (the suite mounts), these tests say loudly
 //! that they skipped.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use common::{repo_path, serve_command};
-use serve_support::csi;
+use test_support::repo_path;
+use test_support::serve::{csi, Server};
 
 /// The specs that call CreateVolume whatever the plugin's capabilities
 /// (kubernetes-csi/csi-test#214): skipped for a driver that does not provision.
@@ -63,35 +58,6 @@ fn csi_sanity() -> Result<PathBuf, String> {
     }
 }
 
-struct Serve {
-    child: Child,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Unmounts whatever is still mounted under `root` (deepest first), so a failing run leaks
-/// no mount.
-fn unmount_all_under(root: &Path) {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let root = root.display().to_string();
-    let mut points: Vec<&str> = table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for point in points {
-        let _ = Command::new("umount").arg("-l").arg(point).status();
-    }
-}
-
 struct Counts {
     passed: u32,
     failed: u32,
@@ -125,8 +91,8 @@ struct Subject<'a> {
 /// What flexd's endpoint says the driver offers: the Identity's CONTROLLER_SERVICE and the
 /// controller's RPCs (checked to be UNIMPLEMENTED when the service is not offered).
 async fn offered(socket: &Path) -> (bool, Vec<i32>) {
-    let mut identity = serve_support::identity_client(socket).await;
-    let controller_service = serve_support::plugin_capabilities(&mut identity)
+    let mut identity = test_support::serve::identity_client(socket).await;
+    let controller_service = test_support::serve::plugin_capabilities(&mut identity)
         .await
         .capabilities
         .iter()
@@ -137,9 +103,9 @@ async fn offered(socket: &Path) -> (bool, Vec<i32>) {
                     if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32
             )
         });
-    let mut controller = serve_support::controller_client(socket).await;
+    let mut controller = test_support::serve::controller_client(socket).await;
     if controller_service {
-        let rpcs = serve_support::controller_capabilities(&mut controller).await;
+        let rpcs = test_support::serve::controller_capabilities(&mut controller).await;
         return (true, rpcs);
     }
     let answer = controller
@@ -155,8 +121,8 @@ async fn offered(socket: &Path) -> (bool, Vec<i32>) {
 
 /// Installs one driver, serves it in both modes, runs the suite against its socket.
 fn conformance(subject: Subject<'_>) {
-    if !common::is_root() {
-        return common::report_skip(
+    if !test_support::is_root() {
+        return test_support::report_skip(
             "csi-sanity conformance",
             "needs root (the suite stages and publishes real volumes)",
         );
@@ -164,16 +130,18 @@ fn conformance(subject: Subject<'_>) {
     let sanity = match csi_sanity() {
         Ok(path) => path,
         Err(why) => {
-            return common::report_skip(
+            return test_support::report_skip(
                 "csi-sanity conformance",
                 &format!("no csi-sanity (install Go, or set CSI_SANITY): {why}"),
             )
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let plugins = root.join("plugins");
-    let installed = common::flexd_command(&plugins)
+    // The shared harness's sandbox: it unmounts whatever the suite leaves mounted below it.
+    let sandbox = test_support::Sandbox::new();
+    let root = sandbox.root().to_owned();
+    let root = root.as_path();
+    let plugins = sandbox.plugin();
+    let installed = test_support::flexd_command(&plugins)
         .arg("install")
         .args(
             subject
@@ -183,26 +151,15 @@ fn conformance(subject: Subject<'_>) {
         )
         .output()
         .unwrap();
-    common::ok(&installed);
+    test_support::ok(&installed);
     // The name flexd serves it under, as `flexd drivers` reports it.
-    let drivers = common::flexd(&plugins, &["drivers", "-o", "json"]);
-    common::ok(&drivers);
+    let drivers = test_support::flexd(&plugins, &["drivers", "-o", "json"]);
+    test_support::ok(&drivers);
     let drivers: serde_json::Value = serde_json::from_slice(&drivers.stdout).unwrap();
     let csi_name = drivers[0]["csiName"].as_str().unwrap().to_owned();
     let csi_name = csi_name.as_str();
-    let log = std::fs::File::create(root.join("flexd.log")).unwrap();
-    let serve = Serve {
-        child: serve_command(&plugins, root, "both")
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    };
-    let socket = root.join("csi").join(csi_name).join("csi.sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "flexd never served {csi_name}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let server = Server::serve(sandbox, "both", &[]);
+    let socket = server.socket(csi_name);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (controller_service, rpcs) = runtime.block_on(offered(&socket));
@@ -246,11 +203,10 @@ fn conformance(subject: Subject<'_>) {
         args.push(format!("--csi.testvolumeparameters={}", file.display()));
     }
     let run = Command::new(&sanity).args(&args).output().unwrap();
-    drop(serve);
-    unmount_all_under(root);
+    let log = server.flexd_log();
+    drop(server);
     let output = String::from_utf8_lossy(&run.stdout);
     let errors = String::from_utf8_lossy(&run.stderr);
-    let log = std::fs::read_to_string(root.join("flexd.log")).unwrap_or_default();
     let Some(counts) = counts(&output) else {
         panic!(
             "no csi-sanity summary ({}):\n{output}\n{errors}\nflexd log:\n{log}",
@@ -302,7 +258,7 @@ fn shape(attaches: bool, provisions: bool, expands: bool) {
         .expect("tests/drivers/shape sets CAPABILITIES");
     let driver = tempfile::tempdir().unwrap();
     let path = driver.path().join(&name);
-    common::write_exe(&path, &source.replace(line, &capabilities));
+    test_support::write_exe(&path, &source.replace(line, &capabilities));
     conformance(Subject {
         install: vec![
             "--driver".into(),

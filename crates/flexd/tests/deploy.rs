@@ -4,8 +4,6 @@
 //! exactly what `flexd manifests --driver flexd/loop` prints, and flexd accepts its pods'
 //! arguments.
 
-mod common;
-
 use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -21,28 +19,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 fn deploy_dir() -> PathBuf {
-    common::repo_path("deploy")
+    test_support::repo_path("deploy")
 }
 
 fn documents(file: &str) -> Vec<Value> {
-    documents_of(&std::fs::read_to_string(deploy_dir().join(file)).unwrap())
-}
-
-fn documents_of(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize_from(doc))
-        // A stream starting with `---` after comments has an empty first document.
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
-trait DeserializeFrom {
-    fn deserialize_from(doc: serde_yaml_ng::Deserializer<'_>) -> Self;
-}
-impl DeserializeFrom for Value {
-    fn deserialize_from(doc: serde_yaml_ng::Deserializer<'_>) -> Self {
-        serde::Deserialize::deserialize(doc).unwrap()
-    }
+    test_support::yaml_documents(&std::fs::read_to_string(deploy_dir().join(file)).unwrap())
 }
 
 /// Every key of `original` must survive the typed round trip (null and empty values aside).
@@ -190,7 +171,7 @@ fn the_installer_daemonset_mounts_the_host_plugin_dir_at_flexmnt() {
 
 /// `flexd manifests` with the given arguments, with no environment that would change it.
 fn manifests(args: &[&str]) -> std::process::Output {
-    common::clean_flexd()
+    test_support::clean_flexd()
         .arg("manifests")
         .args(args)
         .output()
@@ -245,8 +226,8 @@ fn mount_where(container: &Container, pick: impl Fn(&VolumeMount) -> bool) -> &V
 
 /// `--help` after the real arguments: clap validates everything before it, then prints help.
 fn assert_flexd_accepts(args: &[String]) {
-    common::output_ok(
-        std::process::Command::new(common::FLEXD)
+    test_support::output_ok(
+        std::process::Command::new(test_support::flexd_exe())
             .args(args)
             .arg("--help"),
         format!("flexd refused the arguments {args:?}"),
@@ -418,7 +399,7 @@ fn manifests_take_capabilities_from_the_command_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let docs = documents_of(&String::from_utf8(out.stdout).unwrap());
+    let docs = test_support::yaml_documents(&String::from_utf8(out.stdout).unwrap());
     // Nothing attaches: no controller, no permissions.
     for kind in ["Deployment", "ClusterRole", "PersistentVolumeClaim"] {
         assert!(!docs.iter().any(|d| d["kind"] == kind), "{kind}");

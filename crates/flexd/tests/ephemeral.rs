@@ -2,13 +2,9 @@
 //! stage step, a `csi-<hash>` volume id it makes up, and everything the driver needs in the
 //! volume context (`csi.storage.k8s.io/ephemeral: "true"` among kubelet's keys).
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::process::{Command, Stdio};
 
-use serve_support::{csi, map, node_capabilities, node_client, publish_request, Server};
+use test_support::serve::{csi, map, node_capabilities, node_client, publish_request, Server};
 
 /// The volume id kubelet gives an inline volume: `csi-` and the hex SHA-256 of the pod's uid
 /// followed by the volume's name in the pod spec (kubelet's `makeVolumeHandle`).
@@ -49,8 +45,8 @@ fn ephemeral_context(value: &str) -> std::collections::HashMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alone() {
-    common::require_root!();
-    let (server, sock) = Server::acme("node", "tmpfs", common::TMPFS_DRIVER);
+    test_support::require_root!();
+    let (server, sock) = Server::acme("node", "tmpfs", test_support::TMPFS_DRIVER);
     let mut node = node_client(&sock).await;
     let caps = node_capabilities(&mut node).await;
     let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
@@ -64,7 +60,7 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
     publish.volume_context = ephemeral_context("true");
     publish.secrets = map(&[("token", "s3cr3t")]);
     node.node_publish_volume(publish.clone()).await.unwrap();
-    assert!(common::is_mounted(&target));
+    assert!(test_support::is_mounted(&target));
     // A retry (kubelet repeats publishes) does not mount again.
     node.node_publish_volume(publish).await.unwrap();
     assert_eq!(server.ops(), ["mount"], "no stage step, one mount");
@@ -97,7 +93,7 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
     })
     .await
     .unwrap();
-    assert!(!common::is_mounted(&target));
+    assert!(!test_support::is_mounted(&target));
     assert_eq!(server.ops(), ["mount", "unmount"]);
     assert!(
         server.records().is_empty(),
@@ -107,7 +103,7 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attaching_driver_refuses_an_inline_volume_with_the_reason() {
-    let (server, sock) = Server::acme("node", "block", common::ATTACHING_DRIVER);
+    let (server, sock) = Server::acme("node", "block", test_support::ATTACHING_DRIVER);
     let mut node = node_client(&sock).await;
     let volume_id = kubelet_volume_id(POD_UID, "data");
     let target = server.path("kubelet/pods/p/volumes/kubernetes.io~csi/data/mount");

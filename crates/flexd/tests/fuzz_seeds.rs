@@ -2,18 +2,9 @@
 //! in the normal suite, without cargo-fuzz or a nightly toolchain. A crash the fuzzer finds is
 //! committed there as a file of its own, and from then on it is a regression test.
 
-mod common;
-
-#[path = "../../../fuzz/checks/driver_name.rs"]
-mod driver_name;
-#[path = "../../../fuzz/checks/reply_parser.rs"]
-mod reply_parser;
-#[path = "../../../fuzz/checks/volume_spec.rs"]
-mod volume_spec;
-
 /// Runs every seed of `target` through `check`; returns how many there were.
 fn run_seeds(target: &str, check: fn(&[u8])) -> usize {
-    let dir = common::repo_path("fuzz/seeds").join(target);
+    let dir = test_support::repo_path("fuzz/seeds").join(target);
     let mut seeds: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())
@@ -30,18 +21,18 @@ fn run_seeds(target: &str, check: fn(&[u8])) -> usize {
 
 #[test]
 fn reply_parser_seeds_keep_their_invariants() {
-    let n = run_seeds("reply_parser", reply_parser::check);
+    let n = run_seeds("reply_parser", test_support::fuzz::reply_parser::check);
     eprintln!("reply_parser: {n} seeds");
 }
 
 #[test]
 fn driver_name_seeds_keep_their_invariants() {
-    let n = run_seeds("driver_name", driver_name::check);
+    let n = run_seeds("driver_name", test_support::fuzz::driver_name::check);
     eprintln!("driver_name: {n} seeds");
 }
 
 #[test]
 fn volume_spec_seeds_keep_their_invariants() {
-    let n = run_seeds("volume_spec", volume_spec::check);
+    let n = run_seeds("volume_spec", test_support::fuzz::volume_spec::check);
     eprintln!("volume_spec: {n} seeds");
 }

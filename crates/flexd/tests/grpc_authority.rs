@@ -4,56 +4,33 @@
 //! HTTP/2 itself, byte by byte, so each authority is exactly the one under test; the second
 //! uses Python's grpcio (installed from PyPI when absent, skipped loudly when that fails).
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::serve_command;
-
-struct Serve {
-    child: Child,
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use test_support::serve::Server;
 
 const CSI_NAME: &str = "flexvolume-acme--tmpfs";
 
+/// `flexd serve --mode both` (the shared harness) with the example tmpfs driver, and its socket.
+struct Serve {
+    _server: Server,
+    socket: PathBuf,
+}
+
 fn serve() -> Serve {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let plugins = root.join("plugins");
-    let tmpfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/drivers/tmpfs/tmpfs");
-    let status = Command::new(env!("CARGO_BIN_EXE_flexd"))
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .args(["install", "--driver", "acme/tmpfs"])
-        .arg(&tmpfs)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let child = serve_command(&plugins, root, "both").spawn().unwrap();
-    let socket = root.join("csi").join(CSI_NAME).join("csi.sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "flexd never served the driver");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let server = Server::start_in_mode("both", |plugins| {
+        test_support::ok(&test_support::install_driver(
+            plugins,
+            "acme/tmpfs",
+            &test_support::driver_source("tmpfs/tmpfs"),
+        ));
+    });
+    let socket = server.socket(CSI_NAME);
     Serve {
-        child,
-        _dir: dir,
+        _server: server,
         socket,
     }
 }
@@ -189,13 +166,13 @@ fn grpcio_available() -> bool {
 #[test]
 fn python_grpcio_reaches_flexd_with_its_default_authority_and_others() {
     if !grpcio_available() {
-        common::skip!("python3 with grpcio is not available (pip install grpcio failed)");
+        test_support::skip!("python3 with grpcio is not available (pip install grpcio failed)");
     }
     let server = serve();
     let path = server.socket.to_string_lossy().into_owned();
     // "-": grpcio's own default (the percent-encoded socket path since 1.57).
     for authority in ["-", "localhost", path.as_str()] {
-        let out = common::output_ok(
+        let out = test_support::output_ok(
             Command::new("python3").args(["-c", GRPCIO_CLIENT, &path, authority]),
             format_args!("grpcio with authority {authority:?}"),
         );

@@ -1,14 +1,10 @@
 //! `/healthz` of a real `flexd serve` tells the truth: 503 with the reason while a driver that
 //! should be served is not, 200 once it is again.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::path::Path;
 
-use common::{eventually, install_example, install_exe};
-use serve_support::Server;
+use test_support::serve::Server;
+use test_support::{eventually, install_example, install_exe};
 
 /// `/healthz`'s status code and body.
 fn healthz(server: &Server) -> (u16, String) {

@@ -7,20 +7,16 @@
 //! must stay as it was, and it must never become a mount point). No test points at a real system
 //! directory.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{
-    is_mounted, mount_points, mount_tmpfs, unmount_all_below, Sandbox,
-    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
-};
-use serve_support::{
+use test_support::serve::{
     csi, mount_capability, node_client, publish_request as publish, spawn_publish,
     unpublish_request as unpublish, wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
+};
+use test_support::{
+    is_mounted, mount_points, mount_tmpfs, unmount_all_below, Sandbox,
+    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
 };
 use tonic::Code;
 
@@ -93,7 +89,7 @@ fn code<T>(result: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outside() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, mut node, outside) = tmpfs_node().await;
     let pods = server.dir("pods");
     std::os::unix::fs::symlink(outside.path(), pods.join("letc")).unwrap();
@@ -151,7 +147,7 @@ async fn symlinked_targets_and_parents_are_refused_and_nothing_is_mounted_outsid
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_flexd_did_not_make_is_never_reported_published() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, mut node, outside) = tmpfs_node().await;
     let target = server.dir("pods/foreign");
     mount_tmpfs(&target, c"");
@@ -181,7 +177,7 @@ async fn a_mount_flexd_did_not_make_is_never_reported_published() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_belongs_to_one_volume_with_one_set_of_settings() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, mut node, outside) = tmpfs_node().await;
     let target = server.path("pods/uid-1/vol");
 
@@ -299,7 +295,7 @@ async fn oversized_and_malformed_fields_are_invalid_before_any_call_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let outside = Outside::new();
     let mut second = node_client(&sock).await;
@@ -336,7 +332,7 @@ async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("node", "block", ATTACHING);
     let outside = Outside::new();
     let mut node = node_client(&sock).await;
@@ -406,7 +402,7 @@ async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
 /// error is printed once.
 #[test]
 fn the_cli_refuses_a_symlinked_target_and_prints_each_error_once() {
-    common::require_root!();
+    test_support::require_root!();
     let sandbox = Sandbox::with_driver("acme~tmpfs", TMPFS);
     let outside = Outside::new();
     let link = sandbox.target("letc");

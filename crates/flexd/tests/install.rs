@@ -1,8 +1,6 @@
 //! `flexd install` / `flexd uninstall` through the real binary: atomic file and directory
 //! installs, with readers running concurrently.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -12,14 +10,14 @@ use std::sync::Arc;
 use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::CallOut;
 
-use common::{driver_script, fill_disk as fill, flexd, install_driver, mount_tmpfs, Sandbox};
+use test_support::{driver_script, fill_disk as fill, flexd, install_driver, mount_tmpfs, Sandbox};
 
 /// A driver script whose init reports `version`.
 fn write_driver(path: &Path, version: &str) {
     let init = format!(
         "init) echo '{{\"status\":\"Success\",\"message\":\"{version}\",\"capabilities\":{{\"attach\":false}}}}';;"
     );
-    common::write_exe(path, &driver_script(&init));
+    test_support::write_exe(path, &driver_script(&init));
 }
 
 /// Runs `flexd --output json install --driver acme/drv <source>`.
@@ -352,12 +350,12 @@ fn then_sleep_stays_up_until_sigterm_and_exits_zero() {
         .spawn()
         .unwrap();
     let installed = s.plugin().join("acme~drv/drv");
-    common::wait_for_path(&installed);
+    test_support::wait_for_path(&installed);
     assert!(
         child.try_wait().unwrap().is_none(),
         "exited instead of sleeping"
     );
-    let status = common::terminate(&mut child);
+    let status = test_support::terminate(&mut child);
     assert_eq!(status.code(), Some(0));
 }
 
@@ -374,7 +372,7 @@ fn write_big_driver(path: &Path, version: &str, kib: usize) {
 /// disk further. With room again, the same install succeeds.
 #[test]
 fn installing_onto_a_full_disk_fails_clearly_and_keeps_the_old_version() {
-    common::require_root!("needs root to mount a small tmpfs as the plugin dir");
+    test_support::require_root!("needs root to mount a small tmpfs as the plugin dir");
     let s = Sandbox::new();
     let plugin_dir = s.plugin();
     mount_tmpfs(&plugin_dir, c"size=512k");

@@ -4,15 +4,13 @@
 //! skips with a message otherwise. The sandbox unmounts everything below it and releases every
 //! loop device backed by its images when dropped, even when a test fails.
 
-mod common;
-
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use common::{is_mounted, ok, Sandbox};
+use test_support::{is_mounted, ok, Sandbox};
 
 /// What `flexd install --builtin loop` finds beside flexd.
 #[derive(Clone, Copy, Debug)]
@@ -46,17 +44,14 @@ impl LoopSandbox {
             std::fs::create_dir(s.path(d)).unwrap();
         }
         let (flexd, expected) = match build {
-            Build::Standalone => (
-                PathBuf::from(common::FLEXD),
-                PathBuf::from(env!("CARGO_BIN_EXE_flexd-loop")),
-            ),
+            Build::Standalone => (test_support::flexd_exe(), test_support::flexd_loop_exe()),
             Build::FlexdAlone => {
                 let alone = s.path("bin/flexd");
-                std::fs::copy(common::FLEXD, &alone).unwrap();
+                std::fs::copy(test_support::flexd_exe(), &alone).unwrap();
                 (alone.clone(), alone)
             }
         };
-        let out = common::output_of_new_executable(
+        let out = test_support::output_of_new_executable(
             Command::new(&flexd)
                 .arg("--plugin-dir")
                 .arg(s.plugin())
@@ -251,7 +246,7 @@ fn the_image_dirs_are_what_install_was_told_and_nothing_else() {
 
 #[test]
 fn data_survives_unmount_and_remount_and_is_never_reformatted() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     // flexd itself as the driver (multi-call): the whole flow works through that copy too.
     let s = LoopSandbox::installing(Build::FlexdAlone);
     let target = s.target("data");
@@ -288,7 +283,7 @@ fn data_survives_unmount_and_remount_and_is_never_reformatted() {
 
 #[test]
 fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
     let (a, b) = (s.target("a"), s.target("b"));
     let da = s.mount("shared", &a, "32Mi", "");
@@ -330,7 +325,7 @@ fn detach_name(s: &LoopSandbox, volume: &str) -> String {
 
 #[test]
 fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
     let options = s.volume_options("race", Some("32Mi"));
     // Eight attaches at once, straight to the driver (flexd would serialise them itself).
@@ -390,7 +385,7 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
 
 #[test]
 fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
     let options = s.volume_options("mine", Some("16Mi"));
     let attach = s.call(&["attach", &options, "node-1"]);
@@ -424,7 +419,7 @@ fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
 
 #[test]
 fn an_image_holding_unrecognised_data_is_never_formatted() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
     // Bytes blkid cannot name (no filesystem signature), deep inside a sparse image.
     let image = s.image("dump");
@@ -485,13 +480,13 @@ fn expand_loop_volume(fs: &str, mb: u64) -> Option<(Output, u64, u64)> {
 
 #[test]
 fn expand_grows_the_image_the_loop_device_and_an_xfs_filesystem() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
-    if !common::has_mkfs_xfs() {
-        common::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
+    if !test_support::has_mkfs_xfs() {
+        test_support::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
     }
     // XFS needs 300 MB at least; the image is sparse.
     let (out, before, after) = expand_loop_volume("xfs", 320).unwrap();
-    let json = common::assert_xfs_doubled(&out, before, after);
+    let json = test_support::assert_xfs_doubled(&out, before, after);
     assert_eq!(
         json["driver_expanded_fs"], true,
         "the loop driver's expandfs ran"
@@ -500,14 +495,14 @@ fn expand_grows_the_image_the_loop_device_and_an_xfs_filesystem() {
 
 #[test]
 fn expand_of_ext4_grows_it_or_names_the_missing_capability() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let (out, before, after) = expand_loop_volume("ext4", 64).unwrap();
-    common::assert_ext4_grew_or_names_cap_sys_resource(&out, before, after, 48 << 20);
+    test_support::assert_ext4_grew_or_names_cap_sys_resource(&out, before, after, 48 << 20);
 }
 
 #[test]
 fn flexd_check_passes_every_check_on_the_loop_driver() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     for build in [Build::Standalone, Build::FlexdAlone] {
         check_passes(build);
     }
@@ -517,7 +512,7 @@ fn flexd_check_passes_every_check_on_the_loop_driver() {
 /// provisions its own scratch volume (in its default image dir), mounts it, deletes it.
 #[test]
 fn flexd_check_passes_with_no_options_on_the_builtin_loop_driver() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::installing(Build::Standalone);
     let out = s.flexd(&["--output", "json", "check", "--driver", "flexd/loop"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -560,11 +555,11 @@ fn check_passes(build: Build) {
 
 #[test]
 fn the_readme_quick_start_runs_end_to_end() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .env("FLEXD", common::FLEXD)
+        .env("FLEXD", test_support::flexd_exe())
         .output()
         .unwrap();
     ok(&out);

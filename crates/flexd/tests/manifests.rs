@@ -1,21 +1,10 @@
 //! `flexd manifests` and `flexd drivers`' CSI names through the real binary, against real
 //! driver executables in a real plugin dir.
 
-mod common;
-
 use std::process::Output;
 
-use common::{flexd, install_example as install};
 use serde_json::Value;
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{out:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
+use test_support::{flexd, install_example as install, stdout_ok, yaml_documents};
 
 /// A plugin dir with each (example, driver dir) installed.
 fn plugin_dir(drivers: &[(&str, &str)]) -> tempfile::TempDir {
@@ -24,14 +13,6 @@ fn plugin_dir(drivers: &[(&str, &str)]) -> tempfile::TempDir {
         install(plugin.path(), example, dir_name);
     }
     plugin
-}
-
-fn documents(text: &str) -> Vec<Value> {
-    use serde::Deserialize as _;
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).unwrap())
-        .filter(|doc| !doc.is_null())
-        .collect()
 }
 
 #[test]
@@ -44,7 +25,8 @@ fn drivers_show_the_csi_name_each_driver_is_served_under() {
     ]);
     let p = plugin.path();
 
-    let json: Value = serde_json::from_str(&stdout(&flexd(p, &["-o", "json", "drivers"]))).unwrap();
+    let json: Value =
+        serde_json::from_str(&stdout_ok(&flexd(p, &["-o", "json", "drivers"]))).unwrap();
     let csi_names: Vec<(&str, &Value)> = json
         .as_array()
         .unwrap()
@@ -63,7 +45,7 @@ fn drivers_show_the_csi_name_each_driver_is_served_under() {
         ]
     );
 
-    let text = stdout(&flexd(p, &["drivers"]));
+    let text = stdout_ok(&flexd(p, &["drivers"]));
     let mut lines = text.lines();
     assert!(lines.next().unwrap().contains("CSI NAME"), "{text}");
     let tmpfs = lines.find(|l| l.starts_with("acme/tmpfs")).unwrap();
@@ -82,7 +64,10 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
     ]);
     let p = plugin.path();
 
-    let docs = documents(&stdout(&flexd(p, &["manifests", "--image", "flexd:test"])));
+    let docs = yaml_documents(&stdout_ok(&flexd(
+        p,
+        &["manifests", "--image", "flexd:test"],
+    )));
     let csi_drivers: Vec<(&str, bool)> = docs
         .iter()
         .filter(|d| d["kind"] == "CSIDriver")
@@ -132,7 +117,10 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
     );
 
     // Named drivers: only those.
-    let docs = documents(&stdout(&flexd(p, &["manifests", "--driver", "attachable"])));
+    let docs = yaml_documents(&stdout_ok(&flexd(
+        p,
+        &["manifests", "--driver", "attachable"],
+    )));
     assert_eq!(docs.iter().filter(|d| d["kind"] == "CSIDriver").count(), 1);
     let expected = [
         ("csi-attacher-0", "/csi/flexvolume-attachable"),
@@ -145,7 +133,7 @@ fn manifests_deploy_what_the_plugin_dir_holds_with_each_drivers_capabilities() {
     let dir = p.join("acme~broken");
     std::fs::create_dir(&dir).unwrap();
     std::fs::copy(
-        common::driver_source("quirks/empty-output"),
+        test_support::driver_source("quirks/empty-output"),
         dir.join("broken"),
     )
     .unwrap();
@@ -227,9 +215,9 @@ fn values_kubernetes_would_refuse_are_bad_usage_and_print_nothing() {
             "fast.ssd",
         ],
     );
-    let text = stdout(&out);
+    let text = stdout_ok(&out);
     assert!(text.contains("\n# in namespace storage-1. "), "{text}");
-    let docs = documents(&text);
+    let docs = yaml_documents(&text);
     assert!(docs
         .iter()
         .filter(|d| d["kind"] != "Namespace" && d["metadata"]["namespace"].is_string())

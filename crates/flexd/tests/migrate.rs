@@ -4,22 +4,18 @@
 //! loop driver is read back through a real `flexd serve` by a gRPC client doing kubelet's
 //! ControllerPublish, NodeStage and NodePublish with nothing but the migrated PV's `csi` fields.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Output, Stdio};
 
-use common::{
-    flexd_command, install_example, is_mounted, ok, output_of_new_executable, Sandbox, TMPFS_DRIVER,
-};
 use flexd::migrate::{migrate, Migration, Reason};
 use flexvolume::DriverName;
 use serde_json::{json, Value};
-use serve_support::{controller_client, csi, node_client, Server};
+use test_support::serve::{controller_client, csi, node_client, Server};
+use test_support::{
+    flexd_command, install_example, is_mounted, ok, output_of_new_executable, Sandbox, TMPFS_DRIVER,
+};
 
 /// acme/block attaches, acme/nfs and acme/tmpfs do not; anything else is unknown.
 fn attaches(driver: &DriverName) -> Result<bool, String> {
@@ -851,7 +847,7 @@ fn access_mode(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> i32 {
 
 /// The PersistentVolume `flexd migrate -f <file>` prints for the one in `file`.
 fn migrated_pv(plugins: &Path, file: &Path) -> k8s_openapi::api::core::v1::PersistentVolume {
-    let printed = stdout_of(&flexd(
+    let printed = test_support::stdout_ok(&flexd(
         plugins,
         &["migrate", "-f", file.to_str().unwrap()],
         "",
@@ -859,14 +855,9 @@ fn migrated_pv(plugins: &Path, file: &Path) -> k8s_openapi::api::core::v1::Persi
     serde_yaml_ng::from_str(&printed).unwrap()
 }
 
-fn stdout_of(out: &Output) -> String {
-    ok(out);
-    text(&out.stdout)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_csi() {
-    common::require_root!("needs root (loop devices, mkfs, mounts)");
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     // One node: the builtin loop driver installed, flexd serve (node and controller) running
     // with its own state dir; the sandbox unmounts and releases the loop devices on drop.
     let server = Server::start_in_mode("both", |plugins| {
@@ -937,7 +928,7 @@ async fn data_written_through_the_old_pv_is_read_through_the_migrated_pv_over_cs
     // After: kubelet's calls built from the migrated PV's csi fields only, on the socket of
     // the CSI driver the PV names.
     let socket = server.csi_dir.join(&source.driver).join("csi.sock");
-    common::wait_for_path(&socket);
+    test_support::wait_for_path(&socket);
     let mut controller = controller_client(&socket).await;
     let mut node = node_client(&socket).await;
     let capability = Some(csi::VolumeCapability {
@@ -1051,7 +1042,7 @@ fn mount_options(server: &Server, n: usize) -> Value {
 /// name kubelet gives an inline CSI volume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, socket) = Server::acme("node", "logged", TMPFS_DRIVER);
     let plugins = server.plugin_dir.clone();
     let state_flex = server.path("state-flex");
@@ -1068,7 +1059,7 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
         ];
         ok(&flexd(
             &plugins,
-            &[&mount, &common::POD_MOUNT_ARGS[..]].concat(),
+            &[&mount, &test_support::POD_MOUNT_ARGS[..]].concat(),
             "",
         ))
     };
@@ -1152,7 +1143,7 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
         .to_string(),
     );
     flex_mount(&old_volume, &server.target("flex-inline"));
-    let printed = stdout_of(&flexd(
+    let printed = test_support::stdout_ok(&flexd(
         &plugins,
         &["migrate", "-f", "-", "--not-attaching", "acme/logged"],
         &pod(

@@ -13,15 +13,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
-use serve_support::{node_client, publish_request, unpublish_request, Server};
+use test_support::serve::{node_client, publish_request, unpublish_request, Server};
 
 fn run(command: &mut Command) -> Output {
     let what = format!("{command:?} failed");
-    common::output_ok(command.stdin(Stdio::null()), what)
+    test_support::output_ok(command.stdin(Stdio::null()), what)
 }
 
 fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
@@ -137,9 +133,9 @@ impl Scratch {
     fn install_driver(&self) {
         let dir = self.path("exec").join(DRIVER);
         std::fs::create_dir_all(&dir).unwrap();
-        common::write_exe(
-            &common::executable_of(&self.path("exec"), DRIVER),
-            &common::driver_script(&self.driver_cases()),
+        test_support::write_exe(
+            &test_support::executable_of(&self.path("exec"), DRIVER),
+            &test_support::driver_script(&self.driver_cases()),
         );
     }
 
@@ -156,7 +152,7 @@ impl Scratch {
     }
 
     fn flexd_with_state(&self, ns: bool, state_dir: &std::path::Path) -> Command {
-        let mut command = common::clean_flexd();
+        let mut command = test_support::clean_flexd();
         command
             .arg("--plugin-dir")
             .arg(self.path("exec"))
@@ -208,17 +204,9 @@ impl Drop for Scratch {
     }
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     let without = scratch.call(false, "init").output().unwrap();
     assert!(
@@ -226,19 +214,19 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         "init ran the host tool in flexd's namespace"
     );
     assert!(
-        stdout(&without).contains("the host tool is missing")
-            || stderr(&without).contains("the host tool is missing"),
+        test_support::stdout_of(&without).contains("the host tool is missing")
+            || test_support::stderr_of(&without).contains("the host tool is missing"),
         "{}{}",
-        stdout(&without),
-        stderr(&without)
+        test_support::stdout_of(&without),
+        test_support::stderr_of(&without)
     );
 
     let with = scratch.call(true, "init").output().unwrap();
     assert!(
         with.status.success(),
         "init through the namespace failed: {}{}",
-        stdout(&with),
-        stderr(&with)
+        test_support::stdout_of(&with),
+        test_support::stderr_of(&with)
     );
     // Also through the environment, as a DaemonSet sets it.
     let with_env = scratch
@@ -247,9 +235,13 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         .args(["call", "test/nsdrv", "init"])
         .output()
         .unwrap();
-    assert!(with_env.status.success(), "{}", stderr(&with_env));
+    assert!(
+        with_env.status.success(),
+        "{}",
+        test_support::stderr_of(&with_env)
+    );
     // Relative plugin and state dirs mean flexd's working directory, not the namespace's root.
-    let relative = common::clean_flexd()
+    let relative = test_support::clean_flexd()
         .current_dir(scratch.root.path())
         .args(["--plugin-dir", "exec", "--state-dir", "state"])
         .arg("--driver-mount-namespace")
@@ -258,16 +250,20 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(relative.status.success(), "{}", stderr(&relative));
+    assert!(
+        relative.status.success(),
+        "{}",
+        test_support::stderr_of(&relative)
+    );
 }
 
 #[test]
 fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     let target = scratch.path("vols/v1");
     std::fs::create_dir(&target).unwrap();
-    common::output_ok(scratch.call(true, "mount").arg(&target).arg("{}"), "mount");
+    test_support::output_ok(scratch.call(true, "mount").arg(&target).arg("{}"), "mount");
 
     assert!(
         mount_points(&scratch.ns_mountinfo()).contains(&target),
@@ -279,7 +275,7 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
         "the driver's mount is in flexd's namespace"
     );
 
-    common::output_ok(scratch.call(true, "unmount").arg(&target), "unmount");
+    test_support::output_ok(scratch.call(true, "unmount").arg(&target), "unmount");
     assert!(
         !mount_points(&scratch.ns_mountinfo()).contains(&target),
         "the driver's unmount did not happen in the driver mount namespace"
@@ -288,7 +284,7 @@ fn a_drivers_mount_lands_in_the_driver_mount_namespace_and_not_in_flexds() {
 
 #[test]
 fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     let plain = scratch.path("not-a-namespace");
     std::fs::write(&plain, "").unwrap();
@@ -313,10 +309,10 @@ fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
             .unwrap();
         assert!(!out.status.success(), "{}: call succeeded", path.display());
         assert!(
-            stderr(&out).contains(want),
+            test_support::stderr_of(&out).contains(want),
             "{}: {}",
             path.display(),
-            stderr(&out)
+            test_support::stderr_of(&out)
         );
 
         // serve refuses to start: no socket, an exit instead of serving.
@@ -360,7 +356,7 @@ fn a_path_that_is_not_a_mount_namespace_stops_flexd_at_start() {
 
 #[test]
 fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     // Hide the plugin dir inside the namespace only: drivers could not be executed there.
     run(scratch
@@ -370,15 +366,16 @@ fn a_plugin_dir_missing_in_the_driver_mount_namespace_is_refused_at_start() {
     let out = scratch.call(true, "init").output().unwrap();
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("must be the same directory at the same path in both"),
+        test_support::stderr_of(&out)
+            .contains("must be the same directory at the same path in both"),
         "{}",
-        stderr(&out)
+        test_support::stderr_of(&out)
     );
 }
 
 #[test]
 fn a_state_dir_whose_mounts_do_not_propagate_both_ways_is_warned_about() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     let warned = |state_dir: PathBuf| {
         std::fs::create_dir_all(&state_dir).unwrap();
@@ -387,8 +384,8 @@ fn a_state_dir_whose_mounts_do_not_propagate_both_ways_is_warned_about() {
             .args(["call", "test/nsdrv", "init"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        stderr(&out)
+        assert!(out.status.success(), "{}", test_support::stderr_of(&out));
+        test_support::stderr_of(&out)
     };
     let both = warned(scratch.path("shared/state"));
     assert!(!both.contains("WARN"), "{both}");
@@ -411,7 +408,7 @@ fn a_state_dir_whose_mounts_do_not_propagate_both_ways_is_warned_about() {
 /// mount again, and unpublish calls the driver's unmount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_publishes_through_the_driver_mount_namespace() {
-    common::require_root!("needs root (mounts, namespaces)");
+    test_support::require_root!("needs root (mounts, namespaces)");
     let scratch = Scratch::new();
     let ns: &'static str = Box::leak(scratch.ns().display().to_string().into_boxed_str());
     let env: &'static [(&str, &str)] =
@@ -419,7 +416,7 @@ async fn serve_publishes_through_the_driver_mount_namespace() {
     let server = Server::start_with("node", env, |_| {});
     server.driver(DRIVER, &scratch.driver_cases());
     let sock = server.csi_dir.join("flexvolume-test--nsdrv/csi.sock");
-    common::wait_for_path(&sock);
+    test_support::wait_for_path(&sock);
     let mut node = node_client(&sock).await;
 
     let target = scratch.path("shared/pods/uid-1/volumes/v");
@@ -430,7 +427,7 @@ async fn serve_publishes_through_the_driver_mount_namespace() {
         "not mounted where kubelet looks"
     );
     assert!(
-        common::is_mounted(&target),
+        test_support::is_mounted(&target),
         "not propagated to flexd's namespace"
     );
     node.node_publish_volume(publish).await.unwrap();
@@ -440,7 +437,7 @@ async fn serve_publishes_through_the_driver_mount_namespace() {
         .await
         .unwrap();
     assert!(!mount_points(&scratch.ns_mountinfo()).contains(&target));
-    assert!(!common::is_mounted(&target));
+    assert!(!test_support::is_mounted(&target));
     assert_eq!(server.ops(), ["mount", "unmount"]);
     assert!(server.records().is_empty());
 }

@@ -1,14 +1,12 @@
 //! `flexd ownership apply` through the real binary. Needs root (arbitrary groups).
 
-mod common;
-
 use std::os::unix::fs::MetadataExt;
 
-use common::run_flexd as flexd;
+use test_support::run_flexd as flexd;
 
 #[test]
 fn apply_reports_changes_as_json_then_finds_nothing_to_do() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("v");
     std::fs::create_dir_all(root.join("a/b")).unwrap();

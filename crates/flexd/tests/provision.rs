@@ -4,18 +4,10 @@
 //! provisioned volume attaching with the options its provision returned.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
-use common::serve_command;
-
-use serve_support::{connect, csi};
+use test_support::serve::{connect, csi, Server};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -45,41 +37,28 @@ detach) echo '{"status":"Success"}' ;;
 esac
 "#;
 
-struct Server {
-    child: Child,
-    root: tempfile::TempDir,
+/// `flexd serve --mode controller` (the shared harness) with acme/prov running [`DRIVER`].
+struct Prov {
+    server: Server,
+    socket: PathBuf,
 }
 
-impl Server {
+impl Prov {
     fn start() -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("exec/acme~prov");
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("prov");
-        std::fs::write(&exe, DRIVER).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let child = Self::spawn(root.path());
-        Self { child, root }
-    }
-
-    fn spawn(root: &Path) -> Child {
-        serve_command(&root.join("exec"), root, "controller")
-            .spawn()
-            .unwrap()
+        let server = Server::start_in_mode("controller", |plugins| {
+            std::fs::create_dir(plugins.join("acme~prov")).unwrap();
+            test_support::install_exe(&plugins.join("acme~prov/prov"), DRIVER);
+        });
+        let socket = server.socket("flexvolume-acme--prov");
+        Self { server, socket }
     }
 
     fn restart(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        self.child = Self::spawn(self.root.path());
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.root.path().join("csi/flexvolume-acme--prov/csi.sock")
+        self.server.crash_and_restart();
     }
 
     fn calls(&self, kind: &str) -> Vec<String> {
-        std::fs::read_to_string(self.root.path().join("exec/acme~prov/calls.log"))
+        std::fs::read_to_string(self.server.plugin_dir.join("acme~prov/calls.log"))
             .unwrap_or_default()
             .lines()
             .filter(|l| l.split(' ').next() == Some(kind))
@@ -90,7 +69,7 @@ impl Server {
     async fn client(&self) -> ControllerClient<Channel> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut client = ControllerClient::new(connect(&self.socket()).await);
+            let mut client = ControllerClient::new(connect(&self.socket).await);
             // Served, and the driver's init done (a restarted flexd probes first).
             if client
                 .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
@@ -102,13 +81,6 @@ impl Server {
             assert!(Instant::now() < deadline, "flexd never served acme/prov");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -168,10 +140,10 @@ async fn refused(c: &mut ControllerClient<Channel>, request: csi::CreateVolumeRe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() {
-    let mut server = Server::start();
+    let mut server = Prov::start();
     let mut c = server.client().await;
     use csi::controller_service_capability::rpc::Type;
-    let caps = serve_support::controller_capabilities(&mut c).await;
+    let caps = test_support::serve::controller_capabilities(&mut c).await;
     assert_eq!(
         caps,
         vec![
@@ -304,7 +276,7 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
 /// is deleted, with its own options, before a retry that asks for another volume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry() {
-    let server = Server::start();
+    let server = Prov::start();
     let mut c = server.client().await;
     assert_eq!(
         refused(&mut c, create("pvc-full", 1 << 20, "full")).await,
@@ -340,21 +312,18 @@ async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry(
 /// Controller call is UNIMPLEMENTED), until an update in place makes it attach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_has_one() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("exec/acme~plain");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("plain");
     let driver = |attach: bool| {
         format!("#!/bin/sh\ncase \"$1\" in\ninit) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":{attach}}}}}' ;;\n*) echo '{{\"status\":\"Not supported\"}}'; exit 1 ;;\nesac\n")
     };
-    common::write_exe(&exe, &driver(false));
-    let mut child = serve_command(&root.path().join("exec"), root.path(), "both")
-        .spawn()
-        .unwrap();
-    let socket = root.path().join("csi/flexvolume-acme--plain/csi.sock");
+    let server = Server::start_in_mode("both", |plugins| {
+        std::fs::create_dir(plugins.join("acme~plain")).unwrap();
+        test_support::write_exe(&plugins.join("acme~plain/plain"), &driver(false));
+    });
+    let exe = server.plugin_dir.join("acme~plain/plain");
+    let socket = server.socket("flexvolume-acme--plain");
     let channel = connect(&socket).await;
     let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
-    let plugin = serve_support::plugin_capabilities(&mut identity).await;
+    let plugin = test_support::serve::plugin_capabilities(&mut identity).await;
     assert!(plugin.capabilities.is_empty(), "{plugin:?}");
     let mut c = ControllerClient::new(channel);
     let caps = c
@@ -369,7 +338,7 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
 
     // Updated in place (an installer's rename) to a driver that attaches: same endpoint, and
     // now it has a controller.
-    common::install_exe(&exe, &driver(true));
+    test_support::install_exe(&exe, &driver(true));
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -377,7 +346,7 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
             .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
             .await;
         if answer.is_ok() {
-            let caps = serve_support::controller_capabilities(&mut c).await;
+            let caps = test_support::serve::controller_capabilities(&mut c).await;
             assert!(caps.contains(&publish), "{caps:?}");
             break;
         }
@@ -387,23 +356,20 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// `flexd serve --mode both` with the builtin loop driver installed, allowed to keep images in
 /// the sandbox's `images` dir only (the sandbox unmounts and frees its loop devices on drop),
 /// and a controller client on its socket.
-async fn loop_server() -> (serve_support::Server, ControllerClient<Channel>) {
-    let server = serve_support::Server::start_in_mode("both", |plugins| {
-        common::ok(&common::output_of_new_executable(
-            common::flexd_command(plugins)
+async fn loop_server() -> (Server, ControllerClient<Channel>) {
+    let server = Server::start_in_mode("both", |plugins| {
+        test_support::ok(&test_support::output_of_new_executable(
+            test_support::flexd_command(plugins)
                 .args(["install", "--builtin", "loop", "--image-dir"])
                 .arg(plugins.with_file_name("images")),
         ))
     });
-    let socket = server.csi_dir.join("flexvolume-flexd--loop/csi.sock");
-    common::wait_for_path(&socket);
+    let socket = server.socket("flexvolume-flexd--loop");
     let client = ControllerClient::new(connect(&socket).await);
     (server, client)
 }
@@ -413,7 +379,7 @@ fn create_loop(name: &str, parameters: &[(&str, &str)]) -> csi::CreateVolumeRequ
     csi::CreateVolumeRequest {
         name: name.into(),
         volume_capabilities: vec![capability()],
-        parameters: serve_support::map(parameters),
+        parameters: test_support::serve::map(parameters),
         ..Default::default()
     }
 }
@@ -435,7 +401,7 @@ fn entries(dir: &Path) -> Vec<String> {
 /// INVALID_ARGUMENT, and nothing is made anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
-    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    test_support::require_root!("needs root (the loop driver's delete asks losetup)");
     let (server, mut c) = loop_server().await;
     let images = server.path("images");
     let deep = server.path("images/a/b");
@@ -484,7 +450,7 @@ async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
 /// never adopts an image it did not make, and delete never removes one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_cannot_take_another_volumes_name_or_image() {
-    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    test_support::require_root!("needs root (the loop driver's delete asks losetup)");
     let (server, mut c) = loop_server().await;
     let images = server.path("images");
     let dir = images.to_str().unwrap();
@@ -521,7 +487,7 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"victim's data");
 
     // A volume context cannot set them either, on any call that takes one.
-    let context = serve_support::map(&[
+    let context = test_support::serve::map(&[
         ("imageDir", dir),
         ("volumeID", "victim"),
         ("kubernetes.io/pvOrVolumeName", "victim"),
@@ -538,7 +504,8 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let mut node =
-        serve_support::node_client(&server.csi_dir.join("flexvolume-flexd--loop/csi.sock")).await;
+        test_support::serve::node_client(&server.csi_dir.join("flexvolume-flexd--loop/csi.sock"))
+            .await;
     let err = node
         .node_stage_volume(csi::NodeStageVolumeRequest {
             volume_id: "pvc-x".into(),
@@ -552,7 +519,7 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let publish = csi::NodePublishVolumeRequest {
         volume_context: context.clone(),
-        ..serve_support::publish_request("pvc-x", &server.path("target"), None)
+        ..test_support::serve::publish_request("pvc-x", &server.path("target"), None)
     };
     let err = node.node_publish_volume(publish).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -578,7 +545,7 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
 /// is now OUT_OF_RANGE or INVALID_ARGUMENT with its reason, and leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_create_volume_leaves_nothing_and_the_corrected_retry_succeeds() {
-    common::require_root!("needs root (the loop driver's delete asks losetup)");
+    test_support::require_root!("needs root (the loop driver's delete asks losetup)");
     let (server, mut c) = loop_server().await;
     let images = server.path("images");
     let dir = images.to_str().unwrap();

@@ -1,22 +1,18 @@
 //! `flexd serve` through the real binary: real drivers, real Unix sockets, a real gRPC client
 //! doing what kubelet does.
 
-mod common;
-#[path = "common/serve.rs"]
-mod serve_support;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{
-    assert_device_mounted, assert_repeat_kept_the_mount, eventually, examples,
-    install_example as install, is_mounted, wait_for_path as wait_for,
-    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
-};
-use serve_support::{
+use test_support::serve::{
     connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities,
     node_client, publish_request, registration, spawn_publish, unpublish_request,
     wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
+};
+use test_support::{
+    assert_device_mounted, assert_repeat_kept_the_mount, eventually, examples,
+    install_example as install, is_mounted, wait_for_path as wait_for,
+    ATTACHING_DRIVER as ATTACHING, TMPFS_DRIVER as TMPFS,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +69,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(true));
-    let caps = serve_support::plugin_capabilities(&mut identity).await;
+    let caps = test_support::serve::plugin_capabilities(&mut identity).await;
     // tmpfs does not attach but provisions ("provision": true): its controller service has
     // CreateVolume/DeleteVolume to offer.
     let controller = csi::plugin_capability::service::Type::ControllerService as i32;
@@ -86,7 +82,7 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
     );
 
     let mut identity = identity_client(&block_sock).await;
-    let caps = serve_support::plugin_capabilities(&mut identity).await;
+    let caps = test_support::serve::plugin_capabilities(&mut identity).await;
     let controller = csi::plugin_capability::service::Type::ControllerService as i32;
     assert!(
         caps.capabilities.iter().any(|c| matches!(
@@ -257,12 +253,12 @@ fn fs_type_at(path: &Path) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("both", "block", ATTACHING);
     let mut controller = controller_client(&sock).await;
     let mut node = node_client(&sock).await;
 
-    let caps = serve_support::controller_capabilities(&mut controller).await;
+    let caps = test_support::serve::controller_capabilities(&mut controller).await;
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
     assert!(caps.contains(&publish), "{caps:?}");
     let caps = node_capabilities(&mut node).await;
@@ -442,7 +438,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let mut node = node_client(&sock).await;
     let caps = node_capabilities(&mut node).await;
@@ -487,7 +483,7 @@ fn rss_bytes(pid: u32) -> u64 {
 /// Both are now reported (metric, log, `volume list`) and skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_still_publish() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let mut node = node_client(&sock).await;
     let volumes = server.path("state/volumes");
@@ -548,7 +544,7 @@ async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_
         );
     }
 
-    let listed = common::stdout_json(&server.volume(&["--output", "json", "list"]));
+    let listed = test_support::stdout_json(&server.volume(&["--output", "json", "list"]));
     let mut kinds: Vec<(&str, &str)> = listed
         .as_array()
         .unwrap()
@@ -569,7 +565,7 @@ async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_
     // Gone: no longer counted.
     std::fs::remove_file(&fifo).unwrap();
     std::fs::remove_file(&zero).unwrap();
-    common::eventually("the metric to drop", || {
+    test_support::eventually("the metric to drop", || {
         server
             .http_get("/metrics")
             .contains(r#"flexd_state_unusable_records{reason="not-a-record"} 0"#)
@@ -579,7 +575,7 @@ async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_
 /// Lock files of volumes that are gone do not pile up in `<state-dir>/locks/`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_files_of_unpublished_volumes_are_removed() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let node = node_client(&sock).await;
     let locks = server.path("state/locks");
@@ -597,7 +593,7 @@ async fn lock_files_of_unpublished_volumes_are_removed() {
             )
         })
         .collect();
-    serve_support::publish_all_at_once(&node, &volumes).await;
+    test_support::serve::publish_all_at_once(&node, &volumes).await;
     let published = lock_files().len();
     assert!(published >= volumes.len(), "one lock per published target");
     let unpublishes: Vec<_> = volumes
@@ -716,7 +712,7 @@ async fn invalid_requests_get_csi_codes_and_never_reach_the_driver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_installed_while_serving_serves_a_publish() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::with_driver("node", "late~tmpfs", TMPFS, "flexvolume-late--tmpfs");
     let mut node = node_client(&sock).await;
     let target = server.path("pods/late");
@@ -737,7 +733,7 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
-    common::require_root!();
+    test_support::require_root!();
     let (mut server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let target = server.path("pods/slow");
     let in_flight = spawn_publish(&sock, publish_request("slow-1", &target, None)).await;
@@ -773,7 +769,7 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
-    common::require_root!();
+    test_support::require_root!();
     let (mut server, sock) = Server::slow_node(BLOCKS_THEN_FAILS);
     let target = server.path("pods/never");
     let in_flight = spawn_publish(&sock, publish_request("never-1", &target, None)).await;
@@ -804,7 +800,7 @@ expandfs) echo '{"status":"Success"}';;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_and_expansion_of_a_published_volume() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::acme("node", "metered", METERED);
     let mut node = node_client(&sock).await;
     let caps = node_capabilities(&mut node).await;
@@ -882,7 +878,7 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_call_on_a_volume_in_flight_is_aborted_at_once() {
-    common::require_root!();
+    test_support::require_root!();
     let (server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
     let target = server.path("pods/shared");
     let mut second_client = node_client(&sock).await;
@@ -955,12 +951,12 @@ async fn controller_mode_serves_the_controller_and_no_node_or_registration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relative_directories_are_resolved_once_and_detach_finds_what_attach_recorded() {
     let cwd = tempfile::tempdir().unwrap();
-    common::install_example(
+    test_support::install_example(
         &cwd.path().join("exec"),
         "attachable/attachable",
         "acme~attachable",
     );
-    let mut child = common::clean_flexd()
+    let mut child = test_support::clean_flexd()
         .current_dir(cwd.path())
         .args([
             "--plugin-dir",

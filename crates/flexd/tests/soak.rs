@@ -7,15 +7,13 @@
 //! Bounded for the normal suite (20 s); `FLEXD_SOAK_SECS=600 cargo test -p flexd --test soak`
 //! runs longer. `FLEXD_SOAK_SEED` replays a run (the seed is printed).
 
-mod common;
-
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{mounts_below, write_exe, Sandbox, Watch};
+use test_support::{mounts_below, write_exe, Sandbox, Watch};
 
 /// xorshift64*: the run is replayable from its seed.
 struct Rng(u64);
@@ -32,7 +30,7 @@ impl Rng {
 }
 
 fn script(body_init: &str) -> String {
-    common::driver_script(&format!(
+    test_support::driver_script(&format!(
         "init) {body_init};;\nmount) mkdir -p \"$2\"; mount -t tmpfs tmpfs \"$2\" && echo '{{\"status\":\"Success\"}}' || exit 1;;\nunmount) umount \"$2\"; echo '{{\"status\":\"Success\"}}';;"
     ))
 }
@@ -144,7 +142,7 @@ fn expected(plugin_dir: &Path) -> BTreeMap<String, bool> {
 
 #[test]
 fn soak_discovery_and_volumes_under_churn_leak_nothing() {
-    common::require_root!();
+    test_support::require_root!();
     let secs: u64 = std::env::var("FLEXD_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -177,7 +175,7 @@ fn soak_discovery_and_volumes_under_churn_leak_nothing() {
     let watcher = Watcher::start(&plugin_dir);
     let mut rng = Rng(seed);
     let flexd = |plugin: &Path, args: &[&str]| {
-        common::flexd_command(plugin)
+        test_support::flexd_command(plugin)
             .args(args)
             .stderr(Stdio::null())
             .stdout(Stdio::null())

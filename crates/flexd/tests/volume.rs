@@ -2,14 +2,12 @@
 //! real ext4). Needs root; each test skips with a message otherwise. Every test cleans up its
 //! mounts and loop devices in a guard, even when it fails.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use common::{
+use test_support::{
     assert_device_mounted, assert_ext4_grew_or_names_cap_sys_resource,
     assert_repeat_kept_the_mount, assert_xfs_doubled, eventually, fill_disk as fill, is_mounted,
     mount_tmpfs, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
@@ -18,7 +16,7 @@ use common::{
 
 #[test]
 fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("vol");
     let t = target.to_str().unwrap();
@@ -47,7 +45,7 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
 
 #[test]
 fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~block", ATTACHING);
     let target = s.target("pod-vol");
     let t = target.to_str().unwrap();
@@ -71,7 +69,7 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
                 r#"{"server":"s1"}"#,
             ]
             .as_slice(),
-            &common::POD_MOUNT_ARGS,
+            &test_support::POD_MOUNT_ARGS,
         ]
         .concat(),
     );
@@ -156,7 +154,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn two_targets_share_the_device_until_the_last_unmount() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~block", ATTACHING);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {
@@ -184,7 +182,7 @@ fn two_targets_share_the_device_until_the_last_unmount() {
 
 #[test]
 fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     let device = s.loop_device(64);
     // Only init and attach: every other call-out falls back to Kubernetes' defaults.
@@ -238,7 +236,7 @@ fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
 
 #[test]
 fn concurrent_mounts_of_one_target_call_the_driver_once() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let target = s.target("busy");
     let t = target.to_str().unwrap().to_owned();
@@ -256,7 +254,7 @@ fn concurrent_mounts_of_one_target_call_the_driver_once() {
 
 #[test]
 fn different_volumes_mount_in_parallel() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     // Each mount marks itself active, then waits (up to 20 s) until it sees another mount
     // active at the same time, and records the most it saw. If flexd serialized different
@@ -298,7 +296,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 
 #[test]
 fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_used() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     ok(&s.volume_mount("acme/tmpfs", &a, &[]));
@@ -335,7 +333,7 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
 
 #[test]
 fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n");
     let target = s.target("pv");
@@ -391,7 +389,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
 
 #[test]
 fn a_secret_never_appears_in_logs_errors_or_state_even_when_the_driver_echoes_it() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     s.driver(
         "acme~leaky",
@@ -593,9 +591,9 @@ fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
 
 #[test]
 fn expand_grows_a_real_xfs_with_the_default_expandfs() {
-    common::require_root!();
-    if !common::has_mkfs_xfs() {
-        common::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
+    test_support::require_root!();
+    if !test_support::has_mkfs_xfs() {
+        test_support::skip!("mkfs.xfs is not installed (.ci/run installs xfsprogs)");
     }
     // XFS needs 300 MB at least; the image is sparse.
     let (out, before, after) = expand_through_the_defaults("xfs", 320);
@@ -606,14 +604,14 @@ fn expand_grows_a_real_xfs_with_the_default_expandfs() {
 
 #[test]
 fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
-    common::require_root!();
+    test_support::require_root!();
     let (out, before, after) = expand_through_the_defaults("ext4", 64);
     assert_ext4_grew_or_names_cap_sys_resource(&out, before, after, 48 << 20);
 }
 
 #[test]
 fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let a = s.target("a");
     ok(&s.volume_mount("acme/tmpfs", &a, &[]));
@@ -640,7 +638,7 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
 
 #[test]
 fn secrets_from_a_kubernetes_secret_file() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n");
     let secret = s.path("secret.yaml");
@@ -710,7 +708,7 @@ fn secrets_from_a_kubernetes_secret_file() {
 
 #[test]
 fn a_driver_orphaned_by_a_killed_flexd_still_holds_its_volume() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     let started = s.path("started");
     let finished = s.path("finished");
@@ -748,7 +746,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 
 #[test]
 fn kill_9_at_random_points_of_200_operations_loses_nothing() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     s.install_example("attachable/attachable", "acme~attachable");
     let targets: Vec<(PathBuf, &str)> = (0..6)
@@ -845,7 +843,7 @@ fn gid_mode(path: &Path) -> (u32, u32) {
 
 #[test]
 fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read_only() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     s.driver(
         "acme~files",
@@ -915,7 +913,7 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
 
 #[test]
 fn a_failed_ownership_pass_fails_set_up_and_the_next_mount_finishes_it() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     // The volume's root is immutable: nobody, root included, can change its group.
     s.driver(
@@ -940,7 +938,7 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
     let failed = s.volume(&args);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     if stderr.contains("no chattr") {
-        common::skip!("chattr +i is not supported on tmpfs here");
+        test_support::skip!("chattr +i is not supported on tmpfs here");
     }
     assert!(!failed.status.success(), "SetUp must fail: {stderr}");
     assert!(stderr.contains("fsGroup ownership failed"), "{stderr}");
@@ -983,7 +981,7 @@ fn state_files(dir: &Path) -> Vec<String> {
 /// space is back everything proceeds.
 #[test]
 fn a_full_state_disk_refuses_new_mounts_clearly_and_loses_nothing() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     mount_tmpfs(&s.state(), c"size=256k");
     s.driver("acme~tmpfs", TMPFS_MOUNT);
@@ -1065,7 +1063,7 @@ fn pinned_versions(state: &Path) -> Vec<PathBuf> {
 /// one (once its grace period after the last pin has passed, backdated here).
 #[test]
 fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
     let (a, b) = (s.target("a"), s.target("b"));
     for t in [&a, &b] {

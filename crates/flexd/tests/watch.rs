@@ -2,18 +2,16 @@
 //! `flexd install` / `flexd uninstall`: the discovery design's testing plan (initial install,
 //! update, another driver, removal) as the operator sees it (docs/discovery.md#guarantees).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use common::{flexd, install_driver, ok, Sandbox, Watch};
+use test_support::{flexd, install_driver, ok, Sandbox, Watch};
 
 fn driver_source(dir: &Path, name: &str, attach: bool) -> PathBuf {
     let path = dir.join(name);
-    common::write_exe(&path, &common::init_only_script(attach));
+    test_support::write_exe(&path, &test_support::init_only_script(attach));
     path
 }
 
@@ -91,7 +89,7 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
     let s = Sandbox::new();
     let plugin = s.path("not-yet");
     let watch = Watch::start(&plugin, "300ms");
-    common::eventually("the plugin dir to be created", || plugin.is_dir());
+    test_support::eventually("the plugin dir to be created", || plugin.is_dir());
     std::fs::create_dir(plugin.join("acme~bad")).unwrap();
     std::fs::write(plugin.join("acme~bad/readme.txt"), "no executable here").unwrap();
     let e = watch.next();
@@ -106,9 +104,9 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
 /// mount proves which version of the driver did it.
 fn versioned_driver(dir: &Path, version: &str) -> PathBuf {
     let path = dir.join(format!("story-{version}"));
-    common::write_exe(
+    test_support::write_exe(
         &path,
-        &common::driver_script(&format!(
+        &test_support::driver_script(&format!(
             r#"init) echo '{{"status":"Success","capabilities":{{"attach":false}}}}';;
 mount) mkdir -p "$2"; grep -q " $2 " /proc/self/mountinfo || mount -t tmpfs tmpfs "$2" || {{ echo '{{"status":"Failure","message":"mount failed"}}'; exit 1; }}
   echo {version} > "$2/version"; echo '{{"status":"Success"}}';;
@@ -120,7 +118,7 @@ unmount) grep -q " $2 " /proc/self/mountinfo && umount "$2"; echo '{{"status":"S
 
 #[test]
 fn the_seed_user_stories_end_to_end_with_volumes() {
-    common::require_root!();
+    test_support::require_root!();
     let s = Sandbox::new();
     let plugin = s.plugin();
     let state = s.state();

@@ -9,9 +9,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use flexvolume::runner::{self, RunnerConfig};
 use flexvolume::CallOut;
 
@@ -46,7 +43,7 @@ fn main() {
     let n: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
     let dir = tempfile::tempdir().expect("tempdir");
-    let exe = common::compile_tiny_driver(dir.path(), true);
+    let exe = test_support::compile_tiny_driver(dir.path(), true);
     let config = RunnerConfig::default();
     // Warm up the page cache and the allocator.
     through_library(&exe, 50, &config);

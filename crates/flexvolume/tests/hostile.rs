@@ -4,8 +4,6 @@
 //! the real runner. Each has an exact expected class of outcome, a bounded error message, and
 //! leaves no process behind.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -14,7 +12,7 @@ use flexvolume::prober;
 use flexvolume::protocol::{CallOut, CallOutKind, ProtocolError, Status};
 use flexvolume::runner::{self, CallError, RunnerConfig};
 
-use common::{kill, proc_stat, read_pid, wait_dead as wait_gone, wait_until, write_exe};
+use test_support::{kill, proc_stat, read_pid, wait_dead as wait_gone, wait_until, write_exe};
 
 /// Longest error message we accept: output quotes are truncated, so errors stay readable.
 const MAX_ERROR_LEN: usize = 2048;
@@ -234,7 +232,7 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
     symlink(Path::new("/dev/null"), &p.join("devnull~x/x"));
     std::fs::create_dir_all(p.join("isdir~x/x")).unwrap();
     std::fs::create_dir(p.join("fifo~x")).unwrap();
-    common::make_fifo(&p.join("fifo~x/x"), 0o755);
+    test_support::make_fifo(&p.join("fifo~x/x"), 0o755);
     std::fs::create_dir(p.join("selfloop~x")).unwrap();
     symlink(Path::new("x"), &p.join("selfloop~x/x"));
 
@@ -294,7 +292,7 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
     );
 }
 
-/// Every process's pid, command name and stat fields after it (see `common::proc_stat`).
+/// Every process's pid, command name and stat fields after it (see `test_support::proc_stat`).
 fn processes() -> Vec<(i32, String, Vec<String>)> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -492,7 +490,7 @@ fn call_cgroup_of(pid: i32) -> Option<PathBuf> {
 #[test]
 fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
     if let Some(why) = process_cap_unavailable() {
-        common::skip!(why);
+        test_support::skip!(why);
     }
     const CAP: u32 = 64;
     let work = tempfile::tempdir().unwrap();
@@ -615,7 +613,7 @@ fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallErro
 #[test]
 fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
     if let Some(why) = process_cap_unavailable() {
-        common::skip!(why);
+        test_support::skip!(why);
     }
     let (err, helper) = run_escaping_driver(Some(runner::DEFAULT_MAX_PROCESSES));
     assert!(matches!(err, CallError::Timeout { .. }), "{err}");
@@ -639,7 +637,7 @@ fn a_helper_that_leaves_the_process_group_is_killed_at_the_timeout_too() {
 #[test]
 fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it_ends() {
     if let Some(why) = process_cap_unavailable() {
-        common::skip!(why);
+        test_support::skip!(why);
     }
     let work = tempfile::tempdir().unwrap();
     let exe = work.path().join("daemonizer");

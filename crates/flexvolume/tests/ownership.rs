@@ -2,8 +2,6 @@
 //! entry, both policies, read-only volumes, and that a second pass changes nothing. Changing
 //! an entry's group to an arbitrary gid needs root; each test skips with a message otherwise.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -41,7 +39,7 @@ fn build_tree(root: &Path) {
     std::os::unix::fs::symlink("file", root.join("link-to-file")).unwrap();
     std::os::unix::fs::symlink("dir", root.join("link-to-dir")).unwrap();
     std::os::unix::fs::symlink("/nonexistent/target", root.join("dangling")).unwrap();
-    common::make_fifo(&root.join("fifo"), 0o600);
+    test_support::make_fifo(&root.join("fifo"), 0o600);
     for (path, mode) in [
         ("", 0o755),
         ("dir", 0o700),
@@ -80,7 +78,7 @@ fn built_tree() -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_nothing() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let (_temp, root) = built_tree();
     let link_mode_before = owner_mode(&root.join("link-to-file")).2;
 
@@ -132,7 +130,7 @@ fn every_kind_of_entry_gets_the_exact_group_and_mode_and_a_second_pass_changes_n
 
 #[test]
 fn a_read_only_volume_gets_group_read_but_not_write() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let (_temp, root) = built_tree();
     let report = pass(&root, Policy::Always, true);
     assert_eq!(report.error_count, 0, "{:?}", report.errors);
@@ -147,7 +145,7 @@ fn a_read_only_volume_gets_group_read_but_not_write() {
 
 #[test]
 fn on_root_mismatch_skips_only_a_root_with_group_mode_and_setgid_all_right() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     for group_right in [false, true] {
         for mode_right in [false, true] {
             for setgid in [false, true] {
@@ -184,7 +182,7 @@ fn on_root_mismatch_skips_only_a_root_with_group_mode_and_setgid_all_right() {
 
 #[test]
 fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let (_temp, root) = built_tree();
     // What a pass killed before its end leaves: children done, the root still wrong.
     let child = root.join("dir");
@@ -203,7 +201,7 @@ fn an_interrupted_pass_is_redone_because_the_root_is_done_last() {
 
 #[test]
 fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     std::fs::create_dir(&root).unwrap();
@@ -216,7 +214,7 @@ fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
         .arg(root.join("immutable"))
         .status();
     if !matches!(status, Ok(s) if s.success()) {
-        common::skip!("chattr +i is not supported on this filesystem");
+        test_support::skip!("chattr +i is not supported on this filesystem");
     }
     struct Mutable<'a>(&'a Path);
     impl Drop for Mutable<'_> {
@@ -239,7 +237,7 @@ fn entries_that_cannot_be_changed_are_reported_and_do_not_stop_the_pass() {
 
 #[test]
 fn a_wide_and_deep_tree_is_complete_with_many_threads() {
-    common::require_root!("needs root to give entries an arbitrary group");
+    test_support::require_root!("needs root to give entries an arbitrary group");
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path().join("volume");
     let mut expected = 1u64;

@@ -2,8 +2,6 @@
 //! exact events seen. Intervals are short to keep the suite quick; waits for events are long
 //! (seconds) so a loaded machine does not make them flaky.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -16,7 +14,7 @@ const INTERVAL: Duration = Duration::from_millis(300);
 const PATIENCE: Duration = Duration::from_secs(15);
 
 struct Harness {
-    _sandbox: common::Sandbox,
+    _sandbox: test_support::Sandbox,
     plugin: PathBuf,
     prober: Option<Prober>,
     events: Receiver<ProbeEvent>,
@@ -28,7 +26,7 @@ impl Harness {
     }
 
     fn start_with(setup: impl FnOnce(&Path), configure: impl FnOnce(&mut ProberConfig)) -> Self {
-        let sandbox = common::Sandbox::new();
+        let sandbox = test_support::Sandbox::new();
         let plugin = sandbox.plugin();
         setup(&plugin);
         let mut config = ProberConfig::new(plugin.clone());
@@ -90,7 +88,7 @@ impl Drop for Harness {
 
 /// A driver whose init reports `attach` (the version marker of these tests).
 fn script(attach: bool) -> String {
-    common::init_only_script(attach)
+    test_support::init_only_script(attach)
 }
 
 const BROKEN: &str = "#!/bin/sh\necho 'usage: broken'\nexit 1\n";
@@ -98,7 +96,7 @@ const BROKEN: &str = "#!/bin/sh\necho 'usage: broken'\nexit 1\n";
 /// Writes an executable atomically (a staged dot-file renamed over the target).
 fn install(plugin: &Path, dir_name: &str, body: &str) {
     std::fs::create_dir_all(plugin.join(dir_name)).unwrap();
-    common::install_exe(&common::executable_of(plugin, dir_name), body);
+    test_support::install_exe(&test_support::executable_of(plugin, dir_name), body);
 }
 
 fn attach_of(e: &ProbeEvent) -> bool {
@@ -176,7 +174,7 @@ fn install_slow_and_wait_for_its_init(h: &Harness, dir_name: &str) {
         started.display()
     );
     install(&h.plugin, dir_name, &body);
-    common::wait_for_path(&started);
+    test_support::wait_for_path(&started);
 }
 
 /// A change made and undone while the driver's `init` runs (a scratch file written and removed)
@@ -217,7 +215,7 @@ fn s3_empty_dir_is_silent_and_a_removed_plugin_dir_comes_back() {
     let h = Harness::start(|_| {});
     h.quiet(4);
     std::fs::remove_dir(&h.plugin).unwrap();
-    common::eventually("the plugin dir to be recreated", || h.plugin.is_dir());
+    test_support::eventually("the plugin dir to be recreated", || h.plugin.is_dir());
     // Give the prober a moment to watch it again, then install into it.
     std::thread::sleep(INTERVAL);
     install(&h.plugin, "acme~back", &script(false));

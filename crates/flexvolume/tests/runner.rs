@@ -1,8 +1,6 @@
 //! The call-out protocol against real driver executables that reproduce what public drivers do
 //! (tests/drivers/quirks/*): every quirk has an exact expected outcome.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,13 +10,13 @@ use flexvolume::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Stat
 use flexvolume::runner::{self, CallError, RunnerConfig};
 use flexvolume::{Driver, DriverName, Plugin, PodInfo, VolumeSpec};
 
-use common::{driver_source, is_dead, kill, read_pid};
+use test_support::{driver_source, is_dead, kill, read_pid};
 
 /// Patience for a killed driver to go.
 const PATIENCE: Duration = Duration::from_secs(15);
 
 fn wait_dead(pid: i32) -> bool {
-    common::wait_dead(pid, PATIENCE)
+    test_support::wait_dead(pid, PATIENCE)
 }
 
 /// A temp plugin dir holding one quirk driver, installed as `test/<quirk>`.
@@ -410,7 +408,7 @@ fn the_compiled_tiny_driver_answers_init() {
     // The benchmark's driver, compiled here with the same toolchain so the test needs nothing
     // built beforehand.
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::compile_tiny_driver(dir.path(), false);
+    let exe = test_support::compile_tiny_driver(dir.path(), false);
     let reply = runner::call(&config(), &exe, &CallOut::init()).unwrap();
     assert!(!reply.capabilities.unwrap().attach);
     let err = runner::call(

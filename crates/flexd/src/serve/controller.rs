@@ -13,8 +13,10 @@ use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::{ServedDriver, ServedResolver};
-use super::proto::csi::controller_server::Controller;
-use super::proto::csi::{
+use super::provision;
+use super::request;
+use flexd::proto::csi::controller_server::Controller;
+use flexd::proto::csi::{
     controller_service_capability, validate_volume_capabilities_response,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
@@ -22,8 +24,6 @@ use super::proto::csi::{
     CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
 };
-use super::provision;
-use super::request;
 
 /// The gate in front of a driver's Controller service: open while the driver's current plugin
 /// has a controller side. It asks at every call because an update in place can change the

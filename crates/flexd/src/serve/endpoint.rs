@@ -40,9 +40,9 @@ use tonic::transport::Server;
 use super::authority::{self, AuthorityFix, PREFACE};
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
-use super::proto::csi::identity_server::IdentityServer;
-use super::proto::registration::registration_server::RegistrationServer;
 use super::registration::RegistrationService;
+use flexd::proto::csi::identity_server::IdentityServer;
+use flexd::proto::registration::registration_server::RegistrationServer;
 
 /// The running gRPC servers of one driver.
 pub struct Endpoint {

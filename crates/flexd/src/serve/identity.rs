@@ -5,8 +5,8 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::driver::ServedDriver;
-use super::proto::csi::identity_server::Identity;
-use super::proto::csi::{
+use flexd::proto::csi::identity_server::Identity;
+use flexd::proto::csi::{
     plugin_capability, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
     GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };

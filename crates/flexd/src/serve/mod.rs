@@ -15,7 +15,6 @@ pub mod identity;
 pub mod locks;
 pub mod metrics;
 pub mod node;
-pub mod proto;
 pub mod provision;
 pub mod registration;
 pub mod request;
@@ -125,12 +124,12 @@ impl Served {
                 locks: locks::VolumeLocks::default(),
             };
             let router = router.add_optional_service(node.then(|| {
-                proto::csi::node_server::NodeServer::new(node::NodeService {
+                flexd::proto::csi::node_server::NodeServer::new(node::NodeService {
                     calls: calls.clone(),
                 })
             }));
             router.add_optional_service(controller.then(|| {
-                proto::csi::controller_server::ControllerServer::with_interceptor(
+                flexd::proto::csi::controller_server::ControllerServer::with_interceptor(
                     controller::ControllerService {
                         calls,
                         own_node_only: node,

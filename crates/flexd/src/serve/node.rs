@@ -12,8 +12,10 @@ use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::ServedResolver;
-use super::proto::csi::node_server::Node;
-use super::proto::csi::{
+use super::request;
+use super::status;
+use flexd::proto::csi::node_server::Node;
+use flexd::proto::csi::{
     node_service_capability, volume_usage, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
     NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
@@ -21,8 +23,6 @@ use super::proto::csi::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeUsage,
 };
-use super::request;
-use super::status;
 
 pub struct NodeService {
     pub calls: VolumeCalls,

@@ -13,11 +13,11 @@ use flexvolume::{DriverName, Plugin};
 use tonic::{Request, Response, Status};
 
 use super::calls::VolumeCalls;
-use super::proto::csi::{
-    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
-};
 use super::request::{self, required};
 use super::status;
+use flexd::proto::csi::{
+    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
+};
 
 /// The plugin of a driver that provisions, or UNIMPLEMENTED (CREATE_DELETE_VOLUME is not
 /// offered for it).

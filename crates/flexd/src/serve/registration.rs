@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::driver::ServedDriver;
-use super::proto::registration::registration_server::Registration;
-use super::proto::registration::{
+use flexd::proto::registration::registration_server::Registration;
+use flexd::proto::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 

@@ -17,7 +17,7 @@ use flexvolume::options::is_host_key;
 use flexvolume::{DriverName, PodInfo, VolumeSpec};
 use tonic::{Request, Status};
 
-use super::proto::csi::{self, volume_capability, VolumeCapability};
+use flexd::proto::csi::{self, volume_capability, VolumeCapability};
 
 /// Keys kubelet adds to the volume context (podInfoOnMount), not the driver's options.
 pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";

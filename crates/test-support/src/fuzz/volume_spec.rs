@@ -1,9 +1,6 @@
 //! The options / YAML spec parsers on arbitrary text: PV and pod Volume manifests, Secret
 //! manifests, and the options JSON a driver receives. Never panics; an accepted spec names a
 //! valid driver; an error about a Secret never quotes the input's content.
-//!
-//! Shared by the fuzz target and by the normal test suite, which runs every committed seed
-//! through it (crates/flexd/tests/fuzz_seeds.rs).
 use flexd::manifest;
 use flexvolume::name::DriverName;
 use flexvolume::options::Options;

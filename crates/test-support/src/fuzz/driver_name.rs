@@ -1,8 +1,5 @@
 //! Driver names from arbitrary strings: never panics; an accepted name keeps every invariant
 //! the rest of flexd relies on before building a path from it.
-//!
-//! Shared by the fuzz target and by the normal test suite, which runs every committed seed
-//! through it (crates/flexd/tests/fuzz_seeds.rs).
 use flexvolume::name::{DriverName, MAX_NAME_LEN};
 
 /// Panics when an invariant breaks.

@@ -1,11 +1,6 @@
-//! Set-up shared by the integration tests and benches of flexvolume, and (included by path,
-//! `crates/flexd/tests/common/mod.rs`) by flexd's: one sandbox that never leaks a mount, one
-//! way to write a driver, one root check that says visibly when a test did not run, one way to
-//! wait. A test file uses it with `mod common;`; each uses a part, hence `dead_code` allowed.
-//!
-//! It depends on nothing of flexd, so flexvolume's tests build without it.
-
-#![allow(dead_code)]
+//! One sandbox that never leaks a mount, one way to write a driver, one root check that says
+//! visibly when a test did not run, one way to wait. Nothing here runs flexd: flexvolume's
+//! tests use it without building the binary.
 
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
@@ -13,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-/// `relative` in the repository (examples, deploy, fuzz seeds), from whichever crate includes
-/// this file: both live at `crates/<name>`.
+/// `relative` in the repository (examples, deploy, fuzz seeds): this crate lives at
+/// `crates/test-support`.
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -55,7 +50,7 @@ pub fn report_skip(test: &str, why: &str) {
 }
 
 /// The name of the test (function) this expands in, as libtest lists it.
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! test_name {
     () => {{
         fn here() {}
@@ -69,30 +64,27 @@ macro_rules! test_name {
 
 /// Returns from the test unless it runs as root, saying visibly that it skipped (see
 /// `report_skip`). The reason defaults to mounting, what most root-only tests need root for.
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! require_root {
     () => {
-        $crate::common::require_root!("needs root (mounts)")
+        $crate::require_root!("needs root (mounts)")
     };
     ($why:expr) => {
-        if !$crate::common::is_root() {
-            $crate::common::report_skip($crate::common::test_name!(), $why);
+        if !$crate::is_root() {
+            $crate::report_skip($crate::test_name!(), $why);
             return;
         }
     };
 }
 
 /// Returns from the test, saying visibly why it did not run (see `report_skip`).
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! skip {
     ($why:expr) => {{
-        $crate::common::report_skip($crate::common::test_name!(), &$why);
+        $crate::report_skip($crate::test_name!(), &$why);
         return;
     }};
 }
-
-#[allow(unused_imports)]
-pub(crate) use {require_root, skip, test_name};
 
 // ---- Waiting ----
 
@@ -327,7 +319,7 @@ pub fn mount_tmpfs(at: &Path, options: &std::ffi::CStr) {
 /// Every mount point of this mount namespace, in mount order.
 pub fn mount_points() -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    flexvolume::mount::parse_mountinfo(&info)
+    flexvolume_os::mount::parse_mountinfo(&info)
         .into_iter()
         .map(|m| m.mount_point)
         .collect()
@@ -403,7 +395,8 @@ pub fn loop_devices_below(dir: &Path) -> Vec<(String, PathBuf)> {
 /// temporary root. Dropped, even by a panicking test, it unmounts everything mounted below its
 /// root and releases the loop devices backed by files below it, then removes it all.
 pub struct Sandbox {
-    dir: tempfile::TempDir,
+    /// Held for its drop, which removes the directory (after `Sandbox`'s own drop unmounts).
+    _dir: tempfile::TempDir,
     /// `dir`, canonical: what mount points and backing files below it are compared with.
     root: PathBuf,
     images: std::sync::atomic::AtomicUsize,
@@ -417,7 +410,7 @@ impl Sandbox {
             std::fs::create_dir(root.join(d)).unwrap();
         }
         Self {
-            dir,
+            _dir: dir,
             root,
             images: std::sync::atomic::AtomicUsize::new(0),
         }

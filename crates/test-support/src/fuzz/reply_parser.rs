@@ -1,8 +1,5 @@
 //! The reply parser on arbitrary driver output: never panics, and whatever it returns is a
 //! reply it would find again in that reply's own JSON.
-//!
-//! Shared by the fuzz target and by the normal test suite, which runs every committed seed
-//! through it (crates/flexd/tests/fuzz_seeds.rs).
 use flexvolume::protocol::{self, CallOutKind, ExitStatus};
 
 /// Panics when an invariant breaks.

@@ -1,8 +1,5 @@
-//! A real `flexd serve` in a sandbox and a gRPC client doing what kubelet does, for the test
-//! files that talk CSI (`#[path = "common/serve.rs"] mod serve_support;` beside `mod common;`:
-//! the generated CSI code is built only into them).
-
-#![allow(dead_code)]
+//! The one gRPC test harness: a real `flexd serve` in a sandbox, started with no flexd setting
+//! from the environment, and a gRPC client doing what kubelet and the sidecars do.
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -12,14 +9,10 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::common::Sandbox;
+use crate::sandbox::{eventually, is_mounted, terminate, wait_for_path, Sandbox};
 
-pub mod csi {
-    tonic::include_proto!("csi.v1");
-}
-pub mod registration {
-    tonic::include_proto!("pluginregistration");
-}
+/// The generated CSI and plugin-registration code: flexd's own, clients included.
+pub use flexd::proto::{csi, registration};
 
 /// A running `flexd serve` on a sandbox (plugins in `exec`, CSI sockets in `plugins`,
 /// registration sockets in `plugins_registry`, state in `state`, its log in `flexd.log`).
@@ -59,6 +52,16 @@ impl Server {
     ) -> Self {
         let sandbox = Sandbox::new();
         setup(&sandbox.plugin());
+        Self::serve(sandbox, mode, env)
+    }
+
+    /// A server in `mode` with `env` set on a sandbox the test prepared (drivers installed in
+    /// its plugin dir, files beside it).
+    pub fn serve(
+        sandbox: Sandbox,
+        mode: &'static str,
+        env: &'static [(&'static str, &'static str)],
+    ) -> Self {
         let metrics_address = free_address();
         let child = Self::spawn(&sandbox, mode, env, &metrics_address);
         Self {
@@ -73,6 +76,13 @@ impl Server {
         }
     }
 
+    /// The CSI socket of the driver served as `csi_name`, once it exists.
+    pub fn socket(&self, csi_name: &str) -> PathBuf {
+        let socket = self.csi_dir.join(csi_name).join("csi.sock");
+        wait_for_path(&socket);
+        socket
+    }
+
     /// A server in `mode` that gets logging driver `dir_name` running `cases` (see
     /// `Sandbox::driver`) installed while it serves; returns it with the driver's CSI socket
     /// (`<csi dir>/<endpoint>/csi.sock`) once that exists.
@@ -84,8 +94,7 @@ impl Server {
     ) -> (Self, PathBuf) {
         let server = Self::start_in_mode(mode, |_| {});
         server.driver(dir_name, cases);
-        let sock = server.csi_dir.join(endpoint).join("csi.sock");
-        crate::common::wait_for_path(&sock);
+        let sock = server.socket(endpoint);
         (server, sock)
     }
 
@@ -200,7 +209,7 @@ impl Server {
 
     /// SIGTERM; waits for the exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        crate::common::terminate(&mut self.child)
+        terminate(&mut self.child)
     }
 }
 
@@ -345,11 +354,9 @@ pub async fn publish_all_at_once(
 /// Waits (off the async runtime) until something is mounted at `target`.
 pub async fn wait_until_mounted(target: &Path) {
     let target = target.to_owned();
-    tokio::task::spawn_blocking(move || {
-        crate::common::eventually("the driver's mount", || crate::common::is_mounted(&target))
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || eventually("the driver's mount", || is_mounted(&target)))
+        .await
+        .unwrap();
 }
 
 pub fn map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {

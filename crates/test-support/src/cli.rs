@@ -1,29 +1,47 @@
-//! Set-up shared by flexd's integration tests: everything of flexvolume's test support (the
-//! sandbox, driver writers, root checks, waiting; included by path, one copy for both crates)
-//! plus running the real `flexd` binary in a sandbox. A test file uses it with `mod common;`;
-//! those that talk gRPC to `flexd serve` add `common/serve.rs` too.
-
-#![allow(dead_code)]
+//! Running the real `flexd` binary: with no setting inherited from the environment, on a
+//! sandbox's directories, as `flexd watch` whose event lines a test reads.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "../../../flexvolume/tests/common/mod.rs"]
-mod base;
-pub use base::*;
+use crate::sandbox::{terminate, Sandbox};
 
-/// The flexd binary under test.
-pub const FLEXD: &str = env!("CARGO_BIN_EXE_flexd");
+/// The flexd binary under test: `flexd` beside the running test's own directory
+/// (`target/<profile>/deps/<test>` → `target/<profile>/flexd`), which cargo builds for every
+/// integration test and bench of the flexd package.
+pub fn flexd_exe() -> PathBuf {
+    built_exe("flexd")
+}
+
+/// The builtin loop driver's own binary (`flexd-loop`), found as [`flexd_exe`] is.
+pub fn flexd_loop_exe() -> PathBuf {
+    built_exe("flexd-loop")
+}
+
+fn built_exe(name: &str) -> PathBuf {
+    let test = std::env::current_exe().expect("the test's own path");
+    let profile_dir = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary under target/<profile>/deps");
+    let exe = profile_dir.join(name);
+    assert!(
+        exe.is_file(),
+        "{} is not built: run the tests of the flexd package",
+        exe.display()
+    );
+    exe
+}
 
 /// `flexd`, with no flexd setting inherited from the environment the tests run in (its
 /// `FLEXD_*` variables, `NODE_NAME`, `RUST_LOG`): a test says what it wants.
 pub fn clean_flexd() -> Command {
-    let mut command = Command::new(FLEXD);
+    let mut command = Command::new(flexd_exe());
     for (var, _) in std::env::vars_os() {
         let name = var.to_string_lossy();
         if name.starts_with("FLEXD_") || name == "NODE_NAME" || name == "RUST_LOG" {
@@ -79,6 +97,32 @@ pub fn ok(out: &Output) {
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// flexd's stdout, after asserting that it succeeded.
+pub fn stdout_ok(out: &Output) -> String {
+    ok(out);
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+/// What a command printed on stdout, as text (lossily).
+pub fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What a command printed on stderr, as text (lossily).
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A multi-document YAML stream (`flexd manifests`, `deploy/*.yaml`) as JSON values; the empty
+/// document of a stream that starts with `---` after comments is left out.
+pub fn yaml_documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).expect("a YAML document"))
+        .filter(|doc| !doc.is_null())
+        .collect()
 }
 
 /// Runs `command` and asserts that it succeeded, showing `what` and all it said otherwise.
@@ -170,7 +214,7 @@ pub fn assert_ext4_grew_or_names_cap_sys_resource(
     after: u64,
     min_growth: u64,
 ) {
-    if flexvolume::mount::has_capability(flexvolume::mount::CAP_SYS_RESOURCE) {
+    if flexvolume_os::mount::has_capability(flexvolume_os::mount::CAP_SYS_RESOURCE) {
         ok(out);
         assert!(
             after > before + min_growth,
