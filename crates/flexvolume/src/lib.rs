@@ -44,9 +44,6 @@ pub mod runner;
 pub mod state;
 
 pub use layout::{InstalledDriver, LayoutPolicy};
-/// The old name of [`InstalledDriver`], kept only while `tests/runner.rs` still uses it.
-#[doc(hidden)]
-pub type Driver = InstalledDriver;
 pub use name::DriverName;
 pub use options::Options;
 pub use plugin::Plugin;

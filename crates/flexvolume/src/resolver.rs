@@ -133,7 +133,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::state::{Role, Stage};
+    use crate::state::{Progress, Role};
 
     /// A driver whose `init` answers with `attach` as given, or fails.
     fn driver_script(path: &Path, init: &str) {
@@ -156,11 +156,11 @@ mod tests {
             attachable: false,
             node: "n".into(),
             device: None,
-            device_mount_dir: None,
+            staging: None,
             detach_name: "pv".into(),
             pinned,
             created_target: false,
-            stage: Stage::Mounted,
+            progress: Progress::Mounted,
             role: Role::Mount,
         }
     }

@@ -8,7 +8,7 @@ use flexvolume::layout::{self, LayoutPolicy};
 use flexvolume::options::Options;
 use flexvolume::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
 use flexvolume::runner::{self, CallError, RunnerConfig};
-use flexvolume::{Driver, DriverName, Plugin, PodInfo, VolumeSpec};
+use flexvolume::{DriverName, InstalledDriver, Plugin, PodInfo, VolumeSpec};
 
 use test_support::{driver_source, is_dead, kill, read_pid};
 
@@ -22,7 +22,7 @@ fn wait_dead(pid: i32) -> bool {
 /// A temp plugin dir holding one quirk driver, installed as `test/<quirk>`.
 struct Fixture {
     dir: tempfile::TempDir,
-    driver: Driver,
+    driver: InstalledDriver,
 }
 
 fn install(quirk: &str) -> Fixture {

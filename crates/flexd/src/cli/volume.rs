@@ -410,7 +410,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                             r.driver,
                             r.volume_name,
                             name(serde_json::to_value(r.role)?),
-                            name(serde_json::to_value(r.stage)?),
+                            name(serde_json::to_value(r.progress)?),
                             r.device.as_deref().unwrap_or("-")
                         );
                     }

@@ -5,7 +5,7 @@
 
 use super::attacher;
 use super::{Lifecycle, LifecycleError};
-use crate::state::{Role, Stage, VolumeRecord};
+use crate::state::{Progress, Role, VolumeRecord};
 
 impl Lifecycle {
     /// Where the attach record of a volume on a node is kept (a name, never a mount point).
@@ -37,7 +37,11 @@ impl Lifecycle {
         let key = self.attachment_key(&spec.driver, &spec.volume_name, node)?;
         let key_lock = self.state.lock(&key)?;
         let lc = &self.holding(&[&key_lock]);
-        if let Some(record) = lc.state.load(&key)?.filter(|r| r.stage == Stage::Mounted) {
+        if let Some(record) = lc
+            .state
+            .load(&key)?
+            .filter(|r| r.progress == Progress::Mounted)
+        {
             return Ok(super::AttachOutcome {
                 device: record.device.unwrap_or_default(),
                 attached_now: false,
@@ -65,7 +69,7 @@ impl Lifecycle {
             Err(e) => return Err(e),
         };
         record.device = Some(device.clone()).filter(|d| !d.is_empty());
-        record.stage = Stage::Mounted;
+        record.progress = Progress::Mounted;
         lc.state.save(&record)?;
         Ok(super::AttachOutcome {
             device,

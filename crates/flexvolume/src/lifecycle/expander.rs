@@ -73,7 +73,7 @@ fn grow(
         false => Some(Options::for_volume(&record.spec()?)),
     };
     let dir = record
-        .device_mount_dir
+        .staging
         .clone()
         .unwrap_or_else(|| record.target.clone());
     let old_bytes = filesystem_bytes(&dir)?;

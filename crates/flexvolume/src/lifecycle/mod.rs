@@ -151,7 +151,9 @@ pub struct MountOutcome {
     /// False when the target was already mounted (nothing was done).
     pub mounted_now: bool,
     pub device: Option<String>,
-    pub device_mount_dir: Option<PathBuf>,
+    /// The staging path the device was mounted on (attaching drivers).
+    #[serde(rename = "device_mount_dir")]
+    pub staging: Option<PathBuf>,
     /// Whether the device was formatted by the default mountdevice.
     pub formatted: bool,
     /// The SetUp(fsGroup) pass, when one ran.
@@ -228,8 +230,9 @@ impl Lifecycle {
         }
     }
 
-    /// Where the device of a volume is mounted: `<state-dir>/devices/<vendor~driver>/<volume>`.
-    pub fn device_mount_dir(
+    /// The staging path of the whole node flow (`flexd volume mount`), where the device of a
+    /// volume is mounted: `<state-dir>/devices/<vendor~driver>/<volume>`.
+    pub fn device_staging(
         &self,
         driver: &DriverName,
         volume_name: &str,

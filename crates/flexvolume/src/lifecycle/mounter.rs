@@ -8,7 +8,7 @@ use super::{Lifecycle, LifecycleError, MountOutcome, MountRequest};
 use crate::mount::{self, safe_path};
 use crate::options::Options;
 use crate::protocol::CallOut;
-use crate::state::{Role, Stage, VolumeRecord};
+use crate::state::{Progress, Role, VolumeRecord};
 
 impl Lifecycle {
     /// Attach (when the driver attaches), mount the device, mount the target.
@@ -21,7 +21,7 @@ impl Lifecycle {
         let created_target = match target::find(lc, target, Role::Mount, req.spec, None)? {
             Found::Mounted(record) => {
                 tracing::debug!(target = %target.display(), "already mounted");
-                let (device, dir) = (record.device.clone(), record.device_mount_dir.clone());
+                let (device, dir) = (record.device.clone(), record.staging.clone());
                 return already_mounted(lc, req, &record, device, dir);
             }
             Found::Unmounted { created_target } => created_target,
@@ -30,8 +30,8 @@ impl Lifecycle {
         let spec = req.spec;
         let attachable = plugin.capabilities.attach;
         let mut record = target::new_record(lc, plugin, spec, target, Role::Mount, created_target)?;
-        let device_dir = lc.device_mount_dir(&spec.driver, &spec.volume_name)?;
-        record.device_mount_dir = attachable.then(|| device_dir.clone());
+        let device_dir = lc.device_staging(&spec.driver, &spec.volume_name)?;
+        record.staging = attachable.then(|| device_dir.clone());
         // Written ahead of every effect (the target directory, the attach, the mounts): a crash
         // at any point from here leaves a record from which unmount undoes whatever was done.
         lc.state.save(&record)?;
@@ -67,7 +67,7 @@ impl Lifecycle {
             target: target.clone(),
             mounted_now: true,
             device: record.device,
-            device_mount_dir: record.device_mount_dir,
+            staging: record.staging,
             formatted,
             ownership,
         })
@@ -123,7 +123,7 @@ impl Lifecycle {
         let spec = req.spec;
         let mut record = VolumeRecord {
             device: staged_device(),
-            device_mount_dir: staging.map(Path::to_owned),
+            staging: staging.map(Path::to_owned),
             ..target::new_record(lc, plugin, spec, target, Role::Publish, created_target)?
         };
         // Written ahead of the target directory and the mount: a crash from here on leaves a
@@ -141,7 +141,7 @@ impl Lifecycle {
             target: target.clone(),
             mounted_now: true,
             device: record.device,
-            device_mount_dir: record.device_mount_dir,
+            staging: record.staging,
             formatted: false,
             ownership,
         })
@@ -185,10 +185,10 @@ fn already_mounted(
     req: &MountRequest<'_>,
     record: &VolumeRecord,
     device: Option<String>,
-    device_mount_dir: Option<std::path::PathBuf>,
+    staging: Option<std::path::PathBuf>,
 ) -> Result<MountOutcome, LifecycleError> {
-    let ownership = match record.stage {
-        Stage::Mounted => None,
+    let ownership = match record.progress {
+        Progress::Mounted => None,
         _ => {
             let ownership = set_up_ownership(req)?;
             target::mark_mounted(lc, record)?;
@@ -199,7 +199,7 @@ fn already_mounted(
         target: req.target.to_owned(),
         mounted_now: false,
         device,
-        device_mount_dir,
+        staging,
         formatted: false,
         ownership,
     })

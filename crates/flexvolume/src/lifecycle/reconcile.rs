@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use super::{Lifecycle, LifecycleError};
-use crate::state::{Role, Stage};
+use crate::state::{Progress, Role};
 
 /// What reconciling found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -45,21 +45,21 @@ impl Lifecycle {
             let Some(record) = lc.state.load(&target)? else {
                 continue;
             };
-            match (record.stage, crate::mount::is_mount_point(&target)?) {
-                (Stage::Mounted, true) => report.consistent += 1,
-                (Stage::Mounted, false) => {
+            match (record.progress, crate::mount::is_mount_point(&target)?) {
+                (Progress::Mounted, true) => report.consistent += 1,
+                (Progress::Mounted, false) => {
                     tracing::warn!(target = %target.display(), "recorded as mounted but not mounted");
                     report.lost.push(target);
                 }
-                (Stage::Mounting, true) => {
+                (Progress::Mounting, true) => {
                     tracing::info!(target = %target.display(), "operation interrupted after its mount; a retry or teardown completes it");
                     report.interrupted.push(target);
                 }
                 // A whole-flow mount may have attached: its teardown detaches.
-                (Stage::Mounting, false) if record.role == Role::Mount => {
+                (Progress::Mounting, false) if record.role == Role::Mount => {
                     report.interrupted.push(target)
                 }
-                (Stage::Mounting, false) => {
+                (Progress::Mounting, false) => {
                     super::target::remove_created(&record);
                     lc.state.remove(&target)?;
                     tracing::info!(target = %target.display(), "operation interrupted before its mount; rolled back");

@@ -34,7 +34,7 @@ impl Lifecycle {
         let mut record = VolumeRecord {
             attachable: true,
             device: Some(req.device.to_owned()).filter(|d| !d.is_empty()),
-            device_mount_dir: Some(staging.clone()),
+            staging: Some(staging.clone()),
             ..target::new_record(lc, plugin, spec, staging, Role::Stage, created_target)?
         };
         // Ahead of the directory and the device mount, so unstage can undo a half-done stage.

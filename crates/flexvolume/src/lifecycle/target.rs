@@ -8,7 +8,7 @@ use super::{Lifecycle, LifecycleError};
 use crate::mount::{self, safe_path};
 use crate::plugin::Plugin;
 use crate::spec::VolumeSpec;
-use crate::state::{Role, Stage, VolumeRecord};
+use crate::state::{Progress, Role, VolumeRecord};
 
 /// What is at a path, found without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,20 +108,20 @@ pub(super) fn new_record(
         attachable: plugin.capabilities.attach,
         node: lc.node.clone(),
         device: None,
-        device_mount_dir: None,
+        staging: None,
         detach_name: spec.volume_name.replace('/', "~"),
         pinned: Some(pinned),
         created_target,
-        stage: Stage::Mounting,
+        progress: Progress::Mounting,
         role,
     })
 }
 
 /// Records a set-up as done, unless its record says so already.
 pub(super) fn mark_mounted(lc: &Lifecycle, record: &VolumeRecord) -> Result<(), LifecycleError> {
-    if record.stage != Stage::Mounted {
+    if record.progress != Progress::Mounted {
         lc.state.save(&VolumeRecord {
-            stage: Stage::Mounted,
+            progress: Progress::Mounted,
             ..record.clone()
         })?;
     }
@@ -140,7 +140,7 @@ pub(super) fn finish<T>(
 ) -> Result<T, LifecycleError> {
     match result {
         Ok(done) => {
-            record.stage = Stage::Mounted;
+            record.progress = Progress::Mounted;
             lc.state.save(record)?;
             Ok(done)
         }
@@ -279,11 +279,11 @@ pub(super) fn same_volume(
         ));
     }
     if let Some(staging) = staging {
-        if record.device_mount_dir.as_deref() != staging {
+        if record.staging.as_deref() != staging {
             let show = |p: Option<&Path>| p.map(|p| p.display().to_string()).unwrap_or_default();
             return Err(incompatible(
                 "staging path",
-                show(record.device_mount_dir.as_deref()),
+                show(record.staging.as_deref()),
                 show(staging),
             ));
         }

@@ -178,9 +178,7 @@ impl Lifecycle {
                 .list()?
                 .into_iter()
                 .flatten()
-                .filter(|r| {
-                    r.role == Role::Publish && r.device_mount_dir.as_deref() == Some(target)
-                })
+                .filter(|r| r.role == Role::Publish && r.staging.as_deref() == Some(target))
                 .map(|r| r.target)
                 .collect();
             if !users.is_empty() {
@@ -219,7 +217,7 @@ impl Lifecycle {
             }
         }
         unmount_target(lc, &plugin, &record)?;
-        if let (true, Some(device_dir)) = (record.attachable, record.device_mount_dir.as_ref()) {
+        if let (true, Some(device_dir)) = (record.attachable, record.staging.as_ref()) {
             let device_lock = lc.state.lock(device_dir)?;
             let lc = &lc.holding(&[&device_lock]);
             let others = lc
@@ -227,9 +225,7 @@ impl Lifecycle {
                 .list()?
                 .into_iter()
                 .flatten()
-                .filter(|r| {
-                    r.target != record.target && r.device_mount_dir.as_ref() == Some(device_dir)
-                })
+                .filter(|r| r.target != record.target && r.staging.as_ref() == Some(device_dir))
                 .count();
             if others == 0 {
                 attacher::unmount_device(lc, &plugin, device_dir)?;

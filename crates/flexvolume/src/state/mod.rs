@@ -87,13 +87,14 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
     }
 }
 
-/// How far a volume's setup got.
+/// How far a volume's setup got (the record's `stage` on disk; not CSI's NodeStage, which is
+/// [`Role::Stage`]).
 ///
 /// The record is written *before* each step with an effect (attach, the target's mount), so a
 /// crash at any point leaves a record from which unmount undoes whatever was done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Stage {
+pub enum Progress {
     /// Setup is under way (or was, when flexd crashed): the volume may be attached, its device
     /// mounted, the target mounted.
     #[serde(alias = "device-mounted")]
@@ -134,14 +135,18 @@ pub struct VolumeRecord {
     pub attachable: bool,
     pub node: String,
     pub device: Option<String>,
-    pub device_mount_dir: Option<PathBuf>,
+    /// The staging path: where the device is mounted before the target gets it (FlexVolume's
+    /// device mount dir; CSI's staging_target_path). A stage record's own path is its `target`.
+    #[serde(rename = "device_mount_dir")]
+    pub staging: Option<PathBuf>,
     /// The name detach receives (getvolumename's answer with `/` as `~`, or the volume name).
     pub detach_name: String,
     /// A copy of the driver executable as it was at mount time, for teardown after removal.
     pub pinned: Option<PathBuf>,
     /// Whether flexd created the target directory (and so removes it on teardown).
     pub created_target: bool,
-    pub stage: Stage,
+    #[serde(rename = "stage")]
+    pub progress: Progress,
     /// Absent in records written before CSI serving: those are whole-flow mounts.
     #[serde(default)]
     pub role: Role,
@@ -316,9 +321,9 @@ impl Parsed {
 
     /// The record with its marker applied.
     fn marked_record(&self) -> std::borrow::Cow<'_, VolumeRecord> {
-        if self.marked && self.record.stage == Stage::Mounting {
+        if self.marked && self.record.progress == Progress::Mounting {
             let mut record = self.record.clone();
-            record.stage = Stage::Mounted;
+            record.progress = Progress::Mounted;
             std::borrow::Cow::Owned(record)
         } else {
             std::borrow::Cow::Borrowed(&self.record)
@@ -535,13 +540,13 @@ impl StateDir {
     }
 
     pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
-        if record.stage == Stage::Mounted {
+        if record.progress == Progress::Mounted {
             // Only the stage changed: the marker says it, the record stays as written.
             let on_disk = self.load_record(&record.target).ok().flatten();
             if on_disk.is_some_and(|r| {
-                r.stage == Stage::Mounting
+                r.progress == Progress::Mounting
                     && VolumeRecord {
-                        stage: Stage::Mounted,
+                        progress: Progress::Mounted,
                         ..r
                     } == *record
             }) {
@@ -616,8 +621,8 @@ impl StateDir {
         let Some(mut record) = self.load_record(target)? else {
             return Ok(None);
         };
-        if record.stage == Stage::Mounting && self.marker_path(target).exists() {
-            record.stage = Stage::Mounted;
+        if record.progress == Progress::Mounting && self.marker_path(target).exists() {
+            record.progress = Progress::Mounted;
         }
         Ok(Some(record))
     }
@@ -959,11 +964,11 @@ mod tests {
             attachable: true,
             node: "n1".into(),
             device: Some("/dev/loop0".into()),
-            device_mount_dir: Some("/s/devices/acme~drv/pv-1".into()),
+            staging: Some("/s/devices/acme~drv/pv-1".into()),
             detach_name: "pv-1".into(),
             pinned: None,
             created_target: true,
-            stage: Stage::Mounted,
+            progress: Progress::Mounted,
             role: Role::Mount,
         }
     }
@@ -1003,12 +1008,12 @@ mod tests {
         let here = StateDir::new(dir.path());
         here.watch_records();
         let elsewhere = StateDir::new(dir.path());
-        let listed = |state: &StateDir| -> Vec<(PathBuf, Stage, Option<String>)> {
+        let listed = |state: &StateDir| -> Vec<(PathBuf, Progress, Option<String>)> {
             state
                 .list()
                 .unwrap()
                 .into_iter()
-                .map(|r| r.map(|r| (r.target, r.stage, r.device)).unwrap())
+                .map(|r| r.map(|r| (r.target, r.progress, r.device)).unwrap())
                 .collect()
         };
         let watching =
@@ -1023,15 +1028,15 @@ mod tests {
         elsewhere.save(&record("/t/b")).unwrap();
         let with_device = |device: &str| VolumeRecord {
             device: Some(device.into()),
-            stage: Stage::Mounting,
+            progress: Progress::Mounting,
             ..record("/t/a")
         };
         elsewhere.save(&with_device("/dev/loop1")).unwrap();
         assert_eq!(
             listed(&here),
             [
-                ("/t/a".into(), Stage::Mounting, Some("/dev/loop1".into())),
-                ("/t/b".into(), Stage::Mounted, Some("/dev/loop0".into())),
+                ("/t/a".into(), Progress::Mounting, Some("/dev/loop1".into())),
+                ("/t/b".into(), Progress::Mounted, Some("/dev/loop0".into())),
             ]
         );
         // Written in place by hand, at the same size: seen, though no rename happened.
@@ -1047,12 +1052,12 @@ mod tests {
         // A marker that finishes the operation, made elsewhere.
         elsewhere
             .save(&VolumeRecord {
-                stage: Stage::Mounted,
+                progress: Progress::Mounted,
                 ..with_device("/dev/loop7")
             })
             .unwrap();
         assert!(elsewhere.marker_path(Path::new("/t/a")).exists());
-        assert_eq!(listed(&here)[0].1, Stage::Mounted);
+        assert_eq!(listed(&here)[0].1, Progress::Mounted);
         // Broken, reported at every listing, and listed again once mended.
         fs::write(&path, "{not json").unwrap();
         for _ in 0..2 {
@@ -1066,7 +1071,7 @@ mod tests {
         elsewhere.remove(Path::new("/t/b")).unwrap();
         assert_eq!(
             listed(&here),
-            [("/t/a".into(), Stage::Mounted, Some("/dev/loop0".into()))]
+            [("/t/a".into(), Progress::Mounted, Some("/dev/loop0".into()))]
         );
         // The whole directory swapped for another: listed afresh, and watched again.
         let volumes = here.volumes();
@@ -1074,7 +1079,7 @@ mod tests {
         elsewhere.save(&record("/t/c")).unwrap();
         assert_eq!(
             listed(&here),
-            [("/t/c".into(), Stage::Mounted, Some("/dev/loop0".into()))]
+            [("/t/c".into(), Progress::Mounted, Some("/dev/loop0".into()))]
         );
         assert!(watching(&here));
         elsewhere.save(&record("/t/d")).unwrap();
@@ -1185,7 +1190,7 @@ mod tests {
                 Some(record("/t/fifo"))
             );
             let mounting = VolumeRecord {
-                stage: Stage::Mounting,
+                progress: Progress::Mounting,
                 ..record("/t/b")
             };
             state.save(&mounting).unwrap();
@@ -1417,18 +1422,18 @@ mod tests {
         let state = StateDir::new(dir.path());
         let target = Path::new("/t/a");
         let mut rec = record("/t/a");
-        rec.stage = Stage::Mounting;
+        rec.progress = Progress::Mounting;
         state.save(&rec).unwrap();
         assert_eq!(
-            state.list().unwrap()[0].as_ref().unwrap().stage,
-            Stage::Mounting
+            state.list().unwrap()[0].as_ref().unwrap().progress,
+            Progress::Mounting
         );
-        rec.stage = Stage::Mounted;
+        rec.progress = Progress::Mounted;
         state.save(&rec).unwrap();
         assert!(state.marker_path(target).exists());
         assert_eq!(
-            state.load_record(target).unwrap().unwrap().stage,
-            Stage::Mounting
+            state.load_record(target).unwrap().unwrap().progress,
+            Progress::Mounting
         );
         assert_eq!(state.load(target).unwrap(), Some(rec.clone()));
         assert_eq!(state.list().unwrap()[0].as_ref().unwrap(), &rec);
@@ -1439,13 +1444,16 @@ mod tests {
         assert_eq!(state.load_record(target).unwrap(), Some(rec.clone()));
         assert_eq!(state.list().unwrap()[0].as_ref().unwrap(), &rec);
         // A new operation's Mounting record is not overridden by an older marker.
-        rec.stage = Stage::Mounting;
+        rec.progress = Progress::Mounting;
         state.save(&rec).unwrap();
-        rec.stage = Stage::Mounted;
+        rec.progress = Progress::Mounted;
         state.save(&rec).unwrap();
-        rec.stage = Stage::Mounting;
+        rec.progress = Progress::Mounting;
         state.save(&rec).unwrap();
-        assert_eq!(state.load(target).unwrap().unwrap().stage, Stage::Mounting);
+        assert_eq!(
+            state.load(target).unwrap().unwrap().progress,
+            Progress::Mounting
+        );
         state.remove(target).unwrap();
         assert_eq!(fs::read_dir(state.volumes()).unwrap().count(), 0);
     }
