@@ -6,6 +6,7 @@
 
 mod builtin;
 mod cli;
+mod http2;
 mod serve;
 mod settings;
 

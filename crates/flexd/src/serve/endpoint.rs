@@ -37,10 +37,11 @@ use tokio_stream::StreamExt as _;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tonic::transport::Server;
 
-use super::authority::{self, AuthorityFix, PREFACE};
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
 use super::registration::RegistrationService;
+use crate::http2::authority::{self, AuthorityFix};
+use crate::http2::PREFACE;
 use flexd::proto::csi::identity_server::IdentityServer;
 use flexd::proto::registration::registration_server::RegistrationServer;
 

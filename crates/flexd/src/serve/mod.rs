@@ -6,7 +6,6 @@
 //! drivers lose them. What each driver is (ready with its plugin, failed, removed) is the
 //! library's [`Registry`]'s, fed by the same events: this module keeps only what is CSI's.
 
-pub mod authority;
 pub mod calls;
 pub mod controller;
 pub mod driver;
