@@ -82,8 +82,7 @@ fn cycle_bench(rt: &tokio::runtime::Runtime, cycles: usize, rounds: usize) {
     let server = Server::start_with("node", PRODUCTION_LOGGING, |p| {
         test_support::install_example(p, "tmpfs/tmpfs", "bench~tmpfs")
     });
-    let sock = server.csi_dir.join("flexvolume-bench--tmpfs/csi.sock");
-    test_support::wait_for_path(&sock);
+    let sock = server.socket("flexvolume-bench--tmpfs");
     let exe = test_support::executable_of(&server.plugin_dir, "bench~tmpfs");
     let work = server.path("work");
     // Warm-up: the page cache, the connection, flexd's first pin.
@@ -178,8 +177,7 @@ fn concurrency_bench(rt: &tokio::runtime::Runtime, n: usize, delay: f64, rounds:
             &slow_driver(delay),
         );
     });
-    let sock = server.csi_dir.join("flexvolume-bench--slow/csi.sock");
-    test_support::wait_for_path(&sock);
+    let sock = server.socket("flexvolume-bench--slow");
     let exe = test_support::executable_of(&server.plugin_dir, "bench~slow");
     let work = server.path("work");
     let (mut ratios, mut cpu_ms) = (Vec::new(), Vec::new());

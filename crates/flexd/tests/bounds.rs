@@ -65,17 +65,7 @@ fn ownership_threads_beyond_the_cap_are_refused_and_below_it_clamped() {
         "100000",
     ]);
     // Bad usage, like every other bad flag value, with the range.
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        test_support::stderr_of(&out)
-    );
-    assert!(
-        test_support::stderr_of(&out).contains("'--threads <THREADS>': 100000 is not in 0..=64"),
-        "{}",
-        test_support::stderr_of(&out)
-    );
+    test_support::assert_fails_saying(&out, 2, &["'--threads <THREADS>': 100000 is not in 0..=64"]);
     assert_eq!(
         snapshot(dir.path()),
         before,
@@ -120,45 +110,20 @@ fn numeric_flags_out_of_range_are_bad_usage_naming_the_range() {
         "--timeout",
         "1s",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        test_support::stderr_of(&out)
-    );
-    assert!(
-        test_support::stderr_of(&out).contains("4294967295 is not in 0..=4194303"),
-        "{}",
-        test_support::stderr_of(&out)
-    );
+    test_support::assert_fails_saying(&out, 2, &["4294967295 is not in 0..=4194303"]);
     let out = test_support::clean_flexd()
         .env("FLEXD_DRIVER_MAX_PROCESSES", "5000000")
         .arg("drivers")
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        test_support::stderr_of(&out)
-    );
+    test_support::assert_fails_saying(&out, 2, &[]);
     for args in [
         ["--fs-group", "1", "--threads=-1"],
         ["--fs-group=-1", "--threads", "1"],
         ["--fs-group=x", "--threads", "1"],
     ] {
         let out = flexd(&[&["ownership", "apply", "/nonexistent"][..], &args].concat());
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            test_support::stderr_of(&out)
-        );
-        assert!(
-            test_support::stderr_of(&out).contains("invalid value"),
-            "{args:?}: {}",
-            test_support::stderr_of(&out)
-        );
+        test_support::assert_fails_saying(&out, 2, &["invalid value"]);
     }
 }
 
@@ -172,18 +137,7 @@ fn the_unset_gid_is_refused_and_nothing_changes() {
         "--fs-group",
         "4294967295",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        test_support::stderr_of(&out)
-    );
-    assert!(
-        test_support::stderr_of(&out).contains("(gid_t)-1")
-            && test_support::stderr_of(&out).contains("a group id is in 0..=4294967294"),
-        "{}",
-        test_support::stderr_of(&out)
-    );
+    test_support::assert_fails_saying(&out, 2, &["(gid_t)-1", "a group id is in 0..=4294967294"]);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("group changes"));
     assert_eq!(
         snapshot(dir.path()),
@@ -198,17 +152,7 @@ fn volume_mount_refuses_the_unset_gid_before_calling_the_driver() {
     s.install_example("tmpfs/tmpfs", "acme~tmpfs");
     let target = s.path("target");
     let out = s.volume_mount("acme/tmpfs", &target, &["--fs-group", "4294967295"]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        test_support::stderr_of(&out)
-    );
-    assert!(
-        test_support::stderr_of(&out).contains("(gid_t)-1"),
-        "{}",
-        test_support::stderr_of(&out)
-    );
+    test_support::assert_fails_saying(&out, 2, &["(gid_t)-1"]);
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(target.to_str().unwrap()),

@@ -184,11 +184,9 @@ fn call_refuses_hostile_names_and_bad_arguments_before_running_anything() {
     let out = flexd(p, &["call", "t/x", "mount", "/only-one-arg"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("mount <target-dir> <json>"));
     let out = flexd(p, &["call", "--timeout", "soon", "t/x", "init"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("500ms, 2s, 10m"));
+    test_support::assert_fails_saying(&out, 2, &["500ms, 2s, 10m"]);
     let out = flexd(p, &["call", "t/absent", "init"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("driver t/absent is not usable"));
+    test_support::assert_fails_saying(&out, 1, &["driver t/absent is not usable"]);
 }
 
 #[test]
@@ -265,12 +263,7 @@ fn check_passes_a_conforming_driver_and_explains_failures() {
     assert!(checks.iter().all(|c| c["ms"].as_f64().unwrap() >= 0.0));
 
     let verdict = |report: &Value, name: &str| -> String {
-        report["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"].as_str().unwrap().starts_with(name))
-            .unwrap()["verdict"]
+        test_support::check_named(report, name)["verdict"]
             .as_str()
             .unwrap()
             .to_owned()
@@ -376,12 +369,7 @@ esac
     let report = stdout_json(&out);
     assert_eq!(report["passed"], false);
     assert_eq!(report["needs_options"], true);
-    let mount = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str().unwrap().starts_with("mount through"))
-        .unwrap();
+    let mount = test_support::check_named(&report, "mount through");
     assert_eq!(mount["verdict"], "needs-options", "{report:#}");
     assert!(
         mount["detail"]
@@ -474,13 +462,7 @@ unmount) echo '{"status":"Success"}';;"#,
         ),
         "{report}"
     );
-    let detail = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str().unwrap().starts_with("mount through"))
-        .unwrap()["detail"]
-        .clone();
+    let detail = test_support::check_named(&report, "mount through")["detail"].clone();
     assert_eq!(detail, "mounted; device /dev/flex-attachable");
 
     let (code, got, report) = check("chk/strict");

@@ -22,8 +22,7 @@ async fn publishes_of_different_volumes_run_their_call_outs_at_once_each_exactly
         ev = events.display()
     );
     server.driver("acme~slow", &cases);
-    let sock = server.csi_dir.join("flexvolume-acme--slow/csi.sock");
-    test_support::wait_for_path(&sock);
+    let sock = server.socket("flexvolume-acme--slow");
     let node = node_client(&sock).await;
 
     let volumes: Vec<_> = (0..CALLS)

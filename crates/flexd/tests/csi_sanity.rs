@@ -92,17 +92,9 @@ struct Subject<'a> {
 /// controller's RPCs (checked to be UNIMPLEMENTED when the service is not offered).
 async fn offered(socket: &Path) -> (bool, Vec<i32>) {
     let mut identity = test_support::serve::identity_client(socket).await;
-    let controller_service = test_support::serve::plugin_capabilities(&mut identity)
+    let controller_service = test_support::serve::plugin_services(&mut identity)
         .await
-        .capabilities
-        .iter()
-        .any(|c| {
-            matches!(
-                &c.r#type,
-                Some(csi::plugin_capability::Type::Service(s))
-                    if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32
-            )
-        });
+        .contains(&test_support::serve::CONTROLLER_SERVICE);
     let mut controller = test_support::serve::controller_client(socket).await;
     if controller_service {
         let rpcs = test_support::serve::controller_capabilities(&mut controller).await;

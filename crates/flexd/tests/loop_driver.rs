@@ -521,12 +521,7 @@ fn flexd_check_passes_with_no_options_on_the_builtin_loop_driver() {
             assert_eq!(check["verdict"], "pass", "{report:#}");
         }
     }
-    let provisioned = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str().unwrap().starts_with("provision creates"))
-        .unwrap();
+    let provisioned = test_support::check_named(&report, "provision creates");
     assert_eq!(provisioned["verdict"], "pass");
     assert_eq!(report["passed"], true);
     assert_eq!(out.status.code(), Some(0));

@@ -202,8 +202,7 @@ fn values_kubernetes_would_refuse_are_bad_usage_and_print_nothing() {
             "acme/blk={}",
         ],
     );
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value for '--state-dir'"));
+    test_support::assert_fails_saying(&out, 2, &["invalid value for '--state-dir'"]);
 
     // What is accepted is what the header and the objects say.
     let out = manifests(

@@ -820,12 +820,7 @@ fn a_driver_said_twice_or_not_a_name_is_bad_usage() {
         &["migrate", "-f", "-", "--attaching", "../x"],
         "",
     );
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("invalid value '../x' for '--attaching"),
-        "{}",
-        text(&out.stderr)
-    );
+    test_support::assert_fails_saying(&out, 2, &["invalid value '../x' for '--attaching"]);
 }
 
 // ---- end to end: the old PV's data through the migrated PV, as root ----

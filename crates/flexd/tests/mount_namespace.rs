@@ -415,8 +415,7 @@ async fn serve_publishes_through_the_driver_mount_namespace() {
         Box::leak(vec![("FLEXD_DRIVER_MOUNT_NAMESPACE", ns)].into_boxed_slice());
     let server = Server::start_with("node", env, |_| {});
     server.driver(DRIVER, &scratch.driver_cases());
-    let sock = server.csi_dir.join("flexvolume-test--nsdrv/csi.sock");
-    test_support::wait_for_path(&sock);
+    let sock = server.socket("flexvolume-test--nsdrv");
     let mut node = node_client(&sock).await;
 
     let target = scratch.path("shared/pods/uid-1/volumes/v");

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use test_support::serve::{
     connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities,
-    node_client, publish_request, registration, spawn_publish, unpublish_request,
-    wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
+    node_client, plugin_services, publish_request, registration, spawn_publish, unpublish_request,
+    wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING, CONTROLLER_SERVICE,
 };
 use test_support::{
     assert_device_mounted, assert_repeat_kept_the_mount, eventually, examples,
@@ -63,33 +63,24 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
             .map(String::as_str),
         Some("acme/tmpfs")
     );
-    let probe = identity
-        .probe(csi::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(probe.ready, Some(true));
-    let caps = test_support::serve::plugin_capabilities(&mut identity).await;
+    assert_eq!(
+        test_support::serve::probe_ready(&mut identity).await,
+        Some(true)
+    );
     // tmpfs does not attach but provisions ("provision": true): its controller service has
     // CreateVolume/DeleteVolume to offer.
-    let controller = csi::plugin_capability::service::Type::ControllerService as i32;
-    assert!(
-        caps.capabilities.iter().all(|c| matches!(
-            &c.r#type,
-            Some(csi::plugin_capability::Type::Service(s)) if s.r#type == controller
-        )) && caps.capabilities.len() == 1,
-        "a provisioning, non-attaching driver advertises only the controller service: {caps:?}"
+    let services = plugin_services(&mut identity).await;
+    assert_eq!(
+        services,
+        [CONTROLLER_SERVICE],
+        "a provisioning, non-attaching driver advertises only the controller service"
     );
 
     let mut identity = identity_client(&block_sock).await;
-    let caps = test_support::serve::plugin_capabilities(&mut identity).await;
-    let controller = csi::plugin_capability::service::Type::ControllerService as i32;
+    let services = plugin_services(&mut identity).await;
     assert!(
-        caps.capabilities.iter().any(|c| matches!(
-            &c.r#type,
-            Some(csi::plugin_capability::Type::Service(s)) if s.r#type == controller
-        )),
-        "an attaching driver advertises the controller service: {caps:?}"
+        services.contains(&CONTROLLER_SERVICE),
+        "an attaching driver advertises the controller service: {services:?}"
     );
 
     let status = tokio::task::spawn_blocking(move || {
@@ -186,15 +177,12 @@ async fn a_driver_whose_init_fails_is_served_as_not_ready() {
     let server = Server::start(|p| {
         install(p, "quirks/empty-output", "acme~broken");
     });
-    let sock = server.csi_dir.join("flexvolume-acme--broken/csi.sock");
-    wait_for(&sock);
+    let sock = server.socket("flexvolume-acme--broken");
     let mut identity = identity_client(&sock).await;
-    let probe = identity
-        .probe(csi::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(probe.ready, Some(false));
+    assert_eq!(
+        test_support::serve::probe_ready(&mut identity).await,
+        Some(false)
+    );
     drop(server.plugin_dir.clone());
 }
 
@@ -217,12 +205,10 @@ async fn a_driver_installed_while_serving_gets_sockets_and_loses_them_when_remov
     wait_for(&sock);
     wait_for(&reg);
     let mut identity = identity_client(&sock).await;
-    let probe = identity
-        .probe(csi::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(probe.ready, Some(true));
+    assert_eq!(
+        test_support::serve::probe_ready(&mut identity).await,
+        Some(true)
+    );
 
     let out = server.flexd(&["uninstall", "--driver", "late/comer"]);
     assert!(out.status.success(), "{out:?}");

@@ -274,14 +274,14 @@ impl Driver for LoopDriver {
             return Ok(());
         }
         let _lock = volume.lock()?;
-        if fs::symlink_metadata(volume.image()).is_ok() {
-            if !volume.provisioned_here()? {
-                return Err(DriverError::failure(format!(
-                    "image {} was not made by a provision of volume {}; refusing to delete it",
-                    volume.image().display(),
-                    volume.name
-                )));
-            }
+        let foreign = |image: &Path| {
+            DriverError::failure(format!(
+                "image {} was not made by a provision of volume {}; refusing to delete it",
+                image.display(),
+                volume.name
+            ))
+        };
+        if volume.has_provisioned_image(foreign)? {
             if let Some(device) = volume.device()? {
                 return Err(DriverError::failure(format!(
                     "volume {} is still attached as {device}; detach it first",

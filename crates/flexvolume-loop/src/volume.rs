@@ -9,6 +9,18 @@ use std::path::{Path, PathBuf};
 
 use crate::*;
 
+/// A file of the driver's own beside an image (a lock, a marker), opened for writing and
+/// created when absent; never through a symlink a caller planted at its name.
+fn open_own_file(path: &Path, truncate: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(truncate)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+}
+
 /// One volume: `<dir>/<name>.img`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
@@ -104,13 +116,7 @@ impl Volume {
         }
         let path = self.lock_path();
         loop {
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                .open(&path)
+            let file = open_own_file(&path, false)
                 .context(format_args!("cannot open lock {}", path.display()))?;
             rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
                 .context(format_args!("cannot lock {}", path.display()))?;
@@ -146,24 +152,32 @@ impl Volume {
         Ok(marker.trim() == identity(&image))
     }
 
+    /// Whether the image exists; one that no provision of this name made is refused with
+    /// `foreign(image)`.
+    pub(crate) fn has_provisioned_image(
+        &self,
+        foreign: impl FnOnce(&Path) -> DriverError,
+    ) -> DriverResult<bool> {
+        if fs::symlink_metadata(self.image()).is_err() {
+            return Ok(false);
+        }
+        if !self.provisioned_here()? {
+            return Err(foreign(&self.image()));
+        }
+        Ok(true)
+    }
+
     /// Records that provision made the image (written after the image, fsync-ed).
     pub(crate) fn mark_provisioned(&self, image: &File) -> DriverResult<()> {
         let meta = image
             .metadata()
             .context(format_args!("cannot stat {}", self.image().display()))?;
         let marker = self.marker_path();
-        let written = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&marker)
-            .and_then(|mut f| {
-                use std::io::Write as _;
-                f.write_all(identity(&meta).as_bytes())?;
-                f.sync_all()
-            });
+        let written = open_own_file(&marker, true).and_then(|mut f| {
+            use std::io::Write as _;
+            f.write_all(identity(&meta).as_bytes())?;
+            f.sync_all()
+        });
         written.context(format_args!("cannot write {}", marker.display()))
     }
 
@@ -240,14 +254,14 @@ impl Volume {
 
     /// Provision's work, under the lock: the size of the image there now.
     pub(crate) fn provision_locked(&self, size: u64) -> DriverResult<u64> {
-        if fs::symlink_metadata(self.image()).is_ok() {
-            if !self.provisioned_here()? {
-                return Err(DriverError::already_exists(format!(
-                    "image {} exists and was not made by a provision of volume {}",
-                    self.image().display(),
-                    self.name
-                )));
-            }
+        let foreign = |image: &Path| {
+            DriverError::already_exists(format!(
+                "image {} exists and was not made by a provision of volume {}",
+                image.display(),
+                self.name
+            ))
+        };
+        if self.has_provisioned_image(foreign)? {
             let existing = fs::metadata(self.image())
                 .context(format_args!("cannot stat {}", self.image().display()))?
                 .len();

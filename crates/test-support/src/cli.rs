@@ -99,6 +99,25 @@ pub fn ok(out: &Output) {
     );
 }
 
+/// Asserts that a command exited with `code` and said each of `says` on stderr.
+pub fn assert_fails_saying(out: &Output, code: i32, says: &[&str]) {
+    let stderr = stderr_of(out);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    for text in says {
+        assert!(stderr.contains(text), "no {text:?} in: {stderr}");
+    }
+}
+
+/// The check of a `flexd check --output json` report whose name starts with `name`.
+pub fn check_named<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["checks"]
+        .as_array()
+        .expect("a report's checks")
+        .iter()
+        .find(|c| c["name"].as_str().is_some_and(|n| n.starts_with(name)))
+        .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
+}
+
 /// flexd's stdout, after asserting that it succeeded.
 pub fn stdout_ok(out: &Output) -> String {
     ok(out);

@@ -281,6 +281,34 @@ pub async fn plugin_capabilities(
         .into_inner()
 }
 
+/// What the plugin's Probe says of its readiness.
+pub async fn probe_ready(
+    identity: &mut csi::identity_client::IdentityClient<Channel>,
+) -> Option<bool> {
+    let probe = identity.probe(csi::ProbeRequest {}).await.unwrap();
+    probe.into_inner().ready
+}
+
+/// The plugin's capabilities as the services they name, in its order (`None` for one that
+/// names no service).
+pub async fn plugin_services(
+    identity: &mut csi::identity_client::IdentityClient<Channel>,
+) -> Vec<Option<i32>> {
+    plugin_capabilities(identity)
+        .await
+        .capabilities
+        .into_iter()
+        .map(|c| match c.r#type {
+            Some(csi::plugin_capability::Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The CONTROLLER_SERVICE plugin capability.
+pub const CONTROLLER_SERVICE: Option<i32> =
+    Some(csi::plugin_capability::service::Type::ControllerService as i32);
+
 /// The RPCs the controller service says it offers, in its order (the call must succeed, and
 /// every capability must name its RPC).
 pub async fn controller_capabilities(

@@ -45,69 +45,60 @@ impl Sidecar {
 
     /// The ClusterRole rules of the official sidecar's `deploy/kubernetes/rbac.yaml`.
     pub(super) fn rules(self) -> Vec<PolicyRule> {
-        match self {
-            Self::Attacher => vec![
-                rule(
-                    "",
-                    &["persistentvolumes"],
-                    &["get", "list", "watch", "patch"],
-                ),
-                rule("storage.k8s.io", &["csinodes"], &["get", "list", "watch"]),
-                rule(
-                    "storage.k8s.io",
-                    &["volumeattachments"],
-                    &["get", "list", "watch", "patch"],
-                ),
-                rule("storage.k8s.io", &["volumeattachments/status"], &["patch"]),
-            ],
-            Self::Provisioner => vec![
-                rule(
-                    "",
-                    &["persistentvolumes"],
-                    &["get", "list", "watch", "create", "patch", "delete"],
-                ),
-                rule(
-                    "",
-                    &["persistentvolumeclaims"],
-                    &["get", "list", "watch", "update"],
-                ),
-                rule(
-                    "storage.k8s.io",
-                    &["storageclasses"],
-                    &["get", "list", "watch"],
-                ),
-                rule(
-                    "",
-                    &["events"],
-                    &["list", "watch", "create", "update", "patch"],
-                ),
-                rule("storage.k8s.io", &["csinodes"], &["get", "list", "watch"]),
-                rule("", &["nodes"], &["get", "list", "watch"]),
-                // Watched to know when a volume is no longer attached and may be deleted.
-                rule(
-                    "storage.k8s.io",
-                    &["volumeattachments"],
-                    &["get", "list", "watch"],
-                ),
-            ],
-            Self::Resizer => vec![
-                rule(
-                    "",
-                    &["persistentvolumes"],
-                    &["get", "list", "watch", "patch"],
-                ),
-                rule("", &["persistentvolumeclaims"], &["get", "list", "watch"]),
-                rule("", &["pods"], &["get", "list", "watch"]),
-                rule("", &["persistentvolumeclaims/status"], &["patch"]),
-                rule(
-                    "",
-                    &["events"],
-                    &["list", "watch", "create", "update", "patch"],
-                ),
-            ],
-        }
+        let table = match self {
+            Self::Attacher => ATTACHER_RULES,
+            Self::Provisioner => PROVISIONER_RULES,
+            Self::Resizer => RESIZER_RULES,
+        };
+        table
+            .iter()
+            .map(|(group, resource, verbs)| rule(group, &[resource], verbs))
+            .collect()
     }
 }
+
+/// One RBAC rule: API group, resource, verbs.
+type Rule = (&'static str, &'static str, &'static [&'static str]);
+
+const CORE: &str = "";
+const STORAGE: &str = "storage.k8s.io";
+const READ: &[&str] = &["get", "list", "watch"];
+const READ_PATCH: &[&str] = &["get", "list", "watch", "patch"];
+const EVENTS: &[&str] = &["list", "watch", "create", "update", "patch"];
+
+const ATTACHER_RULES: &[Rule] = &[
+    (CORE, "persistentvolumes", READ_PATCH),
+    (STORAGE, "csinodes", READ),
+    (STORAGE, "volumeattachments", READ_PATCH),
+    (STORAGE, "volumeattachments/status", &["patch"]),
+];
+
+const PROVISIONER_RULES: &[Rule] = &[
+    (
+        CORE,
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    (
+        CORE,
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update"],
+    ),
+    (STORAGE, "storageclasses", READ),
+    (CORE, "events", EVENTS),
+    (STORAGE, "csinodes", READ),
+    (CORE, "nodes", READ),
+    // Watched to know when a volume is no longer attached and may be deleted.
+    (STORAGE, "volumeattachments", READ),
+];
+
+const RESIZER_RULES: &[Rule] = &[
+    (CORE, "persistentvolumes", READ_PATCH),
+    (CORE, "persistentvolumeclaims", READ),
+    (CORE, "pods", READ),
+    (CORE, "persistentvolumeclaims/status", &["patch"]),
+    (CORE, "events", EVENTS),
+];
 
 /// How long a sidecar waits for flexd: longer than flexd's own call-out timeout and kill grace,
 /// so it sees flexd's answer (DEADLINE_EXCEEDED naming the driver) rather than giving up first

@@ -7,7 +7,7 @@ use super::{Lifecycle, LifecycleError};
 use crate::mount;
 use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::CallOut;
+use crate::protocol::{CallOut, Reply};
 use crate::runner::CallError;
 use crate::spec::VolumeSpec;
 
@@ -20,12 +20,10 @@ impl Lifecycle {
         spec: &VolumeSpec,
         node: &str,
     ) -> Result<String, LifecycleError> {
-        let options = Options::for_volume(spec);
-        match plugin.call(&self.runner, &CallOut::attach(&options, node)) {
-            Ok(reply) => Ok(reply.device.unwrap_or_default()),
-            Err(e) if e.is_not_supported() => Ok(String::new()),
-            Err(e) => Err(e.into()),
-        }
+        let call = CallOut::attach(&Options::for_volume(spec), node);
+        answer_or(self, plugin, &call, String::new(), |reply| {
+            reply.device.unwrap_or_default()
+        })
     }
 
     /// Whether a volume is attached to `node`. Default: attached (kubelet assumes so).
@@ -35,12 +33,10 @@ impl Lifecycle {
         spec: &VolumeSpec,
         node: &str,
     ) -> Result<bool, LifecycleError> {
-        let options = Options::for_volume(spec);
-        match plugin.call(&self.runner, &CallOut::is_attached(&options, node)) {
-            Ok(reply) => Ok(reply.attached.unwrap_or(false)),
-            Err(e) if e.is_not_supported() => Ok(true),
-            Err(e) => Err(e.into()),
-        }
+        let call = CallOut::is_attached(&Options::for_volume(spec), node);
+        answer_or(self, plugin, &call, true, |reply| {
+            reply.attached.unwrap_or(false)
+        })
     }
 
     /// Detaches a volume from `node` under the name kubelet gives detach (getvolumename's
@@ -54,6 +50,22 @@ impl Lifecycle {
         let name = detach_name(self, plugin, spec)?;
         let ran = detach(self, plugin, &name, node)?;
         Ok((name, ran))
+    }
+}
+
+/// A call-out's answer, or `default` when the driver answers `Not supported` (kubelet's rule
+/// for every call-out with a default).
+fn answer_or<T>(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    call: &CallOut,
+    default: T,
+    answer: impl FnOnce(Reply) -> T,
+) -> Result<T, LifecycleError> {
+    match plugin.call(&lc.runner, call) {
+        Ok(reply) => Ok(answer(reply)),
+        Err(e) if e.is_not_supported() => Ok(default),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -76,12 +88,10 @@ pub fn wait_for_attach(
     spec: &VolumeSpec,
     device: String,
 ) -> Result<String, LifecycleError> {
-    let options = Options::for_volume(spec);
-    match plugin.call(&lc.runner, &CallOut::wait_for_attach(&device, &options)) {
-        Ok(reply) => Ok(reply.device.filter(|d| !d.is_empty()).unwrap_or(device)),
-        Err(e) if e.is_not_supported() => Ok(device),
-        Err(e) => Err(e.into()),
-    }
+    let call = CallOut::wait_for_attach(&device, &Options::for_volume(spec));
+    answer_or(lc, plugin, &call, device.clone(), |reply| {
+        reply.device.filter(|d| !d.is_empty()).unwrap_or(device)
+    })
 }
 
 /// Mounts the device on the device mount dir unless it is mounted already. Default: nothing
@@ -122,18 +132,13 @@ pub fn detach_name(
     plugin: &Plugin,
     spec: &VolumeSpec,
 ) -> Result<String, LifecycleError> {
-    match plugin.call(
-        &lc.runner,
-        &CallOut::get_volume_name(&Options::for_volume(spec)),
-    ) {
-        Ok(reply) => Ok(reply
-            .volume_name
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| spec.volume_name.clone())
-            .replace('/', "~")),
-        Err(e) if e.is_not_supported() => Ok(spec.volume_name.replace('/', "~")),
-        Err(e) => Err(e.into()),
-    }
+    let call = CallOut::get_volume_name(&Options::for_volume(spec));
+    let name = answer_or(lc, plugin, &call, None, |reply| {
+        reply.volume_name.filter(|n| !n.is_empty())
+    })?;
+    Ok(name
+        .unwrap_or_else(|| spec.volume_name.clone())
+        .replace('/', "~"))
 }
 
 /// Unmounts the device mount dir (default: plain unmount) and removes it.
