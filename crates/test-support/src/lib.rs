@@ -4,8 +4,8 @@
 //! - [`sandbox`]: a test's directories that never leak a mount, driver writers, root checks
 //!   that say visibly when a test did not run ([`require_root!`], [`skip!`]), waiting;
 //! - [`cli`]: the real `flexd` binary run with a clean environment, on a sandbox;
-//! - [`serve`] (feature `flexd`): the one gRPC harness, a `flexd serve` and CSI clients;
-//! - [`fuzz`] (feature `flexd`): the fuzz targets' checks, which the normal suite runs on the
+//! - `serve` (feature `flexd`): the one gRPC harness, a `flexd serve` and CSI clients;
+//! - `fuzz` (feature `flexd`): the fuzz targets' checks, which the normal suite runs on the
 //!   committed seeds.
 //!
 //! Everything is re-exported at the root but the harness and the checks, so a test says

@@ -188,7 +188,7 @@ fn prepare(candidate: &Candidate) -> Result<Hierarchy, String> {
     })
 }
 
-/// The leaf flexd moves into when it is alone in a v2 cgroup (see [`enable_pids_below_self`]).
+/// The leaf flexd moves into when it is alone in a v2 cgroup (see `enable_pids_below_self`).
 pub const DAEMON_DIR: &str = "flexd-daemon";
 
 /// Enables pids for the children of flexd's own v2 cgroup. cgroup v2 lets a cgroup that has

@@ -291,4 +291,20 @@ mod tests {
             assert!(!c.contains('/') && !c.starts_with('.'), "{hostile} -> {c}");
         }
     }
+
+    /// `flexd volume mount --output json` prints the staging path under its old name.
+    #[test]
+    fn a_mount_outcome_keeps_its_json_names() {
+        let outcome = MountOutcome {
+            target: "/t".into(),
+            mounted_now: true,
+            device: None,
+            staging: Some("/s".into()),
+            formatted: false,
+            ownership: None,
+        };
+        let json = serde_json::to_value(outcome).unwrap();
+        assert_eq!(json["device_mount_dir"], "/s");
+        assert!(json.get("staging").is_none());
+    }
 }

@@ -9,7 +9,7 @@
 //!   full pipe.
 //!
 //! - a cap on the processes one call-out may have, and a kill that reaches helpers which left the
-//!   process group (see `runner/capped.rs` and `runner/cgroup.rs`).
+//!   process group (see `runner/capped.rs`, and `flexvolume_os::cgroup` for the hierarchy).
 //!
 //! One thread per call: `poll(2)` on both pipes and a pidfd. Kernels without pidfd (< 5.3) get a
 //! short poll interval and `try_wait` instead.

@@ -24,6 +24,16 @@ fn record(target: &str) -> VolumeRecord {
     }
 }
 
+/// The Rust names changed (progress, staging); the names on disk did not.
+#[test]
+fn records_keep_their_field_names_on_disk() {
+    let json = serde_json::to_value(record("/t/a")).unwrap();
+    assert_eq!(json["stage"], "mounted");
+    assert_eq!(json["device_mount_dir"], "/s/devices/acme~drv/pv-1");
+    assert_eq!(json["role"], "mount");
+    assert!(json.get("progress").is_none() && json.get("staging").is_none());
+}
+
 #[test]
 fn records_round_trip_and_list_in_order() {
     let dir = tempfile::tempdir().unwrap();
