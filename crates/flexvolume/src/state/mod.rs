@@ -182,8 +182,7 @@ fn content_hash(executable: &Path) -> Result<u64, StateError> {
     {
         return Ok(*hash);
     }
-    let content = fs::read(executable).map_err(io_err(executable))?;
-    let hash = stable_hash(&content);
+    let hash = hash_file(executable).map_err(io_err(executable))?;
     // Remembered only when the file did not change while it was read, and had settled.
     if before.settled() && identity(executable).is_ok_and(|after| after == before) {
         locked(&PIN_HASHES)
@@ -196,12 +195,36 @@ fn content_hash(executable: &Path) -> Result<u64, StateError> {
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
 /// names live on disk across upgrades).
 pub fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    stable_hash_update(STABLE_HASH_START, bytes)
+}
+
+const STABLE_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn stable_hash_update(mut hash: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         hash ^= u64::from(*b);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
+}
+
+/// [`stable_hash`] of a file's content, read in small pieces: a driver executable can be large
+/// (a multi-call binary of 150 MB), and every publish pins one, many at once under load.
+/// Reading each whole into memory got flexd OOM-killed under its 256 MiB limit by Kubernetes'
+/// storage e2e suite.
+fn hash_file(path: &Path) -> io::Result<u64> {
+    use std::io::Read as _;
+    let mut file = File::open(path)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut hash = STABLE_HASH_START;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(hash),
+            Ok(n) => hash = stable_hash_update(hash, &buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn id_of(target: &Path) -> String {
@@ -1467,6 +1490,12 @@ mod tests {
     #[test]
     fn stable_hash_is_fnv1a() {
         assert_eq!(stable_hash(b""), 0xcbf2_9ce4_8422_2325);
+        // A file hashes as its content in one piece, across read boundaries.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exe");
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &content).unwrap();
+        assert_eq!(hash_file(&path).unwrap(), stable_hash(&content));
         assert_eq!(stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }
