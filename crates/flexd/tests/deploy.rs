@@ -451,3 +451,59 @@ fn manifests_take_capabilities_from_the_command_line() {
         "{stderr}"
     );
 }
+
+/// Found by the e2e cluster's storage suite: the loop driver's images are made by the controller
+/// (attach, provision) and mounted by the node, so both pods must mount the image dirs the
+/// operator installed it with, whether the driver is named or found in the plugin dir; before,
+/// only the default dir was mounted, and only when the driver was named.
+#[test]
+fn both_pods_mount_the_loop_drivers_installed_image_dirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let images = [dir.path().join("images-a"), dir.path().join("images-b")];
+    test_support::ok(&test_support::flexd(
+        &plugins,
+        &[
+            "install",
+            "--builtin",
+            "loop",
+            "--image-dir",
+            images[0].to_str().unwrap(),
+            "--image-dir",
+            images[1].to_str().unwrap(),
+        ],
+    ));
+    let plugin_dir = plugins.to_str().unwrap();
+    for named in [&["--driver", "flexd/loop"][..], &[]] {
+        let out = manifests(&[&["--plugin-dir", plugin_dir][..], named].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs = test_support::yaml_documents(&String::from_utf8(out.stdout).unwrap());
+        let ds: DaemonSet = one(&docs, "DaemonSet");
+        let deployment: Deployment = one(&docs, "Deployment");
+        for template in [
+            &ds.spec.unwrap().template,
+            &deployment.spec.unwrap().template,
+        ] {
+            let pod = template.spec.as_ref().unwrap();
+            let flexd = flexd_container(template);
+            for image_dir in &images {
+                let path = image_dir.to_str().unwrap();
+                let mount = mount_where(&flexd, |m| m.mount_path == path);
+                let volume = volume_where(pod, |v| v.name == mount.name);
+                assert_eq!(volume.host_path.as_ref().unwrap().path, path, "{named:?}");
+            }
+            assert!(
+                !flexd
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.mount_path == "/var/lib/flexd-loop"),
+                "{named:?}: the default dir, which the driver was not installed with"
+            );
+        }
+    }
+}

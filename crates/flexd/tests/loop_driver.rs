@@ -310,6 +310,53 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
     assert_eq!(detach.status.code(), Some(0), "{detach:?}");
 }
 
+/// kubelet's flow for a second pod on the node while the volume stays attached (Kubernetes'
+/// storage e2e suite found it): unmountdevice released the loop device, so waitforattach must
+/// set one up again rather than answer "not attached"; the data is the same filesystem's.
+#[test]
+fn waitforattach_after_unmountdevice_finds_a_device_for_the_still_attached_volume() {
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = LoopSandbox::new();
+    let options = s.volume_options("again", Some("32Mi"));
+    let reply = |out: Output| -> Value {
+        let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(reply["status"], "Success", "{reply}");
+        reply
+    };
+    let attached = reply(s.call(&["attach", &options, "node-1"]));
+    let device = attached["device"].as_str().unwrap().to_owned();
+    let dir = s.target("device-mount");
+    let dir = dir.to_str().unwrap();
+    reply(s.call(&["waitforattach", &device, &options]));
+    reply(s.call(&["mountdevice", dir, &device, &options]));
+    std::fs::write(Path::new(dir).join("kept"), "first pod").unwrap();
+    reply(s.call(&["unmountdevice", dir]));
+    assert!(
+        s.loop_devices_of("again").is_empty(),
+        "unmountdevice releases the device"
+    );
+
+    // The second pod: no attach (the volume is attached), straight to waitforattach.
+    let waited = reply(s.call(&["waitforattach", &device, &options]));
+    let device = waited["device"].as_str().unwrap().to_owned();
+    assert_eq!(s.loop_devices_of("again"), vec![device.clone()]);
+    reply(s.call(&["mountdevice", dir, &device, &options]));
+    assert_eq!(
+        std::fs::read_to_string(Path::new(dir).join("kept")).unwrap(),
+        "first pod"
+    );
+    reply(s.call(&["unmountdevice", dir]));
+    reply(s.call(&["detach", &detach_name(&s, "again"), "node-1"]));
+    assert!(s.loop_devices_of("again").is_empty());
+
+    // A volume whose image is gone is not brought back by waitforattach.
+    std::fs::remove_file(s.image("again")).unwrap();
+    let gone: Value =
+        serde_json::from_slice(&s.call(&["waitforattach", &device, &options]).stdout).unwrap();
+    assert_eq!(gone["status"], "Failure", "{gone}");
+    assert!(s.loop_devices_of("again").is_empty());
+}
+
 /// The name getvolumename gives the volume (what detach receives).
 fn detach_name(s: &LoopSandbox, volume: &str) -> String {
     let options = s.volume_options(volume, None);

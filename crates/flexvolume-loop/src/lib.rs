@@ -10,7 +10,8 @@
 //! | provision | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) and its marker `.<volume>.provisioned`; never adopts an image it did not make |
 //! | delete | removes the image, only one provision made (the marker names its inode); refused while a loop device backs it, i.e. attached or mounted |
 //! | attach | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); sets up a loop device or reuses the one already backing it |
-//! | waitforattach, isattached | the loop device backing the image |
+//! | waitforattach | the loop device backing the image, set up again if `unmountdevice` released it (the volume is still attached) |
+//! | isattached | whether a loop device backs the image |
 //! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
 //! | unmountdevice | unmounts, and releases the loop device when nothing else mounts it |
 //! | detach | releases the loop device (refused while it is mounted) |
@@ -167,8 +168,25 @@ impl Driver for LoopDriver {
         }
     }
 
+    /// The loop device backing the image, set up again when there is none. A loop device is
+    /// local to the machine, and `unmountdevice` releases it once nothing mounts it, while the
+    /// volume stays attached in Kubernetes' eyes: the next pod on this node that uses the volume
+    /// comes here first (kubelet's MountDevice), and must find a device. Found by Kubernetes'
+    /// storage e2e suite (two pods using one volume one after the other).
     fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
-        self.volume(options)?.attached_device()
+        let volume = self.volume(options)?;
+        let _lock = volume.lock()?;
+        if !volume.image().exists() {
+            return Err(DriverError::not_found(format!(
+                "volume {} does not exist (no image {})",
+                volume.name,
+                volume.image().display()
+            )));
+        }
+        match volume.device()? {
+            Some(device) => Ok(device),
+            None => losetup::attach(&volume.image()),
+        }
     }
 
     fn is_attached(&self, options: &VolumeOptions, _node: &str) -> DriverResult<bool> {

@@ -2,7 +2,7 @@
 //! drivers installed in the plugin dir or named with `--driver`. What the objects are and why:
 //! [`flexd::deploy`]. This module only finds out what each driver can do.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
@@ -136,6 +136,9 @@ fn profiles(
                 tracing::warn!(entry = ?p.name, "not a driver name; left out");
                 continue;
             };
+            if builtin_named(name.as_str()).is_some() {
+                image_dirs(global, name, host_dirs)?;
+            }
             found.push((name.clone(), installed(p)?));
         }
         if found.is_empty() {
@@ -150,7 +153,10 @@ fn profiles(
         let capabilities = match given.capabilities {
             Some(capabilities) => capabilities,
             None => match builtin_named(name.as_str()) {
-                Some(b) => builtin(b, host_dirs)?,
+                Some(b) => {
+                    image_dirs(global, &name, host_dirs)?;
+                    builtin(b)?
+                }
                 None => match probed
                     .iter()
                     .find(|p| matches!(&p.subject, Subject::Driver(n) if *n == name))
@@ -192,14 +198,26 @@ fn builtin_named(name: &str) -> Option<Builtin> {
         .find(|b| b.driver_name() == name)
 }
 
-/// A builtin driver's capabilities (from its own init, run in this process), and the host
-/// directories it keeps volumes in.
-fn builtin(builtin: Builtin, host_dirs: &mut Vec<PathBuf>) -> anyhow::Result<Capabilities> {
+/// A builtin driver's capabilities, from its own init run in this process.
+fn builtin(builtin: Builtin) -> anyhow::Result<Capabilities> {
     match builtin {
-        Builtin::Loop => {
-            host_dirs.push(PathBuf::from(flexvolume_loop::DEFAULT_IMAGE_DIR));
-            flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
-                .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name()))
-        }
+        Builtin::Loop => flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
+            .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name())),
     }
+}
+
+/// The host directories the builtin loop driver keeps volumes in: the image dirs installed beside
+/// it in the plugin dir (`flexd install --builtin loop --image-dir`), or its default one when it is
+/// not installed there or was installed without any. Both the node and the controller pods mount
+/// them, since the controller's attach and provision make the images the node then mounts.
+fn image_dirs(
+    global: &Global,
+    name: &DriverName,
+    host_dirs: &mut Vec<PathBuf>,
+) -> anyhow::Result<()> {
+    let driver_dir = global.plugin_dir.join(name.dir_name());
+    let dirs = flexvolume_loop::ImageDirs::read(&driver_dir)
+        .with_context(|| format!("driver {name}: its image dirs"))?;
+    host_dirs.extend(dirs.iter().map(Path::to_path_buf));
+    Ok(())
 }

@@ -97,12 +97,36 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
 /// names live on disk across upgrades).
 pub fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    stable_hash_update(STABLE_HASH_START, bytes)
+}
+
+const STABLE_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn stable_hash_update(mut hash: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         hash ^= u64::from(*b);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
+}
+
+/// [`stable_hash`] of a file's content, read in small pieces: a driver executable can be large
+/// (a multi-call binary of 150 MB), and every publish pins one, many at once under load.
+/// Reading each whole into memory got flexd OOM-killed under its 256 MiB limit by Kubernetes'
+/// storage e2e suite.
+fn hash_file(path: &Path) -> io::Result<u64> {
+    use std::io::Read as _;
+    let mut file = File::open(path)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut hash = STABLE_HASH_START;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(hash),
+            Ok(n) => hash = stable_hash_update(hash, &buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn id_of(target: &Path) -> String {

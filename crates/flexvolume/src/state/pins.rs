@@ -19,8 +19,7 @@ pub(super) fn content_hash(executable: &Path) -> Result<u64, StateError> {
     {
         return Ok(*hash);
     }
-    let content = fs::read(executable).map_err(io_err(executable))?;
-    let hash = stable_hash(&content);
+    let hash = hash_file(executable).map_err(io_err(executable))?;
     // Remembered only when the file did not change while it was read, and had settled.
     if before.settled() && identity(executable).is_ok_and(|after| after == before) {
         locked(&PIN_HASHES)

@@ -538,4 +538,10 @@ fn a_changed_executable_is_hashed_again_when_pinned() {
 fn stable_hash_is_fnv1a() {
     assert_eq!(stable_hash(b""), 0xcbf2_9ce4_8422_2325);
     assert_eq!(stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    // A file hashes as its content in one piece, across read boundaries.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exe");
+    let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&path, &content).unwrap();
+    assert_eq!(hash_file(&path).unwrap(), stable_hash(&content));
 }
