@@ -155,17 +155,10 @@ impl Driver for LoopDriver {
         let _lock = volume.lock()?;
         if create {
             volume.create_or_reuse_image(size)?;
-        } else if !volume.image().exists() {
-            return Err(DriverError::not_found(format!(
-                "volume {} does not exist (no image {}); give a {SIZE_OPTION} option to create it on attach",
-                volume.name,
-                volume.image().display()
-            )));
         }
-        match volume.device()? {
-            Some(device) => Ok(device),
-            None => losetup::attach(&volume.image()),
-        }
+        volume.device_or_attach(&format!(
+            "; give a {SIZE_OPTION} option to create it on attach"
+        ))
     }
 
     /// The loop device backing the image, set up again when there is none. A loop device is
@@ -176,17 +169,7 @@ impl Driver for LoopDriver {
     fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
-        if !volume.image().exists() {
-            return Err(DriverError::not_found(format!(
-                "volume {} does not exist (no image {})",
-                volume.name,
-                volume.image().display()
-            )));
-        }
-        match volume.device()? {
-            Some(device) => Ok(device),
-            None => losetup::attach(&volume.image()),
-        }
+        volume.device_or_attach("")
     }
 
     fn is_attached(&self, options: &VolumeOptions, _node: &str) -> DriverResult<bool> {

@@ -296,6 +296,23 @@ impl Volume {
         losetup::device_of(&self.image())
     }
 
+    /// The loop device backing the image, set up when there is none (attach and
+    /// waitforattach, under the volume's lock). An image that is not there is NOT_FOUND;
+    /// `remedy` ends the message (what would create it, or nothing).
+    pub(crate) fn device_or_attach(&self, remedy: &str) -> DriverResult<String> {
+        if !self.image().exists() {
+            return Err(DriverError::not_found(format!(
+                "volume {} does not exist (no image {}){remedy}",
+                self.name,
+                self.image().display()
+            )));
+        }
+        match self.device()? {
+            Some(device) => Ok(device),
+            None => losetup::attach(&self.image()),
+        }
+    }
+
     pub(crate) fn attached_device(&self) -> DriverResult<String> {
         self.device()?.ok_or_else(|| {
             DriverError::failure(format!(
