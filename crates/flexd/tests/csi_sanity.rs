@@ -251,6 +251,11 @@ fn shape(attaches: bool, provisions: bool, expands: bool) {
     let driver = tempfile::tempdir().unwrap();
     let path = driver.path().join(&name);
     test_support::write_exe(&path, &source.replace(line, &capabilities));
+    driver_file(&name, &path, attaches, provisions);
+}
+
+/// The driver executable at `path`, installed as `acme/<name>`.
+fn driver_file(name: &str, path: &Path, attaches: bool, provisions: bool) {
     conformance(Subject {
         install: vec![
             "--driver".into(),
@@ -263,46 +268,31 @@ fn shape(attaches: bool, provisions: bool, expands: bool) {
     });
 }
 
-#[test]
-fn csi_sanity_passes_against_a_driver_that_attaches_provisions_and_expands() {
-    shape(true, true, true);
+/// One test for each capability set of `tests/drivers/shape` (see [`shape`]): `name: attaches,
+/// provisions, expands;`.
+macro_rules! shape_tests {
+    ($($(#[$doc:meta])* $name:ident: $attaches:expr, $provisions:expr, $expands:expr;)*) => {
+        $(
+            $(#[$doc])*
+            #[test]
+            fn $name() {
+                shape($attaches, $provisions, $expands);
+            }
+        )*
+    };
 }
 
-#[test]
-fn csi_sanity_passes_against_a_driver_that_attaches_and_provisions() {
-    shape(true, true, false);
-}
-
-#[test]
-fn csi_sanity_passes_against_a_driver_that_attaches_and_expands() {
-    shape(true, false, true);
-}
-
-#[test]
-fn csi_sanity_passes_against_a_driver_that_only_attaches() {
-    shape(true, false, false);
-}
-
-#[test]
-fn csi_sanity_passes_against_a_driver_that_provisions_and_expands() {
-    shape(false, true, true);
-}
-
-#[test]
-fn csi_sanity_passes_against_a_driver_that_only_provisions() {
-    shape(false, true, false);
-}
-
-#[test]
-fn csi_sanity_passes_against_a_driver_that_only_expands() {
-    shape(false, false, true);
-}
-
-/// Kubernetes' own e2e `dummy` driver, and most NFS/CIFS-style drivers: `{"attach": false}`,
-/// nothing else (expansion is the protocol's default, so it is turned off here explicitly).
-#[test]
-fn csi_sanity_passes_against_a_driver_that_only_mounts() {
-    shape(false, false, false);
+shape_tests! {
+    csi_sanity_passes_against_a_driver_that_attaches_provisions_and_expands: true, true, true;
+    csi_sanity_passes_against_a_driver_that_attaches_and_provisions: true, true, false;
+    csi_sanity_passes_against_a_driver_that_attaches_and_expands: true, false, true;
+    csi_sanity_passes_against_a_driver_that_only_attaches: true, false, false;
+    csi_sanity_passes_against_a_driver_that_provisions_and_expands: false, true, true;
+    csi_sanity_passes_against_a_driver_that_only_provisions: false, true, false;
+    csi_sanity_passes_against_a_driver_that_only_expands: false, false, true;
+    /// Kubernetes' own e2e `dummy` driver, and most NFS/CIFS-style drivers: `{"attach": false}`,
+    /// nothing else (expansion is the protocol's default, so it is turned off here explicitly).
+    csi_sanity_passes_against_a_driver_that_only_mounts: false, false, false;
 }
 
 #[test]
@@ -321,36 +311,20 @@ fn csi_sanity_passes_against_the_builtin_loop_driver() {
     });
 }
 
+/// The example driver `examples/drivers/<name>/<name>`, installed as `acme/<name>`.
+fn example(name: &str, attaches: bool, provisions: bool) {
+    let path = repo_path(&format!("examples/drivers/{name}/{name}"));
+    driver_file(name, &path, attaches, provisions);
+}
+
 #[test]
 fn csi_sanity_passes_against_the_tmpfs_example() {
-    conformance(Subject {
-        install: vec![
-            "--driver".into(),
-            "acme/tmpfs".into(),
-            repo_path("examples/drivers/tmpfs/tmpfs")
-                .display()
-                .to_string(),
-        ],
-        parameters: None,
-        attaches: false,
-        provisions: true,
-    });
+    example("tmpfs", false, true);
 }
 
 #[test]
 fn csi_sanity_passes_against_the_attachable_example() {
-    conformance(Subject {
-        install: vec![
-            "--driver".into(),
-            "acme/attachable".into(),
-            repo_path("examples/drivers/attachable/attachable")
-                .display()
-                .to_string(),
-        ],
-        parameters: None,
-        attaches: true,
-        provisions: false,
-    });
+    example("attachable", true, false);
 }
 
 #[test]
