@@ -133,9 +133,30 @@ fn create(name: &str, bytes: i64, tier: &str) -> csi::CreateVolumeRequest {
     }
 }
 
+/// The volume of a CreateVolume that must succeed.
+async fn created(
+    c: &mut ControllerClient<Channel>,
+    request: csi::CreateVolumeRequest,
+) -> csi::Volume {
+    c.create_volume(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+/// The answer to a CreateVolume that must be refused.
+async fn refusal(
+    c: &mut ControllerClient<Channel>,
+    request: csi::CreateVolumeRequest,
+) -> tonic::Status {
+    c.create_volume(request).await.unwrap_err()
+}
+
 /// The code of a CreateVolume that must be refused.
 async fn refused(c: &mut ControllerClient<Channel>, request: csi::CreateVolumeRequest) -> Code {
-    c.create_volume(request).await.unwrap_err().code()
+    refusal(c, request).await.code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,13 +173,7 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
         ]
     );
 
-    let made = c
-        .create_volume(create("pvc-1", 3 << 20, "gold"))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let made = created(&mut c, create("pvc-1", 3 << 20, "gold")).await;
     assert_eq!(made.volume_id, "pvc-1");
     assert_eq!(made.capacity_bytes, 3 << 20);
     assert_eq!(
@@ -180,18 +195,16 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
 
     // The same request is the same volume; the driver is not asked again, even by a
     // restarted flexd.
-    let again = c
-        .create_volume(create("pvc-1", 3 << 20, "gold"))
-        .await
-        .unwrap();
-    assert_eq!(again.into_inner().volume.unwrap(), made);
+    assert_eq!(
+        created(&mut c, create("pvc-1", 3 << 20, "gold")).await,
+        made
+    );
     server.restart();
     let mut c = server.client().await;
-    let again = c
-        .create_volume(create("pvc-1", 3 << 20, "gold"))
-        .await
-        .unwrap();
-    assert_eq!(again.into_inner().volume.unwrap(), made);
+    assert_eq!(
+        created(&mut c, create("pvc-1", 3 << 20, "gold")).await,
+        made
+    );
     assert_eq!(server.calls("provision").len(), 1);
     // The same name for something else is a conflict.
     assert_eq!(
@@ -204,10 +217,7 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     );
 
     // A failure the driver names keeps its meaning.
-    let err = c
-        .create_volume(create("pvc-2", 1 << 20, "full"))
-        .await
-        .unwrap_err();
+    let err = refusal(&mut c, create("pvc-2", 1 << 20, "full")).await;
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("pool full"), "{}", err.message());
 
@@ -282,20 +292,15 @@ async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry(
         refused(&mut c, create("pvc-full", 1 << 20, "full")).await,
         Code::ResourceExhausted
     );
-    let made = c
-        .create_volume(create("pvc-full", 1 << 20, "gold"))
-        .await
-        .unwrap();
-    assert_eq!(made.into_inner().volume.unwrap().volume_id, "pvc-full");
+    let made = created(&mut c, create("pvc-full", 1 << 20, "gold")).await;
+    assert_eq!(made.volume_id, "pvc-full");
     assert!(server.calls("delete").is_empty(), "nothing to clean up");
 
     assert_eq!(
         refused(&mut c, create("pvc-cut", 1 << 20, "crash")).await,
         Code::Internal
     );
-    c.create_volume(create("pvc-cut", 2 << 20, "gold"))
-        .await
-        .unwrap();
+    created(&mut c, create("pvc-cut", 2 << 20, "gold")).await;
     let deleted = server.calls("delete");
     assert_eq!(deleted.len(), 1, "{deleted:?}");
     assert!(
@@ -407,10 +412,7 @@ async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
     let deep = server.path("images/a/b");
     let name = format!("pvc-escape-{}", std::process::id());
     for dir in ["/etc", "/", deep.to_str().unwrap()] {
-        let err = c
-            .create_volume(create_loop(&name, &[("imageDir", dir)]))
-            .await
-            .unwrap_err();
+        let err = refusal(&mut c, create_loop(&name, &[("imageDir", dir)])).await;
         assert_eq!(err.code(), Code::InvalidArgument, "{dir}: {err:?}");
         assert!(
             err.message().contains("not an image dir this node allows"),
@@ -427,16 +429,11 @@ async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
         assert!(!made.exists(), "{} was made", made.display());
     }
     // The operator's dir: made (one level), used, and the name is free after the refusals.
-    let made = c
-        .create_volume(create_loop(
-            &name,
-            &[("imageDir", images.to_str().unwrap())],
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let made = created(
+        &mut c,
+        create_loop(&name, &[("imageDir", images.to_str().unwrap())]),
+    )
+    .await;
     assert!(images.join(format!("{name}.img")).is_file());
     // No size asked for: the driver's 1Gi, reported as it is (it was 0).
     assert_eq!(made.capacity_bytes, 1 << 30);
@@ -465,19 +462,17 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
         ("requestMiB", "1"),
         ("kubernetes.io/secret/token", "x"),
     ] {
-        let err = c
-            .create_volume(create_loop("pvc-new", &[("imageDir", dir), (key, value)]))
-            .await
-            .unwrap_err();
+        let err = refusal(
+            &mut c,
+            create_loop("pvc-new", &[("imageDir", dir), (key, value)]),
+        )
+        .await;
         assert_eq!(err.code(), Code::InvalidArgument, "{key}: {err:?}");
         assert!(err.message().contains(key), "{}", err.message());
     }
     assert!(!images.join("pvc-new.img").exists());
     // Its own name: the image is not one a provision made.
-    let err = c
-        .create_volume(create_loop("victim", &[("imageDir", dir)]))
-        .await
-        .unwrap_err();
+    let err = refusal(&mut c, create_loop("victim", &[("imageDir", dir)])).await;
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
     assert!(
         err.message().contains("not made by a provision"),
@@ -525,12 +520,11 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 
     // DeleteVolume removes only the image its provision made: one put in its place stays.
-    c.create_volume(create_loop(
-        "pvc-mine",
-        &[("imageDir", dir), ("size", "8Mi")],
-    ))
-    .await
-    .unwrap();
+    created(
+        &mut c,
+        create_loop("pvc-mine", &[("imageDir", dir), ("size", "8Mi")]),
+    )
+    .await;
     let mine = images.join("pvc-mine.img");
     std::fs::remove_file(&mine).unwrap();
     std::fs::write(&mine, b"planted").unwrap();
@@ -555,40 +549,34 @@ async fn a_failed_create_volume_leaves_nothing_and_the_corrected_retry_succeeds(
         ("lots", Code::InvalidArgument, "not a size"),
         ("0", Code::InvalidArgument, "not a size"),
     ] {
-        let err = c
-            .create_volume(create_loop(
-                "pvc-retry",
-                &[("imageDir", dir), ("size", size)],
-            ))
-            .await
-            .unwrap_err();
+        let err = refusal(
+            &mut c,
+            create_loop("pvc-retry", &[("imageDir", dir), ("size", size)]),
+        )
+        .await;
         assert_eq!(err.code(), code, "{size}: {err:?}");
         assert!(err.message().contains(reason), "{size}: {}", err.message());
         assert_eq!(entries(&images), Vec::<String>::new(), "{size}");
     }
-    let err = c
-        .create_volume(csi::CreateVolumeRequest {
+    let err = refusal(
+        &mut c,
+        csi::CreateVolumeRequest {
             capacity_range: Some(csi::CapacityRange {
                 required_bytes: i64::MAX,
                 limit_bytes: 0,
             }),
             ..create_loop("pvc-retry", &[("imageDir", dir)])
-        })
-        .await
-        .unwrap_err();
+        },
+    )
+    .await;
     assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
     assert_eq!(entries(&images), Vec::<String>::new());
 
-    let made = c
-        .create_volume(create_loop(
-            "pvc-retry",
-            &[("imageDir", dir), ("size", "64Mi")],
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let made = created(
+        &mut c,
+        create_loop("pvc-retry", &[("imageDir", dir), ("size", "64Mi")]),
+    )
+    .await;
     assert_eq!(made.capacity_bytes, 64 << 20);
     assert_eq!(
         std::fs::metadata(images.join("pvc-retry.img"))
