@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 use test_support::{
-    assert_device_mounted, assert_ext4_grew_or_names_cap_sys_resource,
+    assert_device_mounted, assert_ext4_grew_or_names_cap_sys_resource, assert_fails_saying,
     assert_repeat_kept_the_mount, assert_xfs_doubled, eventually, fill_disk as fill, is_mounted,
     mount_tmpfs, mounts_below, ok, sigkill, Sandbox, ATTACHING_DRIVER as ATTACHING,
     TMPFS_DRIVER as TMPFS_MOUNT,
@@ -136,6 +136,21 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     assert!(!is_mounted(&device_dir) && !device_dir.exists() && !target.exists());
 }
 
+/// Targets `a` and `b`, both mounted through `driver` with `more` (in that order).
+fn mount_a_and_b(s: &Sandbox, driver: &str, more: &[&str]) -> (PathBuf, PathBuf) {
+    let (a, b) = (s.target("a"), s.target("b"));
+    for t in [&a, &b] {
+        ok(&s.volume_mount(driver, t, more));
+    }
+    (a, b)
+}
+
+/// `flexd volume unmount` of `target`, which must succeed and leave nothing mounted there.
+fn unmounts(s: &Sandbox, target: &Path) {
+    ok(&s.volume_unmount(target));
+    assert!(!is_mounted(target), "{} is still mounted", target.display());
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_owned()];
@@ -156,10 +171,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn two_targets_share_the_device_until_the_last_unmount() {
     test_support::require_root!();
     let s = Sandbox::with_driver("acme~block", ATTACHING);
-    let (a, b) = (s.target("a"), s.target("b"));
-    for t in [&a, &b] {
-        ok(&s.volume_mount("acme/block", t, &["--volume-name", "shared"]));
-    }
+    let (a, b) = mount_a_and_b(&s, "acme/block", &["--volume-name", "shared"]);
     std::fs::write(a.join("x"), "shared").unwrap();
     assert_eq!(std::fs::read_to_string(b.join("x")).unwrap(), "shared");
     assert_eq!(
@@ -298,9 +310,7 @@ unmount) umount "$2"; echo '{{"status":"Success"}}';;"#,
 fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_used() {
     test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let (a, b) = (s.target("a"), s.target("b"));
-    ok(&s.volume_mount("acme/tmpfs", &a, &[]));
-    ok(&s.volume_mount("acme/tmpfs", &b, &[]));
+    let (a, b) = mount_a_and_b(&s, "acme/tmpfs", &[]);
 
     // Replaced (atomically) by a version that marks its unmounts: teardown uses the new one.
     let marker = s.path("v2-used");
@@ -311,24 +321,20 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
             &format!("unmount) touch '{}'; umount", marker.display()),
         ),
     );
-    ok(&s.volume_unmount(&a));
-    assert!(!is_mounted(&a));
+    unmounts(&s, &a);
     assert!(
         marker.exists(),
         "the replaced driver's new version tore the volume down"
     );
 
     std::fs::remove_dir_all(s.plugin().join("acme~tmpfs")).unwrap();
-    let out = s.volume_mount("acme/tmpfs", s.target("c"), &[]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("driver acme/tmpfs was removed: new mounts through it are refused; its 1 mounted volume(s) can still be unmounted"),
-        "{err}"
+    assert_fails_saying(
+        &s.volume_mount("acme/tmpfs", s.target("c"), &[]),
+        1,
+        &["driver acme/tmpfs was removed: new mounts through it are refused; its 1 mounted volume(s) can still be unmounted"],
     );
     // Unmount still works, through the copy pinned at mount time.
-    ok(&s.volume_unmount(&b));
-    assert!(!is_mounted(&b));
+    unmounts(&s, &b);
 }
 
 #[test]
@@ -339,8 +345,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     let target = s.target("pv");
     let t = target.to_str().unwrap();
     let out = s.volume(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("references secret \"foo-secret\""));
+    assert_fails_saying(&out, 1, &["references secret \"foo-secret\""]);
     ok(&s.volume(&[
         "mount",
         "-f",
@@ -621,19 +626,16 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
         r#"init) echo '{"status":"Failure","message":"backend unreachable"}'; exit 1;;"#,
     );
     let b = s.target("b");
-    let out = s.volume_mount("acme/tmpfs", &b, &[]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("driver acme/tmpfs failed init") && err.contains("backend unreachable"),
-        "{err}"
+    assert_fails_saying(
+        &s.volume_mount("acme/tmpfs", &b, &[]),
+        1,
+        &["driver acme/tmpfs failed init", "backend unreachable"],
     );
     assert!(!b.exists());
     assert_eq!(s.calls_of("mount").len(), 1, "the old version was not used");
     // The volume mounted before still unmounts (the broken driver's init fails, so the copy
     // pinned at mount time does it).
-    ok(&s.volume_unmount(&a));
-    assert!(!is_mounted(&a));
+    unmounts(&s, &a);
 }
 
 #[test]
@@ -961,8 +963,7 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
         1,
         "the retry does not mount again"
     );
-    ok(&s.volume_unmount(t));
-    assert!(!is_mounted(&target));
+    unmounts(&s, &target);
 }
 
 /// Volume records and temp files in the state dir `dir` (locks and pinned drivers are kept by
@@ -1065,10 +1066,7 @@ fn pinned_versions(state: &Path) -> Vec<PathBuf> {
 fn a_pinned_driver_version_goes_with_the_last_volume_that_used_it() {
     test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let (a, b) = (s.target("a"), s.target("b"));
-    for t in [&a, &b] {
-        ok(&s.volume_mount("acme/tmpfs", t, &[]));
-    }
+    let (a, b) = mount_a_and_b(&s, "acme/tmpfs", &[]);
     let versions = pinned_versions(&s.state());
     assert_eq!(versions.len(), 1, "one version, pinned once: {versions:?}");
     let backdate = || {
