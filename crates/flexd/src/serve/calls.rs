@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use flexvolume::lifecycle::Lifecycle;
-use flexvolume::Plugin;
+use flexvolume::{Capabilities, DriverName, Plugin};
 use tonic::Status;
 
 use super::driver::ServedDriver;
@@ -34,6 +34,42 @@ impl VolumeCalls {
                 self.driver.name
             ))
         })
+    }
+
+    /// The driver's plugin when it attaches; FailedPrecondition otherwise, the message going on
+    /// with `why_needed` (which capability is not offered), or while its last init failed.
+    pub fn attaching_plugin(&self, why_needed: &str) -> Result<Arc<Plugin>, Status> {
+        self.plugin_offering(
+            |c| c.attach,
+            |driver| {
+                Status::failed_precondition(format!("driver {driver} does not attach{why_needed}"))
+            },
+        )
+    }
+
+    /// The plugin of a driver that provisions, or UNIMPLEMENTED (CREATE_DELETE_VOLUME is not
+    /// offered for it).
+    pub fn provisioning_plugin(&self) -> Result<Arc<Plugin>, Status> {
+        self.plugin_offering(|c| c.provision, |driver| {
+            Status::unimplemented(format!(
+                "driver {driver} does not provision (no \"provision\": true in its init capabilities): its volumes are static PVs"
+            ))
+        })
+    }
+
+    /// The driver's ready plugin when its capabilities offer what a call needs (`offers`);
+    /// `refusal`, given the driver's name, otherwise.
+    pub fn plugin_offering(
+        &self,
+        offers: impl FnOnce(&Capabilities) -> bool,
+        refusal: impl FnOnce(&DriverName) -> Status,
+    ) -> Result<Arc<Plugin>, Status> {
+        let plugin = self.ready_plugin()?;
+        if offers(&plugin.capabilities) {
+            Ok(plugin)
+        } else {
+            Err(refusal(&self.driver.name))
+        }
     }
 
     /// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if

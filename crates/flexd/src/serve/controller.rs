@@ -91,13 +91,9 @@ impl Controller for ControllerService {
             // attach receives no secrets (FlexVolume gives them to mount only).
             &Default::default(),
         )?;
-        let plugin = self.calls.ready_plugin()?;
-        if !plugin.capabilities.attach {
-            return Err(Status::failed_precondition(format!(
-                "driver {} does not attach (PUBLISH_UNPUBLISH_VOLUME is not offered)",
-                self.calls.driver.name
-            )));
-        }
+        let plugin = self
+            .calls
+            .attaching_plugin(" (PUBLISH_UNPUBLISH_VOLUME is not offered)")?;
         let lifecycle = self.calls.lifecycle.clone();
         let attach_node = node.clone();
         let outcome = self

@@ -101,13 +101,9 @@ impl Node for NodeService {
             // mountdevice receives no secrets (FlexVolume gives them to mount only).
             &Default::default(),
         )?;
-        let plugin = self.calls.ready_plugin()?;
-        if !plugin.capabilities.attach {
-            return Err(Status::failed_precondition(format!(
-                "driver {} does not attach: it has no stage step (STAGE_UNSTAGE_VOLUME is not offered)",
-                self.calls.driver.name
-            )));
-        }
+        let plugin = self
+            .calls
+            .attaching_plugin(": it has no stage step (STAGE_UNSTAGE_VOLUME is not offered)")?;
         let device = req
             .publish_context
             .get(DEVICE_KEY)
@@ -229,12 +225,14 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         request::required(&req.volume_path, "volume_path")?;
-        if !self.calls.ready_plugin()?.capabilities.supports_metrics {
-            return Err(Status::unimplemented(format!(
-                "driver {} does not support metrics (supportsMetrics: false)",
-                self.calls.driver.name
-            )));
-        }
+        self.calls.plugin_offering(
+            |c| c.supports_metrics,
+            |driver| {
+                Status::unimplemented(format!(
+                    "driver {driver} does not support metrics (supportsMetrics: false)"
+                ))
+            },
+        )?;
         // Only a path the volume is recorded at is measured.
         let path = self.recorded_path(&volume_id, &req.volume_path).await?;
         let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&path))

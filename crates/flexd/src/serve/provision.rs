@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use flexvolume::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
-use flexvolume::{DriverName, Plugin};
+use flexvolume::DriverName;
 use tonic::{Request, Response, Status};
 
 use super::calls::VolumeCalls;
@@ -18,19 +18,6 @@ use super::status;
 use flexd::proto::csi::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
 };
-
-/// The plugin of a driver that provisions, or UNIMPLEMENTED (CREATE_DELETE_VOLUME is not
-/// offered for it).
-fn provisioning_plugin(calls: &VolumeCalls) -> Result<Arc<Plugin>, Status> {
-    let plugin = calls.ready_plugin()?;
-    if !plugin.capabilities.provision {
-        return Err(Status::unimplemented(format!(
-            "driver {} does not provision (no \"provision\": true in its init capabilities): its volumes are static PVs",
-            calls.driver.name
-        )));
-    }
-    Ok(plugin)
-}
 
 fn bytes(value: i64, field: &str) -> Result<u64, Status> {
     u64::try_from(value).map_err(|_| Status::invalid_argument(format!("{field} is negative")))
@@ -77,7 +64,7 @@ pub async fn create_volume(
             "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
         )));
     }
-    let plugin = provisioning_plugin(calls)?;
+    let plugin = calls.provisioning_plugin()?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
     let secrets = request::secrets(&req.secrets);
     let lc = calls.lifecycle.clone();
@@ -110,7 +97,7 @@ pub async fn delete_volume(
     request: Request<DeleteVolumeRequest>,
 ) -> Result<Response<DeleteVolumeResponse>, Status> {
     let (req, volume_id) = request::one_volume(request)?;
-    let plugin = provisioning_plugin(calls)?;
+    let plugin = calls.provisioning_plugin()?;
     let secrets = request::secrets(&req.secrets);
     let lc = calls.lifecycle.clone();
     let id = volume_id.clone();
