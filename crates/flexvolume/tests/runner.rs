@@ -65,6 +65,13 @@ fn protocol_error(err: &CallError) -> &ProtocolError {
     }
 }
 
+/// Asserts that a call's error is a protocol error matching the pattern (and guard) given.
+macro_rules! assert_protocol_error {
+    ($err:expr, $($pattern:tt)+) => {
+        assert!(matches!(protocol_error(&$err), $($pattern)+), "{:?}", $err)
+    };
+}
+
 #[test]
 fn capitalised_keys_are_understood() {
     let reply = init("capitalised").unwrap();
@@ -154,12 +161,9 @@ fn dash_echo_prefix_is_tolerated() {
 #[test]
 fn empty_output_is_an_error_naming_the_exit_status() {
     let err = init("empty-output").unwrap_err();
-    assert!(
-        matches!(
-            protocol_error(&err),
-            ProtocolError::NoReply { exit: ExitStatus::Code(0), output, .. } if output.is_empty()
-        ),
-        "{err:?}"
+    assert_protocol_error!(
+        err,
+        ProtocolError::NoReply { exit: ExitStatus::Code(0), output, .. } if output.is_empty()
     );
 }
 
@@ -171,15 +175,12 @@ fn reply_on_stderr_is_used_when_stdout_is_empty() {
 #[test]
 fn success_with_nonzero_exit_is_a_driver_bug() {
     let err = init("success-exit2").unwrap_err();
-    assert!(
-        matches!(
-            protocol_error(&err),
-            ProtocolError::SuccessWithBadExit {
-                exit: ExitStatus::Code(2),
-                ..
-            }
-        ),
-        "{err:?}"
+    assert_protocol_error!(
+        err,
+        ProtocolError::SuccessWithBadExit {
+            exit: ExitStatus::Code(2),
+            ..
+        }
     );
     assert!(err.to_string().contains("driver bug"));
 }
@@ -187,15 +188,12 @@ fn success_with_nonzero_exit_is_a_driver_bug() {
 #[test]
 fn crash_by_signal_is_reported_with_the_signal() {
     let err = init("crash").unwrap_err();
-    assert!(
-        matches!(
-            protocol_error(&err),
-            ProtocolError::NoReply {
-                exit: ExitStatus::Signal(11),
-                ..
-            }
-        ),
-        "{err:?}"
+    assert_protocol_error!(
+        err,
+        ProtocolError::NoReply {
+            exit: ExitStatus::Signal(11),
+            ..
+        }
     );
     assert!(err.to_string().contains("killed by signal 11"), "{err}");
 }
