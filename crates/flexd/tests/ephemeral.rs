@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use test_support::serve::{csi, map, node_capabilities, node_client, publish_request, Server};
+use test_support::serve::{csi, map, node_client, node_offers, publish_request, Server};
 
 /// The volume id kubelet gives an inline volume: `csi-` and the hex SHA-256 of the pod's uid
 /// followed by the volume's name in the pod spec (kubelet's `makeVolumeHandle`).
@@ -48,9 +48,13 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
     test_support::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", test_support::TMPFS_DRIVER);
     let mut node = node_client(&sock).await;
-    let caps = node_capabilities(&mut node).await;
-    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(!caps.contains(&stage));
+    assert!(
+        !node_offers(
+            &mut node,
+            csi::node_service_capability::rpc::Type::StageUnstageVolume
+        )
+        .await
+    );
 
     let volume_id = kubelet_volume_id(POD_UID, "scratch");
     let target = server.path(&format!(

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use test_support::serve::{
-    connect, controller_client, csi, identity_client, map, mount_capability, node_capabilities,
-    node_client, plugin_services, publish_request, registration, spawn_publish, unpublish_request,
+    connect, controller_client, csi, identity_client, map, mount_capability, node_client,
+    node_offers, plugin_services, publish_request, registration, spawn_publish, unpublish_request,
     wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING, CONTROLLER_SERVICE,
 };
 use test_support::{
@@ -247,9 +247,13 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     let caps = test_support::serve::controller_capabilities(&mut controller).await;
     let publish = csi::controller_service_capability::rpc::Type::PublishUnpublishVolume as i32;
     assert!(caps.contains(&publish), "{caps:?}");
-    let caps = node_capabilities(&mut node).await;
-    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(caps.contains(&stage));
+    assert!(
+        node_offers(
+            &mut node,
+            csi::node_service_capability::rpc::Type::StageUnstageVolume
+        )
+        .await
+    );
     let info = node
         .node_get_info(csi::NodeGetInfoRequest {})
         .await
@@ -427,9 +431,14 @@ async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently
     test_support::require_root!();
     let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
     let mut node = node_client(&sock).await;
-    let caps = node_capabilities(&mut node).await;
-    let stage = csi::node_service_capability::rpc::Type::StageUnstageVolume as i32;
-    assert!(!caps.contains(&stage), "a plain driver is not staged");
+    assert!(
+        !node_offers(
+            &mut node,
+            csi::node_service_capability::rpc::Type::StageUnstageVolume
+        )
+        .await,
+        "a plain driver is not staged"
+    );
 
     let target = server.path("kubelet/pods/uid-2/volumes/v");
     let mut publish = publish_request("vol-a", &target, None);
@@ -789,9 +798,13 @@ async fn volume_stats_and_expansion_of_a_published_volume() {
     test_support::require_root!();
     let (server, sock) = Server::acme("node", "metered", METERED);
     let mut node = node_client(&sock).await;
-    let caps = node_capabilities(&mut node).await;
-    let stats = csi::node_service_capability::rpc::Type::GetVolumeStats as i32;
-    assert!(caps.contains(&stats));
+    assert!(
+        node_offers(
+            &mut node,
+            csi::node_service_capability::rpc::Type::GetVolumeStats
+        )
+        .await
+    );
     let target = server.path("pods/metered");
     node.node_publish_volume(publish_request("m-1", &target, None))
         .await

@@ -428,3 +428,11 @@ pub async fn node_capabilities(node: &mut csi::node_client::NodeClient<Channel>)
         })
         .collect()
 }
+
+/// Whether the node service advertises the RPC capability `kind`.
+pub async fn node_offers(
+    node: &mut csi::node_client::NodeClient<Channel>,
+    kind: csi::node_service_capability::rpc::Type,
+) -> bool {
+    node_capabilities(node).await.contains(&(kind as i32))
+}
