@@ -599,6 +599,18 @@ fn flexd(plugins: &Path, args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `flexd migrate -f -` of `input`, which must exit with `code`: what it said on stderr. A
+/// refused migration (any code but 0) prints nothing.
+fn migrate_said(sandbox: &Sandbox, input: &str, code: i32) -> String {
+    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    if code != 0 {
+        assert_eq!(text(&out.stdout), "", "{stderr}");
+    }
+    stderr
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -692,10 +704,7 @@ fn the_binary_refuses_deep_nesting_before_parsing_it() {
         "{a: ".repeat(levels),
         "}".repeat(levels)
     );
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "");
-    let stderr = text(&out.stderr);
+    let stderr = migrate_said(&sandbox, &input, 1);
     // The PV is one line of JSON: the Pod's metadata is on line 5.
     assert!(
         stderr.starts_with(&format!(
@@ -710,12 +719,10 @@ fn the_binary_refuses_deep_nesting_before_parsing_it() {
         "{\"a\": [".repeat(levels / 2),
         "]}".repeat(levels / 2)
     );
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = migrate_said(&sandbox, &input, 1);
     assert!(
-        text(&out.stderr).starts_with("flexd: cannot migrate document 1: nests {…} or […] deeper than 128 levels at line 1 column 449 "),
-        "{}",
-        text(&out.stderr)
+        stderr.starts_with("flexd: cannot migrate document 1: nests {…} or […] deeper than 128 levels at line 1 column 449 "),
+        "{stderr}"
     );
     // At the limit it parses (and is skipped: no flexVolume).
     let input = format!(
@@ -723,10 +730,9 @@ fn the_binary_refuses_deep_nesting_before_parsing_it() {
         "[".repeat(126),
         "]".repeat(126)
     );
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = migrate_said(&sandbox, &input, 0);
     assert_eq!(
-        text(&out.stderr),
+        stderr,
         "flexd: document 1, Secret s: skipped: no flexVolume\n"
     );
 }
@@ -739,53 +745,41 @@ fn the_binary_refuses_a_key_given_twice() {
         "{}\n---\napiVersion: v1\nkind: PersistentVolume\nkind: Secret\nmetadata: {{name: s}}\n",
         pv("pv-1", json!({"flexVolume": {"driver": "acme/nfs"}})),
     );
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], &input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "");
-    let stderr = text(&out.stderr);
+    let stderr = migrate_said(&sandbox, &input, 1);
     assert!(
         stderr.starts_with("flexd: cannot migrate document 2: is not YAML or JSON: key \"kind\" is given twice in one mapping"),
         "{stderr}"
     );
     // In JSON too (which serde_json reads first, and then refuses as well).
     let input = r#"{"apiVersion": "v1", "kind": "PersistentVolume", "kind": "Secret"}"#;
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = migrate_said(&sandbox, input, 1);
     assert!(
-        text(&out.stderr).starts_with(
+        stderr.starts_with(
             "flexd: cannot migrate document 1: is not YAML or JSON: key \"kind\" is given twice"
         ),
-        "{}",
-        text(&out.stderr)
+        "{stderr}"
     );
     // Deeper in, too: a volume's options.
     let input = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p}\nspec:\n  flexVolume:\n    driver: acme/nfs\n    options: {server: a, server: b}\n";
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("key \"server\" is given twice"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = migrate_said(&sandbox, input, 1);
+    assert!(stderr.contains("key \"server\" is given twice"), "{stderr}");
 }
 
 #[test]
 fn names_from_the_input_reach_the_terminal_escaped() {
     let sandbox = Sandbox::new();
     let input = "apiVersion: v1\nkind: \"Secret\\e[2J\"\nmetadata: {name: \"s\\e]0;owned\\a\", namespace: \"n\\nflexd: fake line\"}\nflexVolume: {}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: \"c\\u009b31m\"}\n";
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], input);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = migrate_said(&sandbox, input, 1);
     assert_eq!(
-        text(&out.stderr),
+        stderr,
         "flexd: cannot migrate document 1, Secret\\u{1b}[2J n\\nflexd: fake line/s\\u{1b}]0;owned\\u{7}: holds a flexVolume, and flexd migrate does not convert a Secret\\u{1b}[2J; convert its owner or write the csi volume by hand\n\
          flexd: error: cannot migrate -: 1 problem above; nothing was printed\n"
     );
     // Notes too (a C1 control: CSI).
     let (_, skipped) = input.split_once("---\n").unwrap();
-    let out = flexd(&sandbox.plugin(), &["migrate", "-f", "-"], skipped);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = migrate_said(&sandbox, skipped, 0);
     assert_eq!(
-        text(&out.stderr),
+        stderr,
         "flexd: document 1, ConfigMap c\\u{9b}31m: skipped: no flexVolume\n"
     );
 }
