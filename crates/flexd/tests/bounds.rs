@@ -367,6 +367,34 @@ fn write_until_closed(stream: &mut UnixStream, chunk: &[u8], total: usize) -> Op
     None
 }
 
+/// A raw HTTP/2 client that has written `header`, then `payload` again and again (`total`
+/// bytes in all) until flexd closed the connection: how much it took before then (`None`:
+/// everything), and the client.
+async fn flood(
+    socket: &Path,
+    header: Vec<u8>,
+    payload: Vec<u8>,
+    total: usize,
+) -> (Option<usize>, UnixStream) {
+    let socket = socket.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut client = http2_client(&socket, &header);
+        let sent = write_until_closed(&mut client, &payload, total);
+        (sent, client)
+    })
+    .await
+    .unwrap()
+}
+
+/// Asserts that flexd's memory grew by less than [`RSS_GROWTH_BOUND`] since `before`.
+fn assert_rss_bounded(serve: &Serve, before: u64) {
+    let grown = rss_bytes(serve.pid()).saturating_sub(before);
+    assert!(
+        grown < RSS_GROWTH_BOUND,
+        "flexd's RSS grew by {grown} bytes"
+    );
+}
+
 /// A gRPC call while the attack's memory is measured: flexd still answers others.
 async fn baseline_rss(serve: &Serve) -> u64 {
     assert_eq!(plugin_name(&serve.socket()).await, "flexvolume-acme--tmpfs");
@@ -380,23 +408,14 @@ async fn an_endless_header_block_of_empty_continuations_is_closed_and_holds_no_m
     let socket = serve.socket();
     let before = baseline_rss(&serve).await;
     // HEADERS without END_HEADERS, then empty CONTINUATION frames: 9 bytes each, no payload.
-    let mut client = http2_client(&socket, &frame_header(0, 0x1, 0, 1));
-    let flood: Vec<u8> = frame_header(0, 0x9, 0, 1).repeat(100_000);
-    let sent = tokio::task::spawn_blocking(move || {
-        let sent = write_until_closed(&mut client, &flood, FLOOD);
-        (sent, client)
-    });
-    let (sent, client) = sent.await.unwrap();
+    let continuations = frame_header(0, 0x9, 0, 1).repeat(100_000);
+    let (sent, client) = flood(&socket, frame_header(0, 0x1, 0, 1), continuations, FLOOD).await;
     let sent = sent.expect("flexd read 200 MiB of one header block and kept the connection");
     assert!(
         sent < FLOOD / 4,
         "flexd read {sent} bytes of one header block"
     );
-    let grown = rss_bytes(serve.pid()).saturating_sub(before);
-    assert!(
-        grown < RSS_GROWTH_BOUND,
-        "flexd's RSS grew by {grown} bytes"
-    );
+    assert_rss_bounded(&serve, before);
     tokio::task::spawn_blocking(move || closed_by_server(client))
         .await
         .unwrap();
@@ -411,30 +430,17 @@ async fn data_frames_announced_above_the_frame_size_are_closed_on_their_header()
     let socket = serve.socket();
     let before = baseline_rss(&serve).await;
     // Each announces a 16 MiB DATA frame, then sends 4 MiB of it (120 MiB in all).
-    let attack = {
-        let socket = socket.clone();
-        tokio::task::spawn_blocking(move || {
-            let zeros = vec![0u8; 256 << 10];
-            (0..CLIENTS)
-                .map(|_| {
-                    let mut client = http2_client(&socket, &frame_header(0xff_ffff, 0x0, 0, 1));
-                    let sent = write_until_closed(&mut client, &zeros, EACH);
-                    (sent, client)
-                })
-                .collect::<Vec<_>>()
-        })
-    };
-    let clients = attack.await.unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let data = frame_header(0xff_ffff, 0x0, 0, 1);
+        clients.push(flood(&socket, data, vec![0u8; 256 << 10], EACH).await);
+    }
     // Every connection still open on the client's side: what flexd holds for them now.
-    let grown = rss_bytes(serve.pid()).saturating_sub(before);
+    assert_rss_bounded(&serve, before);
     for (sent, _) in &clients {
         let sent = sent.expect("flexd read 4 MiB of a 16 MiB frame and kept the connection");
         assert!(sent < EACH, "flexd read {sent} bytes of an oversized frame");
     }
-    assert!(
-        grown < RSS_GROWTH_BOUND,
-        "flexd's RSS grew by {grown} bytes"
-    );
     assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
     tokio::task::spawn_blocking(move || {
         for (_, client) in clients {
@@ -505,16 +511,8 @@ async fn giant_and_worst_case_huffman_header_blocks_leave_other_clients_served()
     let socket = serve.socket();
     let before = baseline_rss(&serve).await;
     // One 16 MiB HEADERS frame of worst-case Huffman: closed on its header.
-    let giant = {
-        let socket = socket.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut client = http2_client(&socket, &frame_header(0xff_ffff, 0x1, 0x4, 1));
-            let huffman = worst_case_huffman(500_000);
-            let sent = write_until_closed(&mut client, &huffman, 16 << 20);
-            (sent, client)
-        })
-    };
-    let (sent, client) = giant.await.unwrap();
+    let headers = frame_header(0xff_ffff, 0x1, 0x4, 1);
+    let (sent, client) = flood(&socket, headers, worst_case_huffman(500_000), 16 << 20).await;
     let sent = sent.expect("flexd read a 16 MiB HEADERS frame and kept the connection");
     assert!(
         sent < 16 << 20,
@@ -554,11 +552,7 @@ async fn giant_and_worst_case_huffman_header_blocks_leave_other_clients_served()
     for attacker in attackers {
         attacker.join().unwrap();
     }
-    let grown = rss_bytes(serve.pid()).saturating_sub(before);
-    assert!(
-        grown < RSS_GROWTH_BOUND,
-        "flexd's RSS grew by {grown} bytes"
-    );
+    assert_rss_bounded(&serve, before);
     assert_eq!(plugin_name(&socket).await, "flexvolume-acme--tmpfs");
     // The attackers' blocks were within the limits, so decoded: the giant alone was refused.
     let refused = serve
