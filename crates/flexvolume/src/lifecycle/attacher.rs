@@ -53,8 +53,23 @@ impl Lifecycle {
     }
 }
 
-/// A call-out's answer, or `default` when the driver answers `Not supported` (kubelet's rule
-/// for every call-out with a default).
+/// A call-out's answer, or what `default` does when the driver answers `Not supported`
+/// (kubelet's rule for every call-out with a default).
+pub(super) fn answer_or_else<T>(
+    lc: &Lifecycle,
+    plugin: &Plugin,
+    call: &CallOut,
+    default: impl FnOnce() -> Result<T, LifecycleError>,
+    answer: impl FnOnce(Reply) -> T,
+) -> Result<T, LifecycleError> {
+    match plugin.call(&lc.runner, call) {
+        Ok(reply) => Ok(answer(reply)),
+        Err(e) if e.is_not_supported() => default(),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`answer_or_else`] with a default value.
 fn answer_or<T>(
     lc: &Lifecycle,
     plugin: &Plugin,
@@ -62,11 +77,7 @@ fn answer_or<T>(
     default: T,
     answer: impl FnOnce(Reply) -> T,
 ) -> Result<T, LifecycleError> {
-    match plugin.call(&lc.runner, call) {
-        Ok(reply) => Ok(answer(reply)),
-        Err(e) if e.is_not_supported() => Ok(default),
-        Err(e) => Err(e.into()),
-    }
+    answer_or_else(lc, plugin, call, || Ok(default), answer)
 }
 
 /// Attaches the volume to this node and waits for its device. Defaults: attach → device "";
@@ -107,22 +118,20 @@ pub fn mount_device(
     if mount::is_mount_point(dir)? {
         return Ok(false);
     }
-    let options = Options::for_volume(spec);
-    match plugin.call(&lc.runner, &CallOut::mount_device(dir, device, &options)) {
-        Ok(_) => Ok(false),
-        Err(e) if e.is_not_supported() => {
-            if device.is_empty() {
-                return Ok(false);
-            }
-            Ok(mount::format_and_mount(
-                Path::new(device),
-                dir,
-                &spec.fs_type,
-                spec.read_only,
-            )?)
+    let call = CallOut::mount_device(dir, device, &Options::for_volume(spec));
+    let default = || {
+        if device.is_empty() {
+            return Ok(false);
         }
-        Err(e) => Err(e.into()),
-    }
+        let fs_type = &spec.fs_type;
+        Ok(mount::format_and_mount(
+            Path::new(device),
+            dir,
+            fs_type,
+            spec.read_only,
+        )?)
+    };
+    answer_or_else(lc, plugin, &call, default, |_| false)
 }
 
 /// The name detach receives: getvolumename's answer with `/` as `~` (as kubelet does), or the
@@ -168,11 +177,7 @@ pub(super) fn unmount_with(
     call: &CallOut,
 ) -> Result<(), LifecycleError> {
     if mount::is_mount_point(path)? {
-        match plugin.call(&lc.runner, call) {
-            Ok(_) => {}
-            Err(e) if e.is_not_supported() => mount::unmount(path)?,
-            Err(e) => return Err(e.into()),
-        }
+        answer_or_else(lc, plugin, call, || Ok(mount::unmount(path)?), |_| ())?;
         if mount::is_mount_point(path)? {
             mount::unmount(path)?;
         }

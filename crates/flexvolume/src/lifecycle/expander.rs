@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use super::attacher::answer_or_else;
 use super::{Lifecycle, LifecycleError};
 use crate::mount;
 use crate::options::Options;
@@ -79,14 +80,16 @@ fn grow(
     let old_bytes = filesystem_bytes(&dir)?;
     let new_bytes = match options {
         None => new_bytes,
-        Some(options) => match plugin.call(
-            &lc.runner,
-            &CallOut::expand_volume(&options, &dir, new_bytes, old_bytes),
-        ) {
-            Ok(reply) => reply.volume_new_size.unwrap_or(new_bytes),
-            Err(e) if e.is_not_supported() => new_bytes,
-            Err(e) => return Err(e.into()),
-        },
+        Some(options) => {
+            let call = CallOut::expand_volume(&options, &dir, new_bytes, old_bytes);
+            answer_or_else(
+                lc,
+                plugin,
+                &call,
+                || Ok(new_bytes),
+                |reply| reply.volume_new_size.unwrap_or(new_bytes),
+            )?
+        }
     };
     let driver_expanded_fs = expand_fs(lc, plugin, record, &dir, new_bytes, old_bytes)?;
     Ok(ExpandOutcome {
@@ -109,21 +112,15 @@ fn expand_fs(
 ) -> Result<bool, LifecycleError> {
     let options = Options::for_volume(&record.spec()?);
     let device = record.device.clone().unwrap_or_default();
-    let driver_expanded_fs = match plugin.call(
-        &lc.runner,
-        &CallOut::expand_fs(&options, &device, dir, new_bytes, old_bytes),
-    ) {
-        Ok(_) => true,
-        Err(e) if e.is_not_supported() => {
-            if device.is_empty() {
-                return Err(LifecycleError::NoDevice {
-                    volume: record.volume_name.clone(),
-                });
-            }
-            mount::grow_filesystem(Path::new(&device), dir)?;
-            false
+    let call = CallOut::expand_fs(&options, &device, dir, new_bytes, old_bytes);
+    let default = || {
+        if device.is_empty() {
+            return Err(LifecycleError::NoDevice {
+                volume: record.volume_name.clone(),
+            });
         }
-        Err(e) => return Err(e.into()),
+        mount::grow_filesystem(Path::new(&device), dir)?;
+        Ok(false)
     };
-    Ok(driver_expanded_fs)
+    answer_or_else(lc, plugin, &call, default, |_| true)
 }

@@ -156,25 +156,20 @@ fn mount_target(
     device_dir: &Path,
 ) -> Result<(), LifecycleError> {
     let options = Options::for_mount(req.spec, req.pod, req.fs_group);
-    match req
-        .plugin
-        .call(&lc.runner, &CallOut::mount(req.target, &options))
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_supported() => {
-            if safe_path::open_dir(device_dir).ok().flatten().is_none() {
-                return Err(LifecycleError::NoDevice {
-                    volume: req.spec.volume_name.clone(),
-                });
-            }
-            Ok(mount::bind_mount(
-                device_dir,
-                req.target,
-                req.spec.read_only,
-            )?)
+    let default = || {
+        if safe_path::open_dir(device_dir).ok().flatten().is_none() {
+            return Err(LifecycleError::NoDevice {
+                volume: req.spec.volume_name.clone(),
+            });
         }
-        Err(e) => Err(e.into()),
-    }
+        Ok(mount::bind_mount(
+            device_dir,
+            req.target,
+            req.spec.read_only,
+        )?)
+    };
+    let call = CallOut::mount(req.target, &options);
+    attacher::answer_or_else(lc, req.plugin, &call, default, |_| ())
 }
 
 /// A target already mounted with this volume is not mounted again; but a crash (or a failed
