@@ -235,11 +235,7 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         .args(["call", "test/nsdrv", "init"])
         .output()
         .unwrap();
-    assert!(
-        with_env.status.success(),
-        "{}",
-        test_support::stderr_of(&with_env)
-    );
+    test_support::ok(&with_env);
     // Relative plugin and state dirs mean flexd's working directory, not the namespace's root.
     let relative = test_support::clean_flexd()
         .current_dir(scratch.root.path())
@@ -250,11 +246,7 @@ fn a_driver_finds_a_host_only_tool_only_through_the_driver_mount_namespace() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(
-        relative.status.success(),
-        "{}",
-        test_support::stderr_of(&relative)
-    );
+    test_support::ok(&relative);
 }
 
 #[test]
