@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use test_support::{is_mounted, ok, Sandbox};
+use test_support::{is_mounted, json_says, ok, Sandbox};
 
 /// What `flexd install --builtin loop` finds beside flexd.
 #[derive(Clone, Copy, Debug)]
@@ -185,7 +185,7 @@ fn installed_builtin_answers_exact_json(build: Build) {
     assert_eq!(bad.status.code(), Some(1));
     let reply: Value = serde_json::from_slice(&bad.stdout).unwrap();
     assert_eq!(reply["status"], "Failure");
-    assert!(reply["message"].as_str().unwrap().contains("is not usable"));
+    assert!(json_says(&reply["message"], "is not usable"));
     assert!(bad.stderr.is_empty());
     // The installed copy is listed as a driver like any other.
     let out = s.flexd(&["--output", "json", "drivers"]);
@@ -235,10 +235,7 @@ fn the_image_dirs_are_what_install_was_told_and_nothing_else() {
         let status = &drivers[0];
         assert_eq!(status["status"], "failed", "{drivers}");
         assert!(
-            status["error"]
-                .as_str()
-                .unwrap()
-                .contains("image-dirs line 1"),
+            json_says(&status["error"], "image-dirs line 1"),
             "{drivers}"
         );
     }
@@ -297,7 +294,7 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
     let detach = s.call(&["detach", &detach_name(&s, "shared"), "node-1"]);
     let reply: Value = serde_json::from_slice(&detach.stdout).unwrap();
     assert_eq!(reply["status"], "Failure", "{reply}");
-    assert!(reply["message"].as_str().unwrap().contains("still mounted"));
+    assert!(json_says(&reply["message"], "still mounted"));
     assert_eq!(s.loop_devices_of("shared").len(), 1);
 
     s.unmount(&a);
@@ -452,10 +449,7 @@ fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
     ]);
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["status"], "Failure", "{reply}");
-    assert!(reply["message"]
-        .as_str()
-        .unwrap()
-        .contains("does not back volume mine"));
+    assert!(json_says(&reply["message"], "does not back volume mine"));
     assert_eq!(
         fs_type(&other_device),
         "",

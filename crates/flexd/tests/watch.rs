@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use test_support::{flexd, install_driver, ok, Sandbox, Watch};
+use test_support::{flexd, install_driver, json_says, ok, Sandbox, Watch};
 
 fn driver_source(dir: &Path, name: &str, attach: bool) -> PathBuf {
     let path = dir.join(name);
@@ -97,7 +97,7 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
         (e["event"].as_str(), e["driver"].as_str()),
         (Some("failed"), Some("acme/bad"))
     );
-    assert!(e["error"].as_str().unwrap().contains("missing"), "{e}");
+    assert!(json_says(&e["error"], "missing"), "{e}");
 }
 
 /// A driver whose every volume is a tmpfs holding a file `version` with `version`'s text: a

@@ -108,6 +108,11 @@ pub fn assert_fails_saying(out: &Output, code: i32, says: &[&str]) {
     }
 }
 
+/// Whether a JSON value is a string that contains `text` (a message, an error, a detail).
+pub fn json_says(value: &Value, text: &str) -> bool {
+    value.as_str().is_some_and(|s| s.contains(text))
+}
+
 /// The check of a `flexd check --output json` report whose name starts with `name`.
 pub fn check_named<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["checks"]
