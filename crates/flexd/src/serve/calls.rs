@@ -72,20 +72,22 @@ impl VolumeCalls {
         }
     }
 
-    /// Runs a blocking lifecycle operation with the volume's lock held until it ends (even if
-    /// the caller gives up waiting); ABORTED at once while another call on the volume runs.
+    /// Runs a blocking lifecycle operation (given the lifecycle and the volume id) with the
+    /// volume's lock held until it ends (even if the caller gives up waiting); ABORTED at once
+    /// while another call on the volume runs.
     pub async fn run_locked<T: Send + 'static, E: ToStatus + Send + 'static>(
         &self,
         volume_id: &str,
-        operation: impl FnOnce() -> Result<T, E> + Send + 'static,
+        operation: impl FnOnce(&Lifecycle, &str) -> Result<T, E> + Send + 'static,
     ) -> Result<T, Status> {
         let guard = self.locks.try_lock(volume_id).ok_or_else(|| {
             Status::aborted(format!(
                 "an operation is pending for volume {volume_id}: retry when it has finished"
             ))
         })?;
+        let (lifecycle, id) = (self.lifecycle.clone(), volume_id.to_owned());
         tokio::task::spawn_blocking(move || {
-            let result = operation();
+            let result = operation(&lifecycle, &id);
             drop(guard);
             result
         })

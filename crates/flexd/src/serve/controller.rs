@@ -94,11 +94,10 @@ impl Controller for ControllerService {
         let plugin = self
             .calls
             .attaching_plugin(" (PUBLISH_UNPUBLISH_VOLUME is not offered)")?;
-        let lifecycle = self.calls.lifecycle.clone();
         let attach_node = node.clone();
         let outcome = self
             .calls
-            .run_locked(&volume_id, move || {
+            .run_locked(&volume_id, move |lifecycle, _| {
                 lifecycle.controller_publish(&plugin, &spec, &attach_node)
             })
             .await?;
@@ -117,24 +116,22 @@ impl Controller for ControllerService {
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
-        let lifecycle = self.calls.lifecycle.clone();
         let resolver = ServedResolver(self.calls.driver.clone());
         let driver = self.calls.driver.name.clone();
         let node = req.node_id.clone();
-        let id = volume_id.clone();
         let detached = self
             .calls
-            .run_locked(&volume_id, move || {
+            .run_locked(&volume_id, move |lifecycle, id| {
                 // CSI: no node id means every node the volume is published to.
                 let nodes = if node.is_empty() {
-                    lifecycle.state.attached_nodes(&driver, &id)?
+                    lifecycle.state.attached_nodes(&driver, id)?
                 } else {
                     vec![node]
                 };
                 let mut detached = 0;
                 for node in nodes {
                     if lifecycle
-                        .controller_unpublish(&driver, &id, &node, &resolver)?
+                        .controller_unpublish(&driver, id, &node, &resolver)?
                         .managed
                     {
                         detached += 1;

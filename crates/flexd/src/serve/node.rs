@@ -60,13 +60,11 @@ impl NodeService {
         teardown: Teardown,
         call: &'static str,
     ) -> Result<(), Status> {
-        let lifecycle = self.calls.lifecycle.clone();
         let resolver = ServedResolver(self.calls.driver.clone());
-        let id = volume_id.clone();
         let outcome = self
             .calls
-            .run_locked(&volume_id, move || {
-                teardown(&lifecycle, &id, Path::new(&path), &resolver)
+            .run_locked(&volume_id, move |lifecycle, id| {
+                teardown(lifecycle, id, Path::new(&path), &resolver)
             })
             .await?;
         tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, path = %outcome.target.display(), managed = outcome.managed, "{call}");
@@ -109,10 +107,9 @@ impl Node for NodeService {
             .get(DEVICE_KEY)
             .cloned()
             .unwrap_or_default();
-        let lifecycle = self.calls.lifecycle.clone();
         let outcome = self
             .calls
-            .run_locked(&volume_id, move || {
+            .run_locked(&volume_id, move |lifecycle, _| {
                 lifecycle.stage(&StageRequest {
                     plugin: &plugin,
                     spec: &spec,
@@ -182,10 +179,9 @@ impl Node for NodeService {
         } else {
             None
         };
-        let lifecycle = self.calls.lifecycle.clone();
         let outcome = self
             .calls
-            .run_locked(&volume_id, move || {
+            .run_locked(&volume_id, move |lifecycle, _| {
                 lifecycle.publish(
                     &MountRequest {
                         plugin: &plugin,
@@ -290,11 +286,10 @@ impl Node for NodeService {
         } else {
             request::path(&req.staging_target_path, "staging_target_path")?.into()
         };
-        let lifecycle = self.calls.lifecycle.clone();
         let resolver = ServedResolver(self.calls.driver.clone());
         let outcome = self
             .calls
-            .run_locked(&volume_id, move || {
+            .run_locked(&volume_id, move |lifecycle, _| {
                 lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
             })
             .await?;

@@ -67,13 +67,11 @@ pub async fn create_volume(
     let plugin = calls.provisioning_plugin()?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
     let secrets = request::secrets(&req.secrets);
-    let lc = calls.lifecycle.clone();
-    let id = name.clone();
     let outcome = calls
-        .run_locked(&name, move || {
+        .run_locked(&name, move |lc, id| {
             lc.provision(&ProvisionRequest {
                 plugin: &plugin,
-                name: &id,
+                name: id,
                 required_bytes,
                 limit_bytes,
                 fs_type: &fs_type,
@@ -99,11 +97,9 @@ pub async fn delete_volume(
     let (req, volume_id) = request::one_volume(request)?;
     let plugin = calls.provisioning_plugin()?;
     let secrets = request::secrets(&req.secrets);
-    let lc = calls.lifecycle.clone();
-    let id = volume_id.clone();
     let deleted = calls
-        .run_locked(&volume_id, move || {
-            lc.delete_provisioned(&plugin, &id, &secrets)
+        .run_locked(&volume_id, move |lc, id| {
+            lc.delete_provisioned(&plugin, id, &secrets)
         })
         .await?;
     tracing::info!(driver = %calls.driver.name, volume = %volume_id, deleted, "DeleteVolume");
