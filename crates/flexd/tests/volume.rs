@@ -151,6 +151,19 @@ fn unmounts(s: &Sandbox, target: &Path) {
     assert!(!is_mounted(target), "{} is still mounted", target.display());
 }
 
+/// Driver acme/raw, whose attach gives a new loop device of `mb` MiB (returned). Only init and
+/// attach: every other call-out falls back to Kubernetes' defaults.
+fn raw_driver_attaching_a_loop_device(s: &Sandbox, mb: u64) -> String {
+    let device = s.loop_device(mb);
+    s.driver(
+        "acme~raw",
+        &format!(
+            "init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nattach) echo '{{\"status\":\"Success\",\"device\":\"{device}\"}}';;"
+        ),
+    );
+    device
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_owned()];
@@ -196,14 +209,7 @@ fn two_targets_share_the_device_until_the_last_unmount() {
 fn defaults_make_a_real_ext4_bind_it_and_never_reformat() {
     test_support::require_root!();
     let s = Sandbox::new();
-    let device = s.loop_device(64);
-    // Only init and attach: every other call-out falls back to Kubernetes' defaults.
-    s.driver(
-        "acme~raw",
-        &format!(
-            "init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nattach) echo '{{\"status\":\"Success\",\"device\":\"{device}\"}}';;"
-        ),
-    );
+    let device = raw_driver_attaching_a_loop_device(&s, 64);
     let target = s.target("data");
     let t = target.to_str().unwrap();
     let mount = || {
@@ -531,25 +537,11 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
 /// and the filesystem's size before and after.
 fn expand_through_the_defaults(fs_type: &str, mb: u64) -> (Output, u64, u64) {
     let s = Sandbox::new();
-    let device = s.loop_device(mb);
-    s.driver(
-        "acme~raw",
-        &format!(
-            "init) echo '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":true}}}}';;\nattach) echo '{{\"status\":\"Success\",\"device\":\"{device}\"}}';;"
-        ),
-    );
+    let device = raw_driver_attaching_a_loop_device(&s, mb);
     let target = s.target("grow");
     let t = target.to_str().unwrap();
-    let mount = [
-        "mount",
-        "--driver",
-        "acme/raw",
-        "--target",
-        t,
-        "--volume-name",
-        "g",
-    ];
-    ok(&s.volume(&[&mount[..], &["--fs-type", fs_type]].concat()));
+    let more = ["--volume-name", "g", "--fs-type", fs_type];
+    ok(&s.volume_mount("acme/raw", t, &more));
     std::fs::write(target.join("keep"), "data").unwrap();
     let size = |p: &Path| {
         let st = rustix::fs::statvfs(p).unwrap();
@@ -926,18 +918,8 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
     );
     let target = s.target("stuck");
     let t = target.to_str().unwrap();
-    let args = [
-        "mount",
-        "--driver",
-        "acme/stuck",
-        "--target",
-        t,
-        "--volume-name",
-        "v",
-        "--fs-group",
-        "3000",
-    ];
-    let failed = s.volume(&args);
+    let args = ["--volume-name", "v", "--fs-group", "3000"];
+    let failed = s.volume_mount("acme/stuck", t, &args);
     let stderr = String::from_utf8_lossy(&failed.stderr);
     if stderr.contains("no chattr") {
         test_support::skip!("chattr +i is not supported on tmpfs here");
@@ -953,7 +935,7 @@ unmount) chattr -i "$2"; umount "$2"; echo '{"status":"Success"}';;"#,
     assert!(String::from_utf8_lossy(&listed.stdout).contains(t));
 
     let _ = Command::new("chattr").arg("-i").arg(&target).status();
-    let retry = s.volume(&args);
+    let retry = s.volume_mount("acme/stuck", t, &args);
     ok(&retry);
     assert_eq!(gid_mode(&target.join("file")).0, 3000);
     // A tmpfs root is 1777: sticky kept, setgid added.
