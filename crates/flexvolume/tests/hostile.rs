@@ -250,33 +250,25 @@ fn symlink_tricks_give_clear_errors_and_nothing_outside_runs() {
         outcome("alias~x").is_ok(),
         "a symlink inside the plugin dir is fine"
     );
-    assert!(
-        matches!(outcome("loop~x"), Err(LayoutError::Io { .. })),
-        "{:?}",
-        outcome("loop~x")
-    );
-    assert!(matches!(outcome("esc~x"), Err(LayoutError::Escapes { .. })));
-    assert!(matches!(
-        outcome("escdir~x"),
-        Err(LayoutError::Escapes { .. })
-    ));
-    assert!(matches!(
-        outcome("dangling~x"),
-        Err(LayoutError::MissingExecutable { .. })
-    ));
-    assert!(matches!(
-        outcome("devnull~x"),
-        Err(LayoutError::NotAFile { .. })
-    ));
-    assert!(matches!(
-        outcome("isdir~x"),
-        Err(LayoutError::NotAFile { .. })
-    ));
-    assert!(matches!(
-        outcome("fifo~x"),
-        Err(LayoutError::NotAFile { .. })
-    ));
-    assert!(matches!(outcome("selfloop~x"), Err(LayoutError::Io { .. })));
+    // Asserts that the entry named `$name` was refused with this error.
+    macro_rules! assert_refused {
+        ($name:literal, $error:pat) => {
+            assert!(
+                matches!(outcome($name), Err($error)),
+                "{}: {:?}",
+                $name,
+                outcome($name)
+            )
+        };
+    }
+    assert_refused!("loop~x", LayoutError::Io { .. });
+    assert_refused!("esc~x", LayoutError::Escapes { .. });
+    assert_refused!("escdir~x", LayoutError::Escapes { .. });
+    assert_refused!("dangling~x", LayoutError::MissingExecutable { .. });
+    assert_refused!("devnull~x", LayoutError::NotAFile { .. });
+    assert_refused!("isdir~x", LayoutError::NotAFile { .. });
+    assert_refused!("fifo~x", LayoutError::NotAFile { .. });
+    assert_refused!("selfloop~x", LayoutError::Io { .. });
     for e in &entries {
         if let Err(err) = &e.outcome {
             assert!(err.to_string().len() <= MAX_ERROR_LEN);
