@@ -507,3 +507,45 @@ fn both_pods_mount_the_loop_drivers_installed_image_dirs() {
         }
     }
 }
+
+/// The sidecar images `flexd manifests` names by default are the versions the e2e cluster runs
+/// Kubernetes' storage suite with (each pinned in tests/e2e/sidecars/<name>/go.mod): a default
+/// is a tested version, and bumping one pin without the other fails here.
+#[test]
+fn default_sidecar_images_are_the_versions_the_e2e_suite_runs() {
+    let out = manifests(&[
+        "--plugin-dir",
+        "/nonexistent/plugins",
+        "--driver",
+        r#"acme/block={"attach":true,"provision":true,"requiresFSResize":true}"#,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let sidecars = deploy_dir().join("../tests/e2e/sidecars");
+    for (name, module) in [
+        ("csi-attacher", "external-attacher"),
+        ("csi-provisioner", "external-provisioner"),
+        ("csi-resizer", "external-resizer"),
+    ] {
+        let go_mod = std::fs::read_to_string(sidecars.join(name).join("go.mod")).unwrap();
+        let pinned = go_mod
+            .lines()
+            .find_map(|l| {
+                // `require M V` or, in the require block, `M V // indirect` (a tool's module).
+                let l = l.trim();
+                let mut words = l.strip_prefix("require ").unwrap_or(l).split_whitespace();
+                let module_path = words.next()?;
+                let version = words.next()?;
+                (module_path.starts_with(&format!("github.com/kubernetes-csi/{module}"))
+                    && version.starts_with('v'))
+                .then(|| version.to_owned())
+            })
+            .unwrap_or_else(|| panic!("no require of {module} in {name}/go.mod"));
+        let image = format!("image: registry.k8s.io/sig-storage/{name}:{pinned}");
+        assert!(text.contains(&image), "manifests lack {image}");
+    }
+}

@@ -146,10 +146,11 @@ pub struct Settings {
     pub state_storage_class: Option<String>,
 }
 
-/// The sidecar images `flexd manifests` uses unless told otherwise.
-pub const DEFAULT_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher:v4.8.1";
-pub const DEFAULT_PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0";
-pub const DEFAULT_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v1.13.2";
+/// The sidecar images `flexd manifests` uses unless told otherwise: the versions the e2e cluster
+/// runs Kubernetes' storage suite with (tests/e2e/sidecars/), so the defaults are tested ones.
+pub const DEFAULT_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher:v4.13.0";
+pub const DEFAULT_PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0";
+pub const DEFAULT_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.3.0";
 
 /// One Kubernetes object of the output, serialized as itself (with its apiVersion and kind).
 #[derive(Debug, Clone, Serialize)]

@@ -10,9 +10,11 @@
 //! - at most [`MAX_CONNECTIONS`] connections per socket, the ones still owing their preface
 //!   included; at the cap flexd stops accepting, and new clients wait in the listen backlog
 //!   until a slot frees (a waiting kubelet is served late rather than refused);
-//! - every connection is asked to go (GOAWAY) after [`MAX_CONNECTION_AGE`]: an idle one closes
-//!   at once, one with calls in flight once they finish. kubelet dials per operation and the
-//!   sidecars' gRPC clients reconnect transparently;
+//! - no maximum age by default: the CSI sidecars hold one connection for their whole life and
+//!   exit when it goes (csi-lib-utils: "Lost connection to CSI driver, exiting"), so a GOAWAY
+//!   restarts them; the storage e2e suite saw every sidecar restart each 5 minutes while flexd
+//!   recycled connections at that age. `FLEXD_CONNECTION_MAX_AGE` sets one where no sidecar
+//!   connects (kubelet dials per operation);
 //! - a peer that stops answering HTTP/2 pings ([`KEEPALIVE_INTERVAL`], [`KEEPALIVE_TIMEOUT`])
 //!   is dropped, even with a call in flight (it could not read the answer anyway).
 //!
@@ -77,8 +79,6 @@ pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 /// leaves room for bursts and for every socket of several drivers under the default 1024 open
 /// files, while 256 connections' buffers stay within a few tens of MiB.
 pub const MAX_CONNECTIONS: usize = 256;
-/// Age at which a connection is asked to go (GOAWAY).
-pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(5 * 60);
 /// HTTP/2 pings on every connection this often...
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// ...and a peer that does not answer one within this is dropped.
@@ -89,33 +89,33 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 struct Limits {
     preface_timeout: Duration,
     max_connections: usize,
-    max_age: Duration,
+    /// Age at which a connection is asked to go (GOAWAY); none unless set.
+    max_age: Option<Duration>,
 }
 
 fn limits() -> Limits {
     static LIMITS: OnceLock<Limits> = OnceLock::new();
     *LIMITS.get_or_init(|| {
-        let seconds = |var: &str, default: Duration| {
+        let seconds = |var: &str| {
             std::env::var(var)
                 .ok()
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .filter(|d| !d.is_zero())
-                .unwrap_or(default)
         };
         let limits = Limits {
-            preface_timeout: seconds("FLEXD_PREFACE_TIMEOUT", PREFACE_TIMEOUT),
+            preface_timeout: seconds("FLEXD_PREFACE_TIMEOUT").unwrap_or(PREFACE_TIMEOUT),
             max_connections: std::env::var("FLEXD_MAX_CONNECTIONS")
                 .ok()
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .filter(|n| (1..=Semaphore::MAX_PERMITS).contains(n))
                 .unwrap_or(MAX_CONNECTIONS),
-            max_age: seconds("FLEXD_CONNECTION_MAX_AGE", MAX_CONNECTION_AGE),
+            max_age: seconds("FLEXD_CONNECTION_MAX_AGE"),
         };
         tracing::info!(
             preface_timeout_seconds = limits.preface_timeout.as_secs_f64(),
             max_connections = limits.max_connections,
-            max_age_seconds = limits.max_age.as_secs_f64(),
+            max_age_seconds = limits.max_age.map(|age| age.as_secs_f64()),
             "gRPC connection bounds (per socket)"
         );
         limits
@@ -126,12 +126,15 @@ fn limits() -> Limits {
 /// advertises are hyper's defaults, set here because the `:authority` rewriter enforces the
 /// same numbers on every frame before h2 sees it.
 fn server() -> Server {
-    Server::builder()
+    let server = Server::builder()
         .max_frame_size(authority::MAX_FRAME_SIZE)
         .http2_max_header_list_size(authority::MAX_HEADER_LIST_SIZE)
-        .max_connection_age(limits().max_age)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+    match limits().max_age {
+        Some(age) => server.max_connection_age(age),
+        None => server,
+    }
 }
 
 /// An accepted connection that sent its preface: the preface is replayed to hyper, and the
