@@ -336,7 +336,10 @@ fn waitforattach_after_unmountdevice_finds_a_device_for_the_still_attached_volum
     reply(s.call(&["mountdevice", dir, &device, &options]));
     std::fs::write(Path::new(dir).join("kept"), "first pod").unwrap();
     reply(s.call(&["unmountdevice", dir]));
-    assert!(s.loop_devices_of("again").is_empty(), "unmountdevice releases the device");
+    assert!(
+        s.loop_devices_of("again").is_empty(),
+        "unmountdevice releases the device"
+    );
 
     // The second pod: no attach (the volume is attached), straight to waitforattach.
     let waited = reply(s.call(&["waitforattach", &device, &options]));

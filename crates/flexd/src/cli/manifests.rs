@@ -204,10 +204,8 @@ fn builtin_named(name: &str) -> Option<Builtin> {
 /// A builtin driver's capabilities, from its own init run in this process.
 fn builtin(builtin: Builtin) -> anyhow::Result<Capabilities> {
     match builtin {
-        Builtin::Loop => {
-            flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
-                .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name()))
-        }
+        Builtin::Loop => flexvolume_driver::Driver::init(&flexvolume_loop::LoopDriver::default())
+            .map_err(|e| anyhow::anyhow!("builtin driver {}: init: {e}", builtin.driver_name())),
     }
 }
 
