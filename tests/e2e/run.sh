@@ -47,6 +47,14 @@ PAUSE_IMAGE=localhost/pause:e2e
 TOOLS_IMAGE=localhost/e2e-tools:e2e
 NAMESPACE=flexd-system
 TOKEN=flexd-e2e-admin-token-0123456789abcdef
+# The storage scenario's driver with a controller side: flexd's builtin loop driver.
+LOOP_DRIVER=flexd/loop
+LOOP_CSI_NAME=flexvolume-flexd--loop
+# The CSI sidecars (tests/e2e/sidecars/, from the Go module proxy) as images of their own.
+SIDECARS=(csi-provisioner csi-attacher csi-resizer)
+# The one Service pods use (in-cluster config of the sidecars), made reachable without kube-proxy.
+API_SERVICE_IP=10.0.0.1
+POD_SUBNET=10.88.0.0/24
 
 log() { echo "[e2e $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -76,11 +84,13 @@ preflight() {
   command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || skip "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
   [ -n "${FLEXD:-}" ] || command -v cargo >/dev/null || skip "no cargo and no FLEXD=path/to/flexd"
   local missing=()
-  for tool in containerd containerd-shim-runc-v2 runc ctr umoci nsenter unshare ip openssl curl jq busybox; do
+  for tool in containerd containerd-shim-runc-v2 runc ctr umoci nsenter unshare ip nft openssl curl jq busybox; do
     command -v $tool >/dev/null || missing+=("$tool")
   done
-  [ -x /usr/lib/cni/loopback ] || missing+=("/usr/lib/cni/loopback")
-  ((${#missing[@]} == 0)) || skip "missing ${missing[*]} (apt-get install -y containerd runc containernetworking-plugins umoci busybox-static jq curl)"
+  for plugin in loopback bridge host-local; do
+    [ -x /usr/lib/cni/$plugin ] || missing+=("/usr/lib/cni/$plugin")
+  done
+  ((${#missing[@]} == 0)) || skip "missing ${missing[*]} (apt-get install -y containerd runc containernetworking-plugins umoci busybox-static jq curl nftables)"
   [ -d /sys/fs/cgroup ] || skip "no /sys/fs/cgroup"
 }
 
@@ -151,6 +161,13 @@ build() {
     (cd "$repo" && cargo build --release -p flexd >&2)
     cp "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/flexd" "$D/bin/flexd"
   fi
+  local tool
+  for tool in "${SIDECARS[@]}" storage-e2e ginkgo agnhost; do
+    log "build: $tool (tests/e2e/tools.sh $tool; cached per machine)"
+    ln -sf "$("$here/tools.sh" $tool)" "$D/bin/$tool"
+  done
+  # Ginkgo's CLI runs a compiled suite by its .test name.
+  ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
   log "build: pause"
   (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
 }
@@ -189,6 +206,7 @@ image() {
   local entrypoint=() arg
   for arg in "$@"; do entrypoint+=(--config.entrypoint "$arg"); done
   for arg in "${IMAGE_ENV[@]}"; do entrypoint+=(--config.env "$arg"); done
+  for arg in "${IMAGE_CMD[@]}"; do entrypoint+=(--config.cmd "$arg"); done
   umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
   umoci gc --layout "$work/oci"
   tar -C "$work/oci" -cf "$work/image.tar" .
@@ -198,6 +216,7 @@ image() {
 }
 
 IMAGE_ENV=() # KEY=VALUE environment of the next image()
+IMAGE_CMD=() # default arguments (CMD) of the next image()
 
 populate_pause() { install -D -m 0755 "$D/bin/pause" "$1/pause"; }
 
@@ -225,6 +244,33 @@ populate_tools() {
   install -D -m 0755 "$(command -v busybox)" "$1/bin/busybox"
   chroot "$1" /bin/busybox --install -s /bin
   mkdir -p "$1/tmp" "$1/etc"
+}
+
+# Kubernetes' glibc-dns-testing image is Debian with dnsutils: here, this Debian host's shell and
+# core tools (what the storage specs run in it), with their libraries.
+populate_glibc() {
+  local rootfs=$1 dir files
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  files=$(dpkg -L dash coreutils grep sed findutils mawk util-linux 2>/dev/null |
+    grep -E '^/(usr/)?s?bin/[^/]+$' | while read -r f; do [ -f "$f" ] && [ -x "$f" ] && echo "$f"; done)
+  # shellcheck disable=SC2086
+  copy_with_libs "$rootfs" $files
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+# Kubernetes' agnhost image (Alpine with /agnhost, entrypoint /agnhost, CMD pause): here the
+# agnhost built from the pinned Kubernetes, on the busybox userland.
+populate_agnhost() {
+  populate_tools "$1"
+  install -D -m 0755 "$D/bin/agnhost" "$1/agnhost"
+}
+
+# A CSI sidecar: its static binary, alone.
+populate_sidecar() {
+  install -D -m 0755 "$D/bin/$SIDECAR" "$1/$SIDECAR"
+  mkdir -p "$1/tmp"
+  chmod 1777 "$1/tmp"
 }
 
 # --- up ------------------------------------------------------------------------------------
@@ -367,6 +413,15 @@ up() {
   mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
   ip netns add $NETNS
   ip -n $NETNS link set lo up
+  # What kube-proxy would do for the API server's Service (default/kubernetes, the first address of
+  # the service range, port 443): the sidecars reach the API server by their in-cluster config.
+  # The cluster has no kube-proxy; this is the one Service its pods use.
+  innet nft -f - <<EOF
+table ip e2e-services {
+  chain prerouting { type nat hook prerouting priority dstnat; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
+  chain output { type nat hook output priority -100; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
+}
+EOF
   # The node's address on a dummy interface where the kernel has one, else on lo: either way
   # it is local to this namespace, which has no other interface.
   if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
@@ -380,8 +435,13 @@ up() {
   certificates
   start_control_plane
   log "up: containerd"
-  cat >"$D/cni/net.d/10-loopback.conflist" <<EOF
-{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
+  # Pods that are not hostNetwork (the controller Deployment, the storage suite's pods) get an
+  # address on a bridge inside the cluster's netns: probes reach them, they reach the node's
+  # address, and nothing leads further.
+  cat >"$D/cni/net.d/10-bridge.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "e2e-pods", "plugins": [{"type": "bridge", "bridge": "e2e-pods",
+  "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "dataDir": "$D/cni/ipam",
+  "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
   cat >"$D/containerd/config.toml" <<EOF
 version = 2
@@ -416,10 +476,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 EOF
   start_containerd
 
-  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE"
+  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]}, the storage suite's"
   image "$PAUSE_IMAGE" populate_pause /pause
   image "$FLEXD_IMAGE" populate_flexd /usr/local/bin/flexd
   image "$TOOLS_IMAGE" populate_tools /bin/sh
+  local sidecar
+  for sidecar in "${SIDECARS[@]}"; do
+    SIDECAR=$sidecar image "localhost/$sidecar:e2e" populate_sidecar "/$sidecar"
+  done
+  # The suite's pods run Kubernetes' test images, by the names this Kubernetes gives them:
+  # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing.
+  local images; images=$("$D/bin/storage-e2e" -print-images)
+  image "$(awk '$1 == "busybox" {print $2}' <<<"$images")" populate_tools /bin/sh
+  image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh
+  IMAGE_CMD=(pause)
+  image "$(awk '$1 == "agnhost" {print $2}' <<<"$images")" populate_agnhost /agnhost
+  IMAGE_CMD=()
 
   log "up: the driver $DRIVER in the plugin dir"
   sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/hostdir"
@@ -929,6 +1001,124 @@ scenario_faults_node() {
   [ "$(volumes | tail -n +2 | wc -l)" = 0 ] || { volumes; return 1; }
 }
 
+# --- Kubernetes' storage e2e suite ------------------------------------------------------------
+
+# The suite's specs that are not run, by choice, with the reason (README, "The storage suite"):
+# [Disruptive] specs restart kubelet or the node over SSH, which this cluster has no use for
+# (the faults_* scenarios restart them for real).
+STORAGE_SKIP='\[Disruptive\]'
+
+# storage_definition DRIVER [INLINE_ATTRIBUTES_JSON]: Kubernetes' test-driver definition
+# (test/e2e/storage/external) of a driver flexd serves, derived from what flexd read at the
+# driver's init (`flexd drivers`) and the CSIDriver its manifests made, so that a driver is
+# tested for what it declares. Capabilities flexd does not offer at all (block volumes,
+# snapshots, cloning, topology, ReadWriteMany, capacity) are declared absent: the suite skips them.
+storage_definition() {
+  local csidriver
+  csidriver=$(kubectl get csidriver "$(flexd_driver "$1" | jq -r .csiName)" -o json)
+  flexd_driver "$1" | jq --argjson csidriver "$csidriver" --argjson inline "${2:-null}" '
+    .capabilities as $c
+    # FlexVolume defaults: attach unless the driver says false; the rest only when true.
+    | (($c.attach != false) or ($c.provision == true)) as $controller
+    | (($c.requiresFSResize == true) and $controller) as $expands
+    | {
+      StorageClass: {FromName: ($c.provision == true)},
+      InlineVolumes: (if ($csidriver.spec.volumeLifecycleModes | index("Ephemeral")) and $inline != null
+        then [{Attributes: $inline, Shared: true}] else [] end),
+      DriverInfo: {
+        Name: .csiName,
+        SupportedSizeRange: {Min: "64Mi", Max: "1Gi"},
+        SupportedFsType: {"": {}},
+        MaxFileSize: 1048576,
+        Capabilities: {
+          persistence: ($c.provision == true),
+          exec: true,
+          fsGroup: ($csidriver.spec.fsGroupPolicy != "None"),
+          multipods: true,
+          singleNodeVolume: true,
+          controllerExpansion: $expands,
+          nodeExpansion: $expands,
+          onlineExpansion: $expands,
+          offlineExpansion: $expands,
+          block: false, snapshotDataSource: false, pvcDataSource: false, topology: false,
+          RWX: false, volumeLimits: false, capacity: false, readWriteOncePod: false
+        }
+      }
+    }'
+}
+
+flexd_driver() { # DRIVER: its entry in `flexd drivers --output json`
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" --output json drivers |
+    jq -e --arg name "$1" '.[] | select(.name == $name)'
+}
+
+# storage_suite LABEL DEFINITION: the suite against one driver, E2E_STORAGE_PROCS (default 4)
+# specs at a time (they mostly wait for pods and mounts; [Serial] ones run alone at the end);
+# its log in $D/logs/storage-LABEL.log, a line "storage LABEL: N passed, M failed, K skipped".
+storage_suite() {
+  local label=$1 definition=$2 log=$D/logs/storage-$1.log status counts
+  set +e
+  innet "$D/bin/ginkgo" --procs "${E2E_STORAGE_PROCS:-4}" --focus 'External.Storage' \
+    --skip "$STORAGE_SKIP" --no-color --timeout "${E2E_STORAGE_TIMEOUT:-60m}" \
+    --junit-report "$D/logs/storage-$label.xml" "$D/bin/storage-e2e.test" -- \
+    -kubeconfig "$D/kubeconfig" -storage.testdriver "$definition" >"$log" 2>&1
+  status=$?
+  set -e
+  counts=$(grep -E '^(SUCCESS|FAIL)! -- [0-9]+ Passed' "$log" | tail -1)
+  echo "storage $label: $(sed -E 's/.*-- ([0-9]+) Passed \| ([0-9]+) Failed \| [0-9]+ Pending \| ([0-9]+) Skipped.*/\1 passed, \2 failed, \3 skipped/' <<<"$counts")"
+  if [ $status != 0 ]; then
+    grep -E '^\s*\[FAIL\]|^  \[FAILED\]|Summarizing' -A2 "$log" | head -60
+  fi
+  return $status
+}
+
+# 10. Kubernetes' own storage e2e suite for external CSI drivers (from the same Kubernetes
+#     version as the cluster) against the two shapes of driver flexd serves: the builtin loop
+#     driver (attach, provision, expansion; its controller side is the manifests' Deployment with
+#     the real csi-attacher, csi-provisioner and csi-resizer) and the node-only hostdir driver
+#     (CSI inline ephemeral volumes). Zero failures in both.
+scenario_storage() {
+  "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
+  # The controller's state claim, on a PV made for it: the cluster has no default StorageClass.
+  mkdir -p "$D/controller-state"
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: flexd-controller-state}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {path: $D/controller-state, type: Directory}
+  claimRef: {namespace: $NAMESPACE, name: flexd-controller-state}
+EOF
+  # flexd's manifests for every installed driver, with the sidecars built here.
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
+    --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" --attacher-image localhost/csi-attacher:e2e \
+    --provisioner-image localhost/csi-provisioner:e2e --resizer-image localhost/csi-resizer:e2e \
+    >"$D/run/flexd-storage.yaml"
+  kubectl apply -f "$D/run/flexd-storage.yaml"
+  kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
+  kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
+  wait_for 120 "CSINode $NODE to list $LOOP_CSI_NAME" csinode_lists $LOOP_CSI_NAME
+  storage_definition $LOOP_DRIVER >"$D/run/storage-loop.json"
+  storage_definition "$DRIVER" '{"volume": "e2e-storage-inline"}' >"$D/run/storage-hostdir.json"
+  cat "$D/run/storage-loop.json" "$D/run/storage-hostdir.json"
+  local failed_suites=0 restarts
+  storage_suite loop "$D/run/storage-loop.json" || failed_suites=$((failed_suites + 1))
+  storage_suite hostdir "$D/run/storage-hostdir.json" || failed_suites=$((failed_suites + 1))
+  # flexd and the sidecars held on through both suites: no container of flexd's pods restarted
+  # (an OOM kill, or a sidecar exiting on a lost connection to flexd, shows here).
+  restarts=$(kubectl -n $NAMESPACE get pods -o json | jq -r '.items[] | .metadata.name as $pod
+    | .status.containerStatuses[] | select(.restartCount > 0)
+    | "\($pod)/\(.name): \(.restartCount) restarts, last \(.lastState.terminated.reason // "?")"')
+  if [ -n "$restarts" ]; then
+    echo "restarted during the storage suite: $restarts"
+    failed_suites=$((failed_suites + 1))
+  fi
+  [ $failed_suites = 0 ]
+}
+
 run_scenario() {
   local name=$1 started=$SECONDS
   log "scenario $name: start"
@@ -946,7 +1136,7 @@ run_scenario() {
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
-read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node}"
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage}"
 
 run_scenarios() {
   passed=0 failed=0
