@@ -300,17 +300,19 @@ fn check_passes_with_no_options_on_every_example_driver() {
     }
     drivers.sort();
     assert_eq!(drivers, ["attachable", "rust-tiny", "tmpfs"]);
+    // A check's scratch dir is named after its pid: what these checks leave is told by name
+    // from other tests' checks running at the same time.
+    let mut scratch_names = Vec::new();
     for name in &drivers {
-        let out = flexd(
-            p,
-            &[
-                "--output",
-                "json",
-                "check",
-                "--driver",
-                &format!("acme/{name}"),
-            ],
-        );
+        let check = test_support::flexd_command(p)
+            .args(["--output", "json", "check", "--driver"])
+            .arg(format!("acme/{name}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        scratch_names.push(format!("flexd-check-{}-", check.id()));
+        let out = check.wait_with_output().unwrap();
         let report = stdout_json(&out);
         let required: Vec<&Value> = report["checks"]
             .as_array()
@@ -325,12 +327,13 @@ fn check_passes_with_no_options_on_every_example_driver() {
         assert_eq!(report["passed"], true, "{name}");
         assert_eq!(out.status.code(), Some(0), "{name}");
     }
-    assert!(
-        !std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .contains("flexd-check-"),
-        "a check left a mount behind"
-    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for scratch in &scratch_names {
+        assert!(
+            !mountinfo.contains(scratch.as_str()),
+            "a check left a mount behind: {scratch}"
+        );
+    }
 }
 
 /// A driver that cannot mount without options (an NFS driver without its server) is not failed
