@@ -1062,7 +1062,8 @@ flexd_driver() { # DRIVER: its entry in `flexd drivers --output json`
 
 # storage_suite LABEL DEFINITION: the suite against one driver, E2E_STORAGE_PROCS (default 5)
 # specs at a time (they mostly wait for pods and mounts; [Serial] ones run alone at the end);
-# its log in $D/logs/storage-LABEL.log, a line "storage LABEL: N passed, M failed, K skipped".
+# its log in $D/logs/storage-LABEL.log, a line "storage LABEL: N passed, M failed, K skipped" in
+# the scenario's summary (printed after its PASS or FAIL).
 storage_suite() {
   local label=$1 definition=$2 log=$D/logs/storage-$1.log status counts
   set +e
@@ -1073,6 +1074,7 @@ storage_suite() {
   status=$?
   set -e
   counts=$(grep -E '^(SUCCESS|FAIL)! -- [0-9]+ Passed' "$log" | tail -1)
+  echo "storage $label: $(sed -E 's/.*-- ([0-9]+) Passed \| ([0-9]+) Failed \| [0-9]+ Pending \| ([0-9]+) Skipped.*/\1 passed, \2 failed, \3 skipped/' <<<"${counts:-no summary}") in $(grep -oE '^Ran [0-9]+ of [0-9]+ Specs in [0-9.]+ seconds' "$log" | grep -oE '[0-9.]+ seconds' || echo '?')" >>"$D/logs/scenario-storage.summary"
   echo "storage $label: $(sed -E 's/.*-- ([0-9]+) Passed \| ([0-9]+) Failed \| [0-9]+ Pending \| ([0-9]+) Skipped.*/\1 passed, \2 failed, \3 skipped/' <<<"$counts")"
   if [ $status != 0 ]; then
     grep -E '^\s*\[FAIL\]|^  \[FAILED\]|Summarizing' -A2 "$log" | head -60
@@ -1086,6 +1088,7 @@ storage_suite() {
 #     the real csi-attacher, csi-provisioner and csi-resizer) and the node-only hostdir driver
 #     (CSI inline ephemeral volumes). Zero failures in both.
 scenario_storage() {
+  rm -f "$D/logs/scenario-storage.summary"
   "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
   # The controller's state claim, on a PV made for it: the cluster has no default StorageClass.
   mkdir -p "$D/controller-state"
@@ -1141,6 +1144,8 @@ run_scenario() {
     failed=$((failed + 1)); log "FAIL $name ($((SECONDS - started))s); its output:"
     sed 's/^/    /' "$D/logs/scenario-$name.log" >&2
   fi
+  # A scenario's own summary (the storage suite's counts), shown whatever the outcome.
+  if [ -f "$D/logs/scenario-$name.summary" ]; then sed 's/^/    /' "$D/logs/scenario-$name.summary" >&2; fi
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
