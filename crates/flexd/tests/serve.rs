@@ -406,8 +406,8 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
     assert_eq!(detach.len(), 1, "a second unpublish does not detach again");
     assert_eq!(
         (detach[0][1].as_str(), detach[0][2].as_str()),
-        ("backend~vol-1", "node-1"),
-        "getvolumename's name, / as ~"
+        ("pv-1", "node-1"),
+        "the volume's name, as kubelet gives detach (getvolumename's answer is ignored)"
     );
     // mount and unmount are not supported by this driver: the defaults bind and unmount.
     assert_eq!(

@@ -130,8 +130,8 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     let detach = &s.calls_of("detach")[0];
     assert_eq!(
         (detach[1].as_str(), detach[2].as_str()),
-        ("backend~vol-1", "node-1"),
-        "getvolumename's name, / as ~"
+        ("pv-1", "node-1"),
+        "the PV's name, as kubelet gives detach (getvolumename's answer is ignored)"
     );
     assert!(!is_mounted(&device_dir) && !device_dir.exists() && !target.exists());
 }
@@ -484,8 +484,8 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
     let (out, json) = run("detach");
     ok(&out);
     assert_eq!(
-        json["detach_name"], "vendor~vol-7",
-        "getvolumename's / becomes ~"
+        json["detach_name"], "pv-7",
+        "the volume's name, as kubelet gives detach (getvolumename's answer is ignored)"
     );
     let expected_options = r#"{"kubernetes.io/fsType":"xfs","kubernetes.io/pvOrVolumeName":"pv-7","kubernetes.io/readwrite":"rw","pool":"gold"}"#;
     assert_eq!(
@@ -496,10 +496,7 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
         s.calls_of("isattached"),
         vec![vec!["isattached", expected_options, "node-1"]]
     );
-    assert_eq!(
-        s.calls_of("detach"),
-        vec![vec!["detach", "vendor~vol-7", "node-1"]]
-    );
+    assert_eq!(s.calls_of("detach"), vec![vec!["detach", "pv-7", "node-1"]]);
 
     // A driver that supports none of them: Kubernetes' defaults.
     s.driver(
@@ -528,7 +525,7 @@ fn controller_side_attach_isattached_detach_with_exact_argv_and_defaults() {
             json["detach_name"].as_str(),
             json["driver_detach_ran"].as_bool()
         ),
-        (Some("pv~8"), Some(false))
+        (Some("pv/8"), Some(false))
     );
 }
 

@@ -39,7 +39,7 @@ pub enum VolumeCommand {
     /// Whether a volume is attached to --node-name.
     #[command(after_help = exit::ISATTACHED)]
     Isattached(Box<SpecArgs>),
-    /// Detach a volume from --node-name, under the name getvolumename gives it.
+    /// Detach a volume from --node-name, under its own name (as kubelet's detach).
     #[command(after_help = exit::PLAIN)]
     Detach(Box<SpecArgs>),
     /// The volumes flexd manages.

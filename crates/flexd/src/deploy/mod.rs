@@ -16,10 +16,10 @@
 //!     included, so the controller runs exactly the driver version the nodes run, with no image
 //!     per driver to keep in step. This is where kube-controller-manager ran FlexVolume attach.
 //!   - Its **state lives on a PersistentVolumeClaim** of the cluster's default (or a named)
-//!     StorageClass, provisioned volumes' records included: detach must use the volume name
-//!     recorded at attach, and
-//!     ControllerUnpublishVolume carries only the volume id and the node, not the spec
-//!     `getvolumename` would need, so the name cannot be recomputed. One replica with the
+//!     StorageClass, provisioned volumes' records included: detach uses the name recorded at
+//!     attach (older records hold `getvolumename`'s answer, which
+//!     ControllerUnpublishVolume could not recompute: it carries only the volume id and the
+//!     node), and a provisioned volume's options live only there. One replica with the
 //!     Recreate strategy, because the claim is ReadWriteOnce and two controllers must never
 //!     attach the same volume.
 //!   - Privileged, with `/dev`: attach and detach are the driver's own code, which FlexVolume

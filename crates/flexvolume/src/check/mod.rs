@@ -285,7 +285,8 @@ fn check_unknown_callout(report: &mut Report, config: &RunnerConfig, driver: &In
     report.push(UNKNOWN_CHECK, true, verdict, elapsed, detail);
 }
 
-/// getvolumename: valid JSON or Not supported (kubelet ignores the name, detach uses it).
+/// getvolumename: valid JSON or Not supported (kubelet and flexd ignore the name; a failure
+/// fails the operation).
 fn check_getvolumename(
     report: &mut Report,
     config: &RunnerConfig,

@@ -134,20 +134,19 @@ pub fn mount_device(
     answer_or_else(lc, plugin, &call, default, |_| false)
 }
 
-/// The name detach receives: getvolumename's answer with `/` as `~` (as kubelet does), or the
-/// volume's own name when the driver does not support getvolumename.
+/// The name detach receives: the volume's own name (the PV's name), as kubelet's FlexVolume
+/// plugin gives it. kubelet runs `getvolumename` first, and a failure there fails the operation,
+/// but it ignores the answer ("GetVolumeName is not supported yet", pkg/volume/flexvolume since
+/// v1.8): drivers in the field were written against that, and the oracle scenario
+/// (docs/oracle.md) compares flexd with kubelet call by call.
 pub fn detach_name(
     lc: &Lifecycle,
     plugin: &Plugin,
     spec: &VolumeSpec,
 ) -> Result<String, LifecycleError> {
     let call = CallOut::get_volume_name(&Options::for_volume(spec));
-    let name = answer_or(lc, plugin, &call, None, |reply| {
-        reply.volume_name.filter(|n| !n.is_empty())
-    })?;
-    Ok(name
-        .unwrap_or_else(|| spec.volume_name.clone())
-        .replace('/', "~"))
+    answer_or(lc, plugin, &call, (), |_| ())?;
+    Ok(spec.volume_name.clone())
 }
 
 /// Unmounts the device mount dir (default: plain unmount) and removes it.

@@ -109,7 +109,7 @@ pub(super) fn new_record(
         node: lc.node.clone(),
         device: None,
         staging: None,
-        detach_name: spec.volume_name.replace('/', "~"),
+        detach_name: spec.volume_name.clone(),
         pinned: Some(pinned),
         created_target,
         progress: Progress::Mounting,
