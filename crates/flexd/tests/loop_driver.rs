@@ -307,6 +307,38 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
     assert_eq!(detach.status.code(), Some(0), "{detach:?}");
 }
 
+/// kube-controller-manager's detach names the volume by its PV name, not by getvolumename's
+/// answer (kubelet ignores it): with a `volumeID` and an `imageDir` that differ from the PV's
+/// name and the default dir, detach by the PV name still releases the right device, and a
+/// second detach is a success. The e2e oracle scenario found this (docs/oracle.md).
+#[test]
+fn detach_by_the_pv_name_as_kubelet_gives_it_releases_the_volume() {
+    test_support::require_root!("needs root (loop devices)");
+    let s = LoopSandbox::new();
+    let options = serde_json::json!({
+        "imageDir": s.images(),
+        "volumeID": "image-of-pv",
+        "kubernetes.io/pvOrVolumeName": "pv-of-image",
+        "size": "16Mi",
+    })
+    .to_string();
+    let attach: Value =
+        serde_json::from_slice(&s.call(&["attach", &options, "node-1"]).stdout).unwrap();
+    assert_eq!(attach["status"], "Success", "{attach}");
+    assert_eq!(s.loop_devices_of("image-of-pv").len(), 1);
+    let detach = s.call(&["detach", "pv-of-image", "node-1"]);
+    ok(&detach);
+    assert!(s.loop_devices_of("image-of-pv").is_empty(), "released");
+    ok(&s.call(&["detach", "pv-of-image", "node-1"]));
+    // getvolumename's own name still detaches too (what flexd recorded before it followed kubelet).
+    let attach: Value =
+        serde_json::from_slice(&s.call(&["attach", &options, "node-1"]).stdout).unwrap();
+    assert_eq!(attach["status"], "Success", "{attach}");
+    let name: Value = serde_json::from_slice(&s.call(&["getvolumename", &options]).stdout).unwrap();
+    ok(&s.call(&["detach", name["volumeName"].as_str().unwrap(), "node-1"]));
+    assert!(s.loop_devices_of("image-of-pv").is_empty(), "released");
+}
+
 /// kubelet's flow for a second pod on the node while the volume stays attached (Kubernetes'
 /// storage e2e suite found it): unmountdevice released the loop device, so waitforattach must
 /// set one up again rather than answer "not attached"; the data is the same filesystem's.

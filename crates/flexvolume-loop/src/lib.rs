@@ -119,6 +119,69 @@ impl LoopDriver {
 }
 
 impl LoopDriver {
+    /// kubelet's detach names the volume by its PV name (it runs getvolumename and ignores the
+    /// answer), and that name need not be the image's: a `volumeID` or `imageDir` option says
+    /// otherwise. attach therefore leaves `<default dir>/.<PV name>.detach`, holding the name
+    /// getvolumename would give; detach reads it back. Found by the e2e oracle scenario
+    /// (docs/oracle.md), where kube-controller-manager's detach failed forever.
+    fn detach_alias(&self, volume_name: &str) -> DriverResult<Option<PathBuf>> {
+        if volume_name.contains('@') || volume::check_name(volume_name).is_err() {
+            return Ok(None);
+        }
+        let dir = self.image_dirs()?.default_dir();
+        Ok(Some(dir.join(format!(".{volume_name}.detach"))))
+    }
+
+    fn remember_detach_name(&self, options: &VolumeOptions, volume: &Volume) -> DriverResult<()> {
+        let Some(pv_name) = options.pv_or_volume_name() else {
+            return Ok(());
+        };
+        let Some(alias) = self.detach_alias(pv_name)? else {
+            return Ok(());
+        };
+        let detach_name = volume.detach_name();
+        if detach_name == pv_name && volume.dir == self.image_dirs()?.default_dir() {
+            return Ok(());
+        }
+        fs::write(&alias, detach_name).context(format_args!("cannot write {}", alias.display()))?;
+        Ok(())
+    }
+
+    fn forget_detach_name(&self, volume_name: &str) {
+        if let Ok(Some(alias)) = self.detach_alias(volume_name) {
+            let _ = fs::remove_file(alias);
+        }
+    }
+
+    /// The volume a detach name means: getvolumename's answer (`name@dir`), a PV name that
+    /// attach remembered, or a bare image name in the default image dir.
+    fn volume_to_detach(&self, volume_name: &str) -> DriverResult<Volume> {
+        if let Some(alias) = self.detach_alias(volume_name)? {
+            match fs::read_to_string(&alias) {
+                Ok(remembered) => return Volume::from_detach_name(remembered.trim()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(DriverError::failure(format!(
+                        "cannot read {}: {e}",
+                        alias.display()
+                    )))
+                }
+            }
+            // A bare name from getvolumename means the builtin default dir; from kubelet, the
+            // configured default dir. Usually they are the same dir.
+            let in_default = Volume::new(volume_name, self.image_dirs()?.default_dir())?;
+            if !in_default.image().exists() {
+                if let Ok(legacy) = Volume::from_detach_name(volume_name) {
+                    if legacy.image().exists() {
+                        return Ok(legacy);
+                    }
+                }
+            }
+            return Ok(in_default);
+        }
+        Volume::from_detach_name(volume_name)
+    }
+
     /// The volume whose image backs `device`, when it is one of ours: `<dir>/<name>.img` with
     /// its lock file beside it.
     fn volume_of_device(device: &str) -> Option<Volume> {
@@ -156,9 +219,11 @@ impl Driver for LoopDriver {
         if create {
             volume.create_or_reuse_image(size)?;
         }
-        volume.device_or_attach(&format!(
+        let device = volume.device_or_attach(&format!(
             "; give a {SIZE_OPTION} option to create it on attach"
-        ))
+        ))?;
+        self.remember_detach_name(options, &volume)?;
+        Ok(device)
     }
 
     /// The loop device backing the image, set up again when there is none. A loop device is
@@ -306,12 +371,13 @@ impl Driver for LoopDriver {
     }
 
     fn detach(&self, volume_name: &str, _node: &str) -> DriverResult<()> {
-        let volume = self.allowed(Volume::from_detach_name(volume_name)?)?;
+        let volume = self.allowed(self.volume_to_detach(volume_name)?)?;
         if !volume.dir.exists() {
             return Ok(());
         }
         let _lock = volume.lock()?;
         let Some(device) = volume.device()? else {
+            self.forget_detach_name(volume_name);
             return Ok(());
         };
         let mounts = mounts_of(&device)?;
@@ -323,7 +389,9 @@ impl Driver for LoopDriver {
                 mounts.len()
             )));
         }
-        losetup::detach(&device)
+        losetup::detach(&device)?;
+        self.forget_detach_name(volume_name);
+        Ok(())
     }
 
     fn expand_volume(
