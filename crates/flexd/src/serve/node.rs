@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use flexvolume::lifecycle::{
-    DriverResolver, Lifecycle, LifecycleError, MountRequest, StageRequest, UnmountOutcome,
+    DriverResolver, Expansion, Lifecycle, LifecycleError, MountRequest, StageRequest,
+    UnmountOutcome,
 };
 use tonic::{Request, Response, Status};
 
@@ -290,7 +291,12 @@ impl Node for NodeService {
         let outcome = self
             .calls
             .run_locked(&volume_id, move |lifecycle, _| {
-                lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
+                lifecycle.expand(
+                    &recorded,
+                    new_bytes as u64,
+                    Expansion::FilesystemOnly,
+                    &resolver,
+                )
             })
             .await?;
         Ok(Response::new(NodeExpandVolumeResponse {
