@@ -154,6 +154,16 @@ async fn refusal(
     c.create_volume(request).await.unwrap_err()
 }
 
+/// Asserts that a call was refused with `code`.
+#[track_caller]
+fn assert_refused<T: std::fmt::Debug>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+    code: Code,
+) {
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), code, "{err:?}");
+}
+
 /// The code of a CreateVolume that must be refused.
 async fn refused(c: &mut ControllerClient<Channel>, request: csi::CreateVolumeRequest) -> Code {
     refusal(c, request).await.code()
@@ -250,35 +260,35 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
     // A volume that was never provisioned and that no context describes does not exist, and
     // the driver is not asked; a static one the driver does not know is the driver's NotFound.
     let attaches = server.calls("attach").len();
-    let err = c
-        .controller_publish_volume(attach_to_node_7("made-up"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_refused(
+        c.controller_publish_volume(attach_to_node_7("made-up"))
+            .await,
+        Code::NotFound,
+    );
     assert_eq!(server.calls("attach").len(), attaches);
-    let err = c
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+    assert_refused(
+        c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
             volume_context: HashMap::from([("volumeID".to_owned(), "gone".to_owned())]),
             ..attach_to_node_7("static-1")
         })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+        .await,
+        Code::NotFound,
+    );
     assert_eq!(server.calls("attach").len(), attaches + 1);
     // Nothing was attached, so there is nothing to detach.
     c.controller_unpublish_volume(detach_from_node_7("static-1"))
         .await
         .unwrap();
     assert_eq!(server.calls("detach").len(), 1);
-    let err = c
-        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+    assert_refused(
+        c.validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
             volume_id: "made-up".into(),
             volume_capabilities: vec![capability()],
             ..Default::default()
         })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+        .await,
+        Code::NotFound,
+    );
 }
 
 /// issue 29: a failed CreateVolume blocked its name (ALREADY_EXISTS for the corrected retry)
@@ -365,8 +375,8 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
 
 /// `flexd serve --mode both` with the builtin loop driver installed, allowed to keep images in
 /// the sandbox's `images` dir only (the sandbox unmounts and frees its loop devices on drop),
-/// and a controller client on its socket.
-async fn loop_server() -> (Server, ControllerClient<Channel>) {
+/// a controller client on its socket, and that dir.
+async fn loop_server() -> (Server, ControllerClient<Channel>, PathBuf) {
     let server = Server::start_in_mode("both", |plugins| {
         test_support::ok(&test_support::output_of_new_executable(
             test_support::flexd_command(plugins)
@@ -376,7 +386,8 @@ async fn loop_server() -> (Server, ControllerClient<Channel>) {
     });
     let socket = server.socket("flexvolume-flexd--loop");
     let client = ControllerClient::new(connect(&socket).await);
-    (server, client)
+    let images = server.path("images");
+    (server, client, images)
 }
 
 /// A CreateVolume of the loop driver with `parameters` and no capacity range.
@@ -407,8 +418,7 @@ fn entries(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
     test_support::require_root!("needs root (the loop driver's delete asks losetup)");
-    let (server, mut c) = loop_server().await;
-    let images = server.path("images");
+    let (server, mut c, images) = loop_server().await;
     let deep = server.path("images/a/b");
     let name = format!("pvc-escape-{}", std::process::id());
     for dir in ["/etc", "/", deep.to_str().unwrap()] {
@@ -448,8 +458,7 @@ async fn a_storage_class_cannot_choose_where_the_loop_driver_makes_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_cannot_take_another_volumes_name_or_image() {
     test_support::require_root!("needs root (the loop driver's delete asks losetup)");
-    let (server, mut c) = loop_server().await;
-    let images = server.path("images");
+    let (server, mut c, images) = loop_server().await;
     let dir = images.to_str().unwrap();
     // Volume "victim": a static volume's image, made by hand.
     std::fs::create_dir(&images).unwrap();
@@ -487,37 +496,39 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
         ("volumeID", "victim"),
         ("kubernetes.io/pvOrVolumeName", "victim"),
     ]);
-    let err = c
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+    assert_refused(
+        c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
             volume_id: "pvc-x".into(),
             node_id: "node-1".into(),
             volume_capability: Some(capability()),
             volume_context: context.clone(),
             ..Default::default()
         })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        .await,
+        Code::InvalidArgument,
+    );
     let mut node =
         test_support::serve::node_client(&server.csi_dir.join("flexvolume-flexd--loop/csi.sock"))
             .await;
-    let err = node
-        .node_stage_volume(csi::NodeStageVolumeRequest {
+    assert_refused(
+        node.node_stage_volume(csi::NodeStageVolumeRequest {
             volume_id: "pvc-x".into(),
             staging_target_path: server.path("staging").display().to_string(),
             volume_capability: Some(capability()),
             volume_context: context.clone(),
             ..Default::default()
         })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        .await,
+        Code::InvalidArgument,
+    );
     let publish = csi::NodePublishVolumeRequest {
         volume_context: context.clone(),
         ..test_support::serve::publish_request("pvc-x", &server.path("target"), None)
     };
-    let err = node.node_publish_volume(publish).await.unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_refused(
+        node.node_publish_volume(publish).await,
+        Code::InvalidArgument,
+    );
 
     // DeleteVolume removes only the image its provision made: one put in its place stays.
     created(
@@ -540,8 +551,8 @@ async fn a_volume_cannot_take_another_volumes_name_or_image() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_create_volume_leaves_nothing_and_the_corrected_retry_succeeds() {
     test_support::require_root!("needs root (the loop driver's delete asks losetup)");
-    let (server, mut c) = loop_server().await;
-    let images = server.path("images");
+    // Named, so that flexd runs until the end of the test.
+    let (_server, mut c, images) = loop_server().await;
     let dir = images.to_str().unwrap();
     for (size, code, reason) in [
         ("1Ei", Code::OutOfRange, "whole filesystem"),

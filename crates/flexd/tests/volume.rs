@@ -18,12 +18,10 @@ use test_support::{
 fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let target = s.target("vol");
-    let t = target.to_str().unwrap();
-    ok(&s.volume_mount("acme/tmpfs", t, &[]));
+    let target = mounted(&s, "acme/tmpfs", "vol", &[]);
     assert!(is_mounted(&target));
     std::fs::write(target.join("file"), "data").unwrap();
-    ok(&s.volume_mount("acme/tmpfs", t, &[]));
+    ok(&s.volume_mount("acme/tmpfs", &target, &[]));
     assert_repeat_kept_the_mount(s.calls_of("mount").len(), &target.join("file"), "data");
 
     let out = s.volume(&["--output", "json", "list"]);
@@ -32,9 +30,9 @@ fn a_plain_driver_mounts_once_and_unmounts_idempotently() {
     assert_eq!(list[0]["driver"], "acme/tmpfs");
     assert_eq!(list[0]["stage"], "mounted");
 
-    ok(&s.volume_unmount(t));
+    ok(&s.volume_unmount(&target));
     assert!(!target.exists(), "the target flexd created is removed");
-    ok(&s.volume_unmount(t));
+    ok(&s.volume_unmount(&target));
     assert_eq!(s.calls_of("unmount").len(), 1);
     let out = s.volume(&["--output", "json", "list"]);
     assert_eq!(
@@ -136,13 +134,16 @@ fn an_attachable_driver_runs_the_whole_flow_with_exact_arguments() {
     assert!(!is_mounted(&device_dir) && !device_dir.exists() && !target.exists());
 }
 
+/// Target `name`, mounted through `driver` with `more` (the mount must succeed).
+fn mounted(s: &Sandbox, driver: &str, name: &str, more: &[&str]) -> PathBuf {
+    let target = s.target(name);
+    ok(&s.volume_mount(driver, &target, more));
+    target
+}
+
 /// Targets `a` and `b`, both mounted through `driver` with `more` (in that order).
 fn mount_a_and_b(s: &Sandbox, driver: &str, more: &[&str]) -> (PathBuf, PathBuf) {
-    let (a, b) = (s.target("a"), s.target("b"));
-    for t in [&a, &b] {
-        ok(&s.volume_mount(driver, t, more));
-    }
-    (a, b)
+    (mounted(s, driver, "a", more), mounted(s, driver, "b", more))
 }
 
 /// `flexd volume unmount` of `target`, which must succeed and leave nothing mounted there.
@@ -343,11 +344,18 @@ fn a_removed_driver_refuses_new_mounts_but_still_unmounts_and_a_replaced_one_is_
     unmounts(&s, &b);
 }
 
+/// A sandbox with acme/tmpfs, and `pv.yaml` in it: PV pv0001 of that driver, with options,
+/// referencing Secret foo-secret (which a mount must then be given).
+fn tmpfs_and_a_pv_with_a_secret_ref() -> (Sandbox, PathBuf) {
+    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
+    let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n");
+    (s, pv)
+}
+
 #[test]
 fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
     test_support::require_root!();
-    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv0001\nspec:\n  capacity:\n    storage: 1Gi\n  accessModes: [ReadWriteOnce]\n  flexVolume:\n    driver: acme/tmpfs\n    fsType: ext4\n    secretRef:\n      name: foo-secret\n    options:\n      fooVolumeName: bar\n");
+    let (s, pv) = tmpfs_and_a_pv_with_a_secret_ref();
     let target = s.target("pv");
     let t = target.to_str().unwrap();
     let out = s.volume(&["mount", "-f", pv.to_str().unwrap(), "--target", t]);
@@ -401,8 +409,7 @@ fn a_pv_yaml_with_a_secret_ref_and_hostile_yaml() {
 #[test]
 fn a_secret_never_appears_in_logs_errors_or_state_even_when_the_driver_echoes_it() {
     test_support::require_root!();
-    let s = Sandbox::new();
-    s.driver(
+    let s = Sandbox::with_driver(
         "acme~leaky",
         "init) echo '{\"status\":\"Success\",\"capabilities\":{\"attach\":false}}';;\nmount) echo \"debug: $*\" >&2; echo \"{\\\"status\\\":\\\"Failure\\\",\\\"message\\\":\\\"bad options $(printf %s \"$3\" | tr -d '\\\"')\\\"}\"; exit 1;;",
     );
@@ -607,8 +614,7 @@ fn expand_of_a_mounted_ext4_grows_it_or_says_which_capability_is_missing() {
 fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
     test_support::require_root!();
     let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let a = s.target("a");
-    ok(&s.volume_mount("acme/tmpfs", &a, &[]));
+    let a = mounted(&s, "acme/tmpfs", "a", &[]);
     // The new version's init fails.
     s.driver(
         "acme~tmpfs",
@@ -630,15 +636,12 @@ fn a_broken_update_refuses_mounts_instead_of_using_the_old_version() {
 #[test]
 fn secrets_from_a_kubernetes_secret_file() {
     test_support::require_root!();
-    let s = Sandbox::with_driver("acme~tmpfs", TMPFS_MOUNT);
-    let pv = s.write("pv.yaml", "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-s\nspec:\n  flexVolume:\n    driver: acme/tmpfs\n    secretRef:\n      name: foo-secret\n");
-    let secret = s.path("secret.yaml");
+    let (s, pv) = tmpfs_and_a_pv_with_a_secret_ref();
     // data is base64 in a Secret ("czNjcjN0" is "s3cr3t"); stringData is plain.
-    std::fs::write(
-        &secret,
+    let secret = s.write(
+        "secret.yaml",
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: foo-secret\ndata:\n  token: czNjcjN0\nstringData:\n  user: admin\n",
-    )
-    .unwrap();
+    );
     let target = s.target("sec");
     let t = target.to_str().unwrap();
     let mount = |extra: &[&str]| {
@@ -905,9 +908,8 @@ fn set_up_gives_the_volume_its_fs_group_unless_the_driver_opts_out_or_it_is_read
 #[test]
 fn a_failed_ownership_pass_fails_set_up_and_the_next_mount_finishes_it() {
     test_support::require_root!();
-    let s = Sandbox::new();
     // The volume's root is immutable: nobody, root included, can change its group.
-    s.driver(
+    let s = Sandbox::with_driver(
         "acme~stuck",
         r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; echo x > "$2/file"; chattr +i "$2" || { echo '{"status":"Failure","message":"no chattr"}'; exit 1; }; echo '{"status":"Success"}';;

@@ -51,15 +51,26 @@ fn expected(file_name: &str) -> Class {
     }
 }
 
-/// A driver that prints the file named by its first argument (`mount <file> {}`).
-fn emitter(dir: &Path) -> PathBuf {
-    let exe = dir.join("emit");
-    write_exe(&exe, "#!/bin/sh\ncat \"$2\"\n");
+/// `script` as the executable `name` in `dir`: the driver a test runs directly.
+fn driver_in(dir: &Path, name: &str, script: &str) -> PathBuf {
+    let exe = dir.join(name);
+    write_exe(&exe, script);
     exe
 }
 
+/// `mount <file> {}`: the call-out these drivers are run with; `file` names what they read or
+/// where they write a pid.
+fn mount_call(file: &Path) -> CallOut {
+    CallOut::from_raw(CallOutKind::Mount, vec![file.into(), "{}".into()]).unwrap()
+}
+
+/// A driver that prints the file named by its first argument (`mount <file> {}`).
+fn emitter(dir: &Path) -> PathBuf {
+    driver_in(dir, "emit", "#!/bin/sh\ncat \"$2\"\n")
+}
+
 fn emit(exe: &Path, file: &Path) -> Result<flexvolume::Reply, CallError> {
-    let call = CallOut::from_raw(CallOutKind::Mount, vec![file.into(), "{}".into()]).unwrap();
+    let call = mount_call(file);
     let config = RunnerConfig::default().with_timeout_for_all(Duration::from_secs(60));
     runner::call(&config, exe, &call)
 }
@@ -342,58 +353,53 @@ enum Want {
 fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
     let work = tempfile::tempdir().unwrap();
     // Each script writes its pid (= its process group) to $2 first. Names start with "mis-"
-    // so that `our_children` can tell them from other tests' drivers.
-    let cases = [
+    // so that `our_children` can tell them from other tests' drivers. Grouped by the outcome
+    // each must end with.
+    let timeouts = [
         (
             "mis-children",
             "for i in $(seq 50); do sleep 100 & done\nwait\n",
-            Want::Timeout,
         ),
-        ("mis-flood", "yes flood\n", Want::Timeout),
-        ("mis-flood-stderr", "yes flood >&2\n", Want::Timeout),
+        ("mis-flood", "yes flood\n"),
+        ("mis-flood-stderr", "yes flood >&2\n"),
         (
             "mis-ignore-term",
             "trap '' TERM\nwhile :; do sleep 1; done\n",
-            Want::Timeout,
         ),
         (
             "mis-child-ignores-term",
             "sh -c \"trap '' TERM; while :; do sleep 1; done\" &\nwait\n",
-            Want::Timeout,
         ),
-        ("mis-busy-loop", "while :; do :; done\n", Want::Timeout),
-        ("mis-hang", "sleep 1000\n", Want::Timeout),
+        ("mis-busy-loop", "while :; do :; done\n"),
+        ("mis-hang", "sleep 1000\n"),
         (
             "mis-hang-after-reply",
             "echo '{\"status\":\"Success\"}'\nsleep 1000\n",
-            Want::Timeout,
         ),
-        (
-            "mis-closed-stdout-hang",
-            "exec 1>&- 2>&-\nsleep 1000\n",
-            Want::Timeout,
-        ),
-        (
-            "mis-segv",
-            "kill -SEGV $$\n",
-            Want::NoReply("killed by signal 11"),
-        ),
+        ("mis-closed-stdout-hang", "exec 1>&- 2>&-\nsleep 1000\n"),
+    ];
+    let no_reply = [
+        ("mis-segv", "kill -SEGV $$\n", "killed by signal 11"),
         (
             "mis-abort-mid-reply",
             "printf '{\"status\":\"Succ'\nkill -ABRT $$\n",
-            Want::NoReply("killed by signal 6"),
-        ),
-        (
-            "mis-success-then-kill",
-            "echo '{\"status\":\"Success\"}'\nkill -KILL $$\n",
-            Want::SuccessWithBadExit("killed by signal 9"),
+            "killed by signal 6",
         ),
         (
             "mis-closed-stdout-exit",
             "exec 1>&-\nexit 3\n",
-            Want::NoReply("exit status 3"),
+            "exit status 3",
         ),
     ];
+    let cases = timeouts
+        .map(|(name, body)| (name, body, Want::Timeout))
+        .into_iter()
+        .chain(no_reply.map(|(name, body, exit)| (name, body, Want::NoReply(exit))))
+        .chain([(
+            "mis-success-then-kill",
+            "echo '{\"status\":\"Success\"}'\nkill -KILL $$\n",
+            Want::SuccessWithBadExit("killed by signal 9"),
+        )]);
     let config = RunnerConfig {
         kill_grace: Duration::from_millis(300),
         ..RunnerConfig::default()
@@ -402,42 +408,30 @@ fn misbehaving_drivers_end_with_a_clear_error_and_leave_no_process() {
     // even under emulation (the kernel 6.1 VM runs without KVM).
     .with_timeout_for_all(Duration::from_secs(2));
     for (name, body, want) in cases {
-        let exe = work.path().join(name);
-        write_exe(&exe, &format!("#!/bin/sh\necho $$ > \"$2\"\n{body}"));
+        let exe = driver_in(
+            work.path(),
+            name,
+            &format!("#!/bin/sh\necho $$ > \"$2\"\n{body}"),
+        );
         let pidfile = work.path().join(format!("{name}.pid"));
-        let call = CallOut::from_raw(
-            CallOutKind::Mount,
-            vec![pidfile.clone().into(), "{}".into()],
-        )
-        .unwrap();
-        let err = runner::call(&config, &exe, &call).unwrap_err();
+        let err = runner::call(&config, &exe, &mount_call(&pidfile)).unwrap_err();
         let message = err.to_string();
-        match want {
-            Want::Timeout => assert!(
-                matches!(err, CallError::Timeout { .. }) && message.contains("timed out"),
-                "{name}: {message}"
+        let protocol = match &err {
+            CallError::Protocol { source, .. } => Some(source),
+            _ => None,
+        };
+        let (is_wanted, says) = match want {
+            Want::Timeout => (matches!(err, CallError::Timeout { .. }), "timed out"),
+            Want::NoReply(exit) => (
+                matches!(protocol, Some(ProtocolError::NoReply { .. })),
+                exit,
             ),
-            Want::NoReply(exit) => assert!(
-                matches!(
-                    err,
-                    CallError::Protocol {
-                        source: ProtocolError::NoReply { .. },
-                        ..
-                    }
-                ) && message.contains(exit),
-                "{name}: {message}"
+            Want::SuccessWithBadExit(exit) => (
+                matches!(protocol, Some(ProtocolError::SuccessWithBadExit { .. })),
+                exit,
             ),
-            Want::SuccessWithBadExit(exit) => assert!(
-                matches!(
-                    err,
-                    CallError::Protocol {
-                        source: ProtocolError::SuccessWithBadExit { .. },
-                        ..
-                    }
-                ) && message.contains(exit),
-                "{name}: {message}"
-            ),
-        }
+        };
+        assert!(is_wanted && message.contains(says), "{name}: {message}");
         assert!(
             message.len() <= MAX_ERROR_LEN,
             "{name}: {} bytes",
@@ -486,9 +480,9 @@ fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
     }
     const CAP: u32 = 64;
     let work = tempfile::tempdir().unwrap();
-    let exe = work.path().join("forkbomb");
-    write_exe(
-        &exe,
+    let exe = driver_in(
+        work.path(),
+        "forkbomb",
         // Each bomb process forks twice and becomes a sleeper, so the count stays at the cap
         // (a shell whose fork fails exits, freeing a slot for another fork). The driver itself
         // forks only once, into an empty cgroup, and then waits: under load its children can
@@ -497,11 +491,7 @@ fn a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout() {
         "#!/bin/sh\necho $$ > \"$2\"\nb() { b & b & exec sleep 1000; }\nb 2>/dev/null &\nexec sleep 1000\n",
     );
     let pidfile = work.path().join("bomb.pid");
-    let call = CallOut::from_raw(
-        CallOutKind::Mount,
-        vec![pidfile.clone().into(), "{}".into()],
-    )
-    .unwrap();
+    let call = mount_call(&pidfile);
     let config = RunnerConfig {
         kill_grace: Duration::from_millis(300),
         max_processes: std::num::NonZeroU32::new(CAP),
@@ -583,11 +573,8 @@ const ESCAPING_DRIVER: &str = "#!/bin/sh\n\
 
 fn run_escaping_driver(max_processes: Option<std::num::NonZeroU32>) -> (CallError, i32) {
     let work = tempfile::tempdir().unwrap();
-    let exe = work.path().join("escaper");
-    write_exe(&exe, ESCAPING_DRIVER);
-    let base = work.path().join("helper");
-    let call =
-        CallOut::from_raw(CallOutKind::Mount, vec![base.clone().into(), "{}".into()]).unwrap();
+    let exe = driver_in(work.path(), "escaper", ESCAPING_DRIVER);
+    let call = mount_call(&work.path().join("helper"));
     let config = RunnerConfig {
         kill_grace: Duration::from_millis(300),
         max_processes,
@@ -632,16 +619,14 @@ fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it
         test_support::skip!(why);
     }
     let work = tempfile::tempdir().unwrap();
-    let exe = work.path().join("daemonizer");
-    write_exe(
-        &exe,
+    let exe = driver_in(
+        work.path(),
+        "daemonizer",
         "#!/bin/sh\n\
          setsid sh -c 'echo $$ > \"$0\"; exec sleep 1000' \"$2.daemon\" >/dev/null 2>&1 &\n\
          echo '{\"status\":\"Success\"}'\n",
     );
-    let base = work.path().join("fuse");
-    let call =
-        CallOut::from_raw(CallOutKind::Mount, vec![base.clone().into(), "{}".into()]).unwrap();
+    let call = mount_call(&work.path().join("fuse"));
     let config = RunnerConfig {
         max_processes: std::num::NonZeroU32::new(100),
         ..RunnerConfig::default()
@@ -669,8 +654,11 @@ fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it
     // Later call-outs notice that the daemon ended (at most once a second).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while runner::lingering().contains(&cgroup) && std::time::Instant::now() < deadline {
-        let quick = work.path().join("quick");
-        write_exe(&quick, "#!/bin/sh\necho '{\"status\":\"Success\"}'\n");
+        let quick = driver_in(
+            work.path(),
+            "quick",
+            "#!/bin/sh\necho '{\"status\":\"Success\"}'\n",
+        );
         runner::call(&config, &quick, &call).unwrap();
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -684,9 +672,9 @@ fn a_daemon_left_by_a_successful_call_out_keeps_running_and_is_reported_until_it
 #[test]
 fn a_driver_that_closes_stdout_early_is_still_heard_on_stderr() {
     let work = tempfile::tempdir().unwrap();
-    let exe = work.path().join("closer");
-    write_exe(
-        &exe,
+    let exe = driver_in(
+        work.path(),
+        "closer",
         "#!/bin/sh\nexec 1>&-\nsleep 0.2\necho '{\"status\":\"Success\",\"message\":\"late, on stderr\"}' >&2\n",
     );
     let reply = runner::call(&RunnerConfig::default(), &exe, &CallOut::init()).unwrap();

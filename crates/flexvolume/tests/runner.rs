@@ -57,6 +57,22 @@ fn init(quirk: &str) -> Result<flexvolume::Reply, CallError> {
     runner::call(&config(), &f.driver.path, &CallOut::init())
 }
 
+/// `mount` of a quirk that writes the pid of the process the test is about (itself, a helper,
+/// a daemon) to the file its call names: the call's result and that pid, read after the call.
+fn mount_writing_pid(
+    quirk: &str,
+    config: &RunnerConfig,
+) -> (Result<flexvolume::Reply, CallError>, i32) {
+    let f = install(quirk);
+    let pidfile = f.dir.path().join("pid");
+    let result = runner::call(
+        config,
+        &f.driver.path,
+        &mount_call(pidfile.to_str().unwrap()),
+    );
+    (result, read_pid(&pidfile))
+}
+
 /// The protocol error a call failed with; any other failure fails the test.
 fn protocol_error(err: &CallError) -> &ProtocolError {
     match err {
@@ -200,52 +216,32 @@ fn crash_by_signal_is_reported_with_the_signal() {
 
 #[test]
 fn a_hung_driver_times_out_and_its_whole_group_is_killed() {
-    let f = install("hang");
-    let pidfile = f.dir.path().join("helper.pid");
-    let config = quick_config(500, 300);
-    let call = mount_call(pidfile.to_str().unwrap());
-    let err = runner::call(&config, &f.driver.path, &call).unwrap_err();
+    let (result, helper) = mount_writing_pid("hang", &quick_config(500, 300));
+    let err = result.unwrap_err();
     assert!(
         matches!(&err, CallError::Timeout { kind: CallOutKind::Mount, after, .. } if *after == Duration::from_millis(300)),
         "{err:?}"
     );
     assert!(err.to_string().contains("mount timed out"), "{err}");
     // The background helper the driver started is in its process group: killed too.
-    let helper = read_pid(&pidfile);
     assert!(wait_dead(helper), "helper {helper} survived the timeout");
 }
 
 #[test]
 fn a_driver_ignoring_sigterm_is_killed_after_the_grace() {
-    let f = install("ignore-term");
-    let pidfile = f.dir.path().join("driver.pid");
-    let config = quick_config(300, 500);
-    let err = runner::call(
-        &config,
-        &f.driver.path,
-        &mount_call(pidfile.to_str().unwrap()),
-    )
-    .unwrap_err();
+    let (result, pid) = mount_writing_pid("ignore-term", &quick_config(300, 500));
+    let err = result.unwrap_err();
     assert!(matches!(err, CallError::Timeout { .. }), "{err:?}");
-    let pid = read_pid(&pidfile);
     assert!(wait_dead(pid), "driver {pid} survived SIGKILL");
 }
 
 #[test]
 fn a_daemonized_child_holding_stdout_does_not_hang_the_call() {
-    let f = install("daemon-child");
-    let pidfile = f.dir.path().join("daemon.pid");
     // The daemon lives 60 s; the call-out's timeout is 30 s. Returning Success at all proves we
     // did not wait for the pipe to close.
     let config = RunnerConfig::default().with_timeout_for_all(Duration::from_secs(30));
-    let reply = runner::call(
-        &config,
-        &f.driver.path,
-        &mount_call(pidfile.to_str().unwrap()),
-    )
-    .unwrap();
-    assert_eq!(reply.message, "daemon left running");
-    let daemon = read_pid(&pidfile);
+    let (result, daemon) = mount_writing_pid("daemon-child", &config);
+    assert_eq!(result.unwrap().message, "daemon left running");
     let alive = !is_dead(daemon);
     // Clean up the daemon before asserting, so a failure leaves nothing behind.
     kill(daemon);

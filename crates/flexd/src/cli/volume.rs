@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
-use flexvolume::lifecycle::{Lifecycle, MountRequest};
+use flexvolume::lifecycle::{Expansion, Lifecycle, MountRequest};
 use flexvolume::{DriverName, Plugin, PodInfo, Resolver, VolumeSpec};
 
 use flexd::manifest::SecretValues;
@@ -304,7 +304,12 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
         VolumeCommand::Expand(expand) => {
             let target = std::path::absolute(&expand.target).context("bad --target")?;
             let outcome = lifecycle
-                .expand(&target, expand.size, &resolver)
+                .expand(
+                    &target,
+                    expand.size,
+                    Expansion::VolumeThenFilesystem,
+                    &resolver,
+                )
                 .with_context(|| format!("cannot expand {}", target.display()))?;
             match global.output {
                 OutputFormat::Json => super::print_json(&outcome)?,

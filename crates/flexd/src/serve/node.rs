@@ -5,9 +5,8 @@
 
 use std::path::Path;
 
-use flexvolume::lifecycle::{
-    DriverResolver, Lifecycle, LifecycleError, MountRequest, StageRequest, UnmountOutcome,
-};
+use flexvolume::lifecycle::{Expansion, MountRequest, StageRequest};
+use flexvolume::state::Role;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
@@ -28,10 +27,6 @@ pub struct NodeService {
     pub calls: VolumeCalls,
 }
 
-/// A lifecycle teardown of what is recorded at a path for one volume (unstage, unpublish).
-type Teardown =
-    fn(&Lifecycle, &str, &Path, &dyn DriverResolver) -> Result<UnmountOutcome, LifecycleError>;
-
 impl NodeService {
     /// The path `volume_id` is recorded at, when `volume_path` names it (NOT_FOUND otherwise):
     /// stats and expansion act only on a volume where the request says it is.
@@ -51,20 +46,21 @@ impl NodeService {
         Ok(record.target)
     }
 
-    /// NodeUnstage and NodeUnpublish are the same call with another record role: `teardown` of
-    /// `path` for `volume_id` under the volume's lock, with this driver's resolver.
+    /// NodeUnstage and NodeUnpublish are the same call with another record role: the teardown
+    /// of what `role` recorded at `path` for `volume_id`, under the volume's lock, with this
+    /// driver's resolver.
     async fn tear_down(
         &self,
         volume_id: String,
         path: String,
-        teardown: Teardown,
+        role: Role,
         call: &'static str,
     ) -> Result<(), Status> {
         let resolver = ServedResolver(self.calls.driver.clone());
         let outcome = self
             .calls
             .run_locked(&volume_id, move |lifecycle, id| {
-                teardown(lifecycle, id, Path::new(&path), &resolver)
+                lifecycle.unmount_role(role, id, Path::new(&path), &resolver)
             })
             .await?;
         tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, path = %outcome.target.display(), managed = outcome.managed, "{call}");
@@ -128,13 +124,8 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         let staging = request::path(&req.staging_target_path, "staging_target_path")?.to_owned();
-        self.tear_down(
-            volume_id,
-            staging,
-            Lifecycle::unstage_volume,
-            "NodeUnstageVolume",
-        )
-        .await?;
+        self.tear_down(volume_id, staging, Role::Stage, "NodeUnstageVolume")
+            .await?;
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 
@@ -205,13 +196,8 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let (req, volume_id) = request::one_volume(request)?;
         let target = request::path(&req.target_path, "target_path")?.to_owned();
-        self.tear_down(
-            volume_id,
-            target,
-            Lifecycle::unpublish_volume,
-            "NodeUnpublishVolume",
-        )
-        .await?;
+        self.tear_down(volume_id, target, Role::Publish, "NodeUnpublishVolume")
+            .await?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
@@ -290,7 +276,12 @@ impl Node for NodeService {
         let outcome = self
             .calls
             .run_locked(&volume_id, move |lifecycle, _| {
-                lifecycle.expand_fs(&recorded, new_bytes as u64, &resolver)
+                lifecycle.expand(
+                    &recorded,
+                    new_bytes as u64,
+                    Expansion::FilesystemOnly,
+                    &resolver,
+                )
             })
             .await?;
         Ok(Response::new(NodeExpandVolumeResponse {

@@ -33,45 +33,44 @@ pub fn filesystem_bytes(dir: &Path) -> Result<u64, LifecycleError> {
     Ok(stat.f_blocks.saturating_mul(stat.f_frsize))
 }
 
+/// How much of an expansion flexd does: FlexVolume has one call for both steps, CSI splits
+/// them between the controller (the volume) and the node (the filesystem).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expansion {
+    /// expandvolume, then expandfs (`flexd volume expand`).
+    VolumeThenFilesystem,
+    /// expandfs only: CSI NodeExpandVolume, whose controller side grew the volume already.
+    FilesystemOnly,
+}
+
 impl Lifecycle {
-    /// Grows a mounted volume to `new_bytes`: expandvolume, then expandfs.
+    /// Grows the volume recorded at `target` (a mounted target, a staging path or a published
+    /// target) to `new_bytes`: the steps `expansion` names, each with its default.
     pub fn expand(
         &self,
         target: &Path,
         new_bytes: u64,
+        expansion: Expansion,
         resolve: &dyn super::DriverResolver,
     ) -> Result<ExpandOutcome, LifecycleError> {
         self.with_managed(target, resolve, |lc, plugin, record| {
-            grow(lc, plugin, record, new_bytes, false)
-        })
-    }
-
-    /// CSI NodeExpandVolume: expandfs (default: grow the filesystem) of the volume recorded
-    /// at `target` (a staging path or a published target), to `new_bytes`.
-    pub fn expand_fs(
-        &self,
-        target: &Path,
-        new_bytes: u64,
-        resolve: &dyn super::DriverResolver,
-    ) -> Result<ExpandOutcome, LifecycleError> {
-        self.with_managed(target, resolve, |lc, plugin, record| {
-            grow(lc, plugin, record, new_bytes, true)
+            grow(lc, plugin, record, new_bytes, expansion)
         })
     }
 }
 
-/// expandvolume (unless `fs_only`: CSI's controller side grew the volume already), then
-/// expandfs, on the device mount dir of an attachable volume, the target itself otherwise.
+/// The steps of `expansion` on the device mount dir of an attachable volume, the target itself
+/// otherwise.
 fn grow(
     lc: &Lifecycle,
     plugin: &Plugin,
     record: &VolumeRecord,
     new_bytes: u64,
-    fs_only: bool,
+    expansion: Expansion,
 ) -> Result<ExpandOutcome, LifecycleError> {
-    let options = match fs_only {
-        true => None,
-        false => Some(Options::for_volume(&record.spec()?)),
+    let options = match expansion {
+        Expansion::FilesystemOnly => None,
+        Expansion::VolumeThenFilesystem => Some(Options::for_volume(&record.spec()?)),
     };
     let dir = record
         .staging

@@ -44,7 +44,7 @@ use crate::runner::{CallError, RunnerConfig};
 use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{Role, StateDir, StateError};
 
-pub use expander::ExpandOutcome;
+pub use expander::{ExpandOutcome, Expansion};
 pub use provisioner::{ProvisionError, ProvisionOutcome, ProvisionRequest, ProvisionedVolume};
 pub use reconcile::ReconcileReport;
 pub use unmounter::DriverResolver;

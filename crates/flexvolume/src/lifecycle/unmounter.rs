@@ -78,47 +78,19 @@ impl Lifecycle {
         )
     }
 
-    /// CSI NodeUnstage: unmountdevice of the staging path (no detach: that is the
-    /// controller's). A path flexd has no record of is left alone (success).
-    pub fn unstage(
+    /// CSI NodeUnstage (`Role::Stage`: unmountdevice of the staging path; no detach, that is
+    /// the controller's) and NodeUnpublish (`Role::Publish`: the driver's unmount of the target,
+    /// default plain unmount), which differ only in the role of the record they tear down. A
+    /// path flexd has no record of is left alone (success); one recorded for another role or
+    /// another volume is refused, naming what is there.
+    pub fn unmount_role(
         &self,
-        staging: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        self.teardown(staging, resolve, Expect::role(Role::Stage))
-    }
-
-    /// [`Lifecycle::unstage`] of `volume` only: a staging path recorded for another volume is
-    /// refused, naming the volume that is there.
-    pub fn unstage_volume(
-        &self,
+        role: Role,
         volume: &str,
-        staging: &Path,
+        path: &Path,
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
-        let expect = Expect::volume(Role::Stage, volume);
-        self.teardown(staging, resolve, expect)
-    }
-
-    /// CSI NodeUnpublish: the driver's unmount of the target (default: plain unmount).
-    pub fn unpublish(
-        &self,
-        target: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        self.teardown(target, resolve, Expect::role(Role::Publish))
-    }
-
-    /// [`Lifecycle::unpublish`] of `volume` only: a target recorded for another volume is
-    /// refused, naming the volume that is there.
-    pub fn unpublish_volume(
-        &self,
-        volume: &str,
-        target: &Path,
-        resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        let expect = Expect::volume(Role::Publish, volume);
-        self.teardown(target, resolve, expect)
+        self.teardown(path, resolve, Expect::volume(role, volume))
     }
 
     /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
