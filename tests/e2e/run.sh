@@ -168,8 +168,9 @@ build() {
   done
   # Ginkgo's CLI runs a compiled suite by its .test name.
   ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
-  log "build: pause"
+  log "build: pause, recorder"
   (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/recorder" ./cmd/recorder)
 }
 
 # --- images --------------------------------------------------------------------------------
@@ -1082,15 +1083,10 @@ storage_suite() {
   return $status
 }
 
-# 10. Kubernetes' own storage e2e suite for external CSI drivers (from the same Kubernetes
-#     version as the cluster) against the two shapes of driver flexd serves: the builtin loop
-#     driver (attach, provision, expansion; its controller side is the manifests' Deployment with
-#     the real csi-attacher, csi-provisioner and csi-resizer) and the node-only hostdir driver
-#     (CSI inline ephemeral volumes). Zero failures in both.
-scenario_storage() {
-  rm -f "$D/logs/scenario-storage.summary"
-  "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
-  # The controller's state claim, on a PV made for it: the cluster has no default StorageClass.
+# flexd's manifests for every installed driver, with the sidecars built here, applied and rolled
+# out; the controller's state claim on a PV made for it (the cluster has no default
+# StorageClass).
+apply_all_manifests() {
   mkdir -p "$D/controller-state"
   kubectl apply -f - <<EOF
 apiVersion: v1
@@ -1111,6 +1107,17 @@ EOF
   kubectl apply -f "$D/run/flexd-storage.yaml"
   kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
   kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
+}
+
+# 10. Kubernetes' own storage e2e suite for external CSI drivers (from the same Kubernetes
+#     version as the cluster) against the two shapes of driver flexd serves: the builtin loop
+#     driver (attach, provision, expansion; its controller side is the manifests' Deployment with
+#     the real csi-attacher, csi-provisioner and csi-resizer) and the node-only hostdir driver
+#     (CSI inline ephemeral volumes). Zero failures in both.
+scenario_storage() {
+  rm -f "$D/logs/scenario-storage.summary"
+  "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
+  apply_all_manifests
   wait_for 120 "CSINode $NODE to list $LOOP_CSI_NAME" csinode_lists $LOOP_CSI_NAME
   storage_definition $LOOP_DRIVER >"$D/run/storage-loop.json"
   storage_definition "$DRIVER" '{"volume": "e2e-storage-inline"}' >"$D/run/storage-hostdir.json"
@@ -1129,6 +1136,9 @@ EOF
   fi
   [ $failed_suites = 0 ]
 }
+
+# shellcheck source=tests/e2e/oracle.sh
+. "$here/oracle.sh"
 
 run_scenario() {
   local name=$1 started=$SECONDS
@@ -1149,7 +1159,7 @@ run_scenario() {
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
-read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage}"
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage oracle}"
 
 run_scenarios() {
   passed=0 failed=0
