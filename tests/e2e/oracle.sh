@@ -241,3 +241,122 @@ oracle_compare() { # RECORDS: the report; fails on a difference docs/oracle.md d
   echo "$report" | tee -a "$D/logs/scenario-oracle.summary"
   tail -1 <<<"$report" | grep -qx 'oracle: 0 differences not listed in docs/oracle.md'
 }
+
+# --- discovery, side by side (docs/oracle.md#discovery) ---------------------------------------
+# One driver, e2e/disco, changed in the plugin dir while kubelet's FlexVolume prober and flexd
+# both watch it. After each change, a pod through each path (an inline flexVolume, an inline CSI
+# volume) says which version is usable, if any: both must agree. The time from the change to
+# each pod's Ready is reported (how soon each path noticed), never asserted.
+
+DISCO=e2e/disco
+DISCO_CSI=flexvolume-e2e--disco
+
+disco_version() { # N: the hostdir driver, its volumes' file saying "disco-vN"
+  sed "s|^ROOT=.*|ROOT=$D/volumes|; s|printf 'hostdir %s %s|printf 'disco-v$1 %s %s|" \
+    "$here/drivers/hostdir" >"$D/run/disco-v$1"
+  chmod 0755 "$D/run/disco-v$1"
+}
+
+disco_volume() { # PATH VOLUME
+  case $1 in
+    kubelet) echo "    flexVolume: {driver: $DISCO, options: {volume: $2}}" ;;
+    flexd) echo "    csi: {driver: $DISCO_CSI, volumeAttributes: {volume: $2}}" ;;
+  esac
+}
+
+# Each pod's Ready time, EPOCH seconds with microseconds, empty when not Ready.
+ready_times() {
+  kubectl get pods disco-$1-kubelet disco-$1-flexd -o json | jq -r '.items[]
+    | "\(.metadata.name | sub(".*-"; "")) \(.status.conditions // [] | map(select(.type == "Ready" and .status == "True")) | length)"'
+}
+
+# disco_step NAME EXPECTED CHANGED: EXPECTED is a version ("v2") or "none"; CHANGED the
+# $EPOCHREALTIME when the change began. Both pods in one request, so neither path goes first.
+disco_step() {
+  local step=$1 expected=$2 changed=$3 path pod verdict deadline=$((SECONDS + 60))
+  local -A ready=()
+  { disco_pod $step kubelet; echo ---; disco_pod $step flexd; } | kubectl apply -f - >/dev/null
+  # Usable: Ready well within 60 s (a pod takes seconds here); unusable: not Ready by then.
+  while ((SECONDS < deadline)) && [ ${#ready[@]} -lt 2 ]; do
+    while read -r path count; do
+      [ "$count" = 1 ] && [ -z "${ready[$path]:-}" ] && ready[$path]=$EPOCHREALTIME
+    done < <(ready_times $step)
+    sleep 0.2
+  done
+  local line="step $step:"
+  for path in kubelet flexd; do
+    pod=disco-$step-$path
+    if [ -n "${ready[$path]:-}" ]; then
+      wait_for 30 "$pod's output" script_done "$pod"
+      verdict=$(kubectl logs "$pod" | awk 'NR == 1 {print $1}' | sed 's/^disco-//')
+      line+=" $path $verdict, Ready $(awk -v a="$changed" -v b="${ready[$path]}" 'BEGIN { printf "%.1f", b - a }')s after the change;"
+    else
+      verdict=none
+      line+=" $path none ($(failed_mount "$pod" | cut -c1-110));"
+    fi
+    [ "$verdict" = "$expected" ] || { echo "$line expected $expected"; return 1; }
+  done
+  echo "$line flexd noticed the change after $(flexd_noticed "$changed") ms (kubelet's prober looks at its next volume operation)"
+  kubectl delete pod disco-$step-kubelet disco-$step-flexd --wait=true --timeout=120s >/dev/null
+}
+
+flexd_noticed() { # CHANGED: milliseconds from then to flexd's first log of the driver's change
+  kubectl -n $NAMESPACE logs "$(flexd_pod)" | jq -r --argjson t "$1" --arg driver $DISCO '
+    select(.driver == $driver and (.message == "driver changed" or .message == "driver failed"))
+    | (.timestamp | capture("(?<s>.*)\\.(?<f>[0-9]+)Z") | (.s + "Z" | fromdateiso8601) + ("0." + .f | tonumber)) as $at
+    | select($at >= $t) | ($at - $t) * 1000 | floor' 2>/dev/null | head -1
+}
+
+disco_pod() { # STEP PATH: the pod's manifest
+  cat <<EOF2
+apiVersion: v1
+kind: Pod
+metadata: {name: disco-$1-$2, namespace: default}
+spec:
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: $TOOLS_IMAGE
+    imagePullPolicy: Never
+    command: [/bin/sh, -c, 'cat /data/driver; echo DONE; exec sleep 3600']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - name: data
+$(disco_volume $2 disco-$1-$2)
+EOF2
+}
+
+# disco_change STEP EXPECTED COMMAND...: the change, then the step, timed from the change's start.
+disco_change() {
+  local step=$1 expected=$2 changed=$EPOCHREALTIME; shift 2
+  "$@" >/dev/null
+  disco_step "$step" "$expected" "$changed"
+}
+
+scenario_discovery() { discovery_steps 2>&1 | tee "$D/logs/scenario-discovery.summary"; }
+
+discovery_steps() {
+  local dir="$D/plugins/${DISCO/\//\~}" n
+  for n in 1 2 3 4; do disco_version $n; done
+  printf '#!/bin/sh\necho "this is not JSON"\n' >"$D/run/disco-broken"
+  chmod 0755 "$D/run/disco-broken"
+  # The CSIDriver object an operator applies once per driver (flexd manifests prints it).
+  kubectl apply -f - >/dev/null <<EOF2
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: $DISCO_CSI}
+spec: {attachRequired: false, podInfoOnMount: true, fsGroupPolicy: File, volumeLifecycleModes: [Persistent, Ephemeral]}
+EOF2
+  local install=("$D/bin/flexd" --plugin-dir "$D/plugins" install --driver $DISCO)
+  disco_change installed v1 "${install[@]}" "$D/run/disco-v1"
+  disco_change updated-in-place v2 "${install[@]}" "$D/run/disco-v2"
+  disco_change broken-init none "${install[@]}" "$D/run/disco-broken"
+  disco_change fixed v3 "${install[@]}" "$D/run/disco-v3"
+  disco_change removed none rm -rf "$dir"
+  # By hand, not atomically: the directory, then the executable copied into it.
+  disco_change recreated-by-hand v4 sh -c "mkdir '$dir' && cp '$D/run/disco-v4' '$dir/disco'"
+  rm -rf "$dir"
+  kubectl delete csidriver $DISCO_CSI >/dev/null
+}

@@ -1159,7 +1159,7 @@ run_scenario() {
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
-read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage oracle}"
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage discovery oracle}"
 
 run_scenarios() {
   passed=0 failed=0
