@@ -297,12 +297,8 @@ pub async fn plugin_capabilities(
 pub async fn plugin_info(
     identity: &mut csi::identity_client::IdentityClient<Channel>,
 ) -> csi::GetPluginInfoResponse {
-    let request = csi::GetPluginInfoRequest {};
-    identity
-        .get_plugin_info(request)
-        .await
-        .unwrap()
-        .into_inner()
+    let info = identity.get_plugin_info(csi::GetPluginInfoRequest {}).await;
+    info.unwrap().into_inner()
 }
 
 /// What the plugin's Probe says of its readiness.
