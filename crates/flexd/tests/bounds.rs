@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use test_support::serve::{
-    csi, identity_client, mount_capability, node_client, publish_request, Server,
+    identity_client, mount_capability, node_client, plugin_info, publish_request, Server,
 };
 use test_support::{eventually, examples, is_root, run_flexd as flexd, Sandbox};
 
@@ -215,13 +215,7 @@ impl Serve {
 
 /// A real gRPC call on a fresh connection: GetPluginInfo answers with the driver's CSI name.
 async fn plugin_name(socket: &Path) -> String {
-    let mut identity = identity_client(socket).await;
-    identity
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .name
+    plugin_info(&mut identity_client(socket).await).await.name
 }
 
 /// Connects `n` clients that never send a byte.

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use test_support::serve::{csi, map, node_client, node_offers, publish_request, Server};
+use test_support::serve::{csi, map, node_offers, publish_request, Server};
 
 /// The volume id kubelet gives an inline volume: `csi-` and the hex SHA-256 of the pod's uid
 /// followed by the volume's name in the pod spec (kubelet's `makeVolumeHandle`).
@@ -46,8 +46,7 @@ fn ephemeral_context(value: &str) -> std::collections::HashMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alone() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "tmpfs", test_support::TMPFS_DRIVER);
-    let mut node = node_client(&sock).await;
+    let (server, mut node) = Server::acme_node("tmpfs", test_support::TMPFS_DRIVER).await;
     assert!(
         !node_offers(
             &mut node,
@@ -107,8 +106,7 @@ async fn a_non_attaching_driver_publishes_an_inline_volume_from_its_context_alon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attaching_driver_refuses_an_inline_volume_with_the_reason() {
-    let (server, sock) = Server::acme("node", "block", test_support::ATTACHING_DRIVER);
-    let mut node = node_client(&sock).await;
+    let (server, mut node) = Server::acme_node("block", test_support::ATTACHING_DRIVER).await;
     let volume_id = kubelet_volume_id(POD_UID, "data");
     let target = server.path("kubelet/pods/p/volumes/kubernetes.io~csi/data/mount");
     let mut publish = publish_request(&volume_id, &target, None);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use test_support::serve::{
     csi, mount_capability, node_client, publish_request as publish, spawn_publish,
-    unpublish_request as unpublish, wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING,
+    unpublish_request as unpublish, wait_until_mounted, NodeClient, Server, BLOCKS_AFTER_MOUNTING,
 };
 use test_support::{
     is_mounted, mount_points, mount_tmpfs, unmount_all_below, Sandbox,
@@ -64,12 +64,9 @@ impl Drop for Outside {
 
 /// A node server with a tmpfs driver, a client of it, and the stand-in for /etc to watch.
 async fn tmpfs_node() -> (Server, NodeClient, Outside) {
-    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
-    let node = node_client(&sock).await;
+    let (server, node) = Server::acme_node("tmpfs", TMPFS).await;
     (server, node, Outside::new())
 }
-
-type NodeClient = csi::node_client::NodeClient<tonic::transport::Channel>;
 
 fn stage(volume_id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
     csi::NodeStageVolumeRequest {
@@ -333,9 +330,8 @@ async fn a_call_on_a_volume_in_flight_is_aborted_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_paths_are_not_unstaged_under_publishes_nor_published_into() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "block", ATTACHING);
+    let (server, mut node) = Server::acme_node("block", ATTACHING).await;
     let outside = Outside::new();
-    let mut node = node_client(&sock).await;
     let staging = server.path("plugins/staging/vol-s");
     let target = server.path("pods/uid-1/vol-s");
 

@@ -1026,6 +1026,39 @@ fn mount_options(server: &Server, n: usize) -> Value {
     serde_json::from_str(&mounts[n][2]).unwrap()
 }
 
+/// What kubelet publishes a migrated volume with: the `csi` source of the migrated object, a
+/// PV's (the volume id its volume handle) or an inline volume's (ephemeral, with an id kubelet
+/// makes up).
+struct CsiSource {
+    volume_id: String,
+    fs_type: Option<String>,
+    read_only: Option<bool>,
+    attributes: Option<std::collections::BTreeMap<String, String>>,
+    ephemeral: bool,
+}
+
+impl CsiSource {
+    fn pv(source: k8s_openapi::api::core::v1::CSIPersistentVolumeSource) -> Self {
+        Self {
+            volume_id: source.volume_handle,
+            fs_type: source.fs_type,
+            read_only: source.read_only,
+            attributes: source.volume_attributes,
+            ephemeral: false,
+        }
+    }
+
+    fn inline(volume_id: String, source: k8s_openapi::api::core::v1::CSIVolumeSource) -> Self {
+        Self {
+            volume_id,
+            fs_type: source.fs_type,
+            read_only: source.read_only,
+            attributes: source.volume_attributes,
+            ephemeral: true,
+        }
+    }
+}
+
 /// What the driver's `mount` receives is the same through the migrated objects, byte for
 /// byte, as through the FlexVolume ones: a PV's, and an inline volume's but for the volume
 /// name kubelet gives an inline CSI volume.
@@ -1059,29 +1092,24 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
         ("csi.storage.k8s.io/pod.uid", "uid-1"),
         ("csi.storage.k8s.io/serviceAccount.name", "sa"),
     ];
-    let publish = |volume_id: &str,
-                   target: &Path,
-                   fs_type: Option<String>,
-                   readonly: Option<bool>,
-                   attributes: Option<std::collections::BTreeMap<String, String>>,
-                   ephemeral: bool| {
+    let publish = |target: &Path, source: CsiSource| {
         let mut context: HashMap<String, String> =
-            attributes.unwrap_or_default().into_iter().collect();
+            source.attributes.unwrap_or_default().into_iter().collect();
         context.extend(
             pod_info
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
-        if ephemeral {
+        if source.ephemeral {
             context.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
         }
         csi::NodePublishVolumeRequest {
-            volume_id: volume_id.into(),
+            volume_id: source.volume_id,
             target_path: target.display().to_string(),
             volume_capability: Some(csi::VolumeCapability {
                 access_type: Some(csi::volume_capability::AccessType::Mount(
                     csi::volume_capability::MountVolume {
-                        fs_type: fs_type.unwrap_or_default(),
+                        fs_type: source.fs_type.unwrap_or_default(),
                         ..Default::default()
                     },
                 )),
@@ -1089,7 +1117,7 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
                     mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
                 }),
             }),
-            readonly: readonly.unwrap_or(false),
+            readonly: source.read_only.unwrap_or(false),
             volume_context: context,
             secrets: [("password".to_owned(), "hunter2".to_owned())].into(),
             ..Default::default()
@@ -1109,16 +1137,9 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
     );
     flex_mount(&old_pv, &server.target("flex-pv"));
     let source = migrated_pv(&plugins, &old_pv).spec.unwrap().csi.unwrap();
-    node.node_publish_volume(publish(
-        &source.volume_handle,
-        &server.target("csi-pv"),
-        source.fs_type,
-        source.read_only,
-        source.volume_attributes,
-        false,
-    ))
-    .await
-    .unwrap();
+    node.node_publish_volume(publish(&server.target("csi-pv"), CsiSource::pv(source)))
+        .await
+        .unwrap();
     let before = mount_options(&server, 0);
     assert_eq!(before["kubernetes.io/pvOrVolumeName"], "pv-web");
     assert_eq!(before["kubernetes.io/readwrite"], "ro");
@@ -1147,16 +1168,10 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
         .unwrap();
     assert_eq!(source.driver, "flexvolume-acme--logged");
     let kubelets_id = format!("csi-{}", "0f".repeat(32));
-    node.node_publish_volume(publish(
-        &kubelets_id,
-        &server.target("csi-inline"),
-        source.fs_type,
-        source.read_only,
-        source.volume_attributes,
-        true,
-    ))
-    .await
-    .unwrap();
+    let inline = CsiSource::inline(kubelets_id.clone(), source);
+    node.node_publish_volume(publish(&server.target("csi-inline"), inline))
+        .await
+        .unwrap();
     let mut before = mount_options(&server, 2);
     assert_eq!(before["kubernetes.io/pvOrVolumeName"], "cache");
     before["kubernetes.io/pvOrVolumeName"] = json!(kubelets_id);

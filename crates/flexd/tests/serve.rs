@@ -1,13 +1,14 @@
 //! `flexd serve` through the real binary: real drivers, real Unix sockets, a real gRPC client
 //! doing what kubelet does.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use test_support::serve::{
     connect, controller_client, csi, identity_client, map, mount_capability, node_client,
-    node_offers, plugin_services, publish_request, registration, spawn_publish, unpublish_request,
-    wait_until_mounted, Server, BLOCKS_AFTER_MOUNTING, CONTROLLER_SERVICE,
+    node_offers, plugin_info, plugin_services, publish_request, registration, spawn_publish,
+    unpublish_request, wait_until_mounted, PublishCall, Server, BLOCKS_AFTER_MOUNTING,
+    CONTROLLER_SERVICE,
 };
 use test_support::{
     assert_device_mounted, assert_repeat_kept_the_mount, eventually, examples,
@@ -50,17 +51,10 @@ async fn each_driver_gets_a_csi_endpoint_and_a_registration_socket() {
     .unwrap();
 
     let mut identity = identity_client(&tmpfs_sock).await;
-    let plugin_info = identity
-        .get_plugin_info(csi::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(plugin_info.name, "flexvolume-acme--tmpfs");
+    let plugin = plugin_info(&mut identity).await;
+    assert_eq!(plugin.name, "flexvolume-acme--tmpfs");
     assert_eq!(
-        plugin_info
-            .manifest
-            .get("flexvolume-driver")
-            .map(String::as_str),
+        plugin.manifest.get("flexvolume-driver").map(String::as_str),
         Some("acme/tmpfs")
     );
     assert_eq!(
@@ -429,8 +423,7 @@ async fn attachable_driver_attach_stage_publish_and_back_with_exact_call_outs() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_driver_publishes_with_its_mount_once_and_unpublishes_idempotently() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
-    let mut node = node_client(&sock).await;
+    let (server, mut node) = Server::acme_node("tmpfs", TMPFS).await;
     assert!(
         !node_offers(
             &mut node,
@@ -479,8 +472,7 @@ fn rss_bytes(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_still_publish() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
-    let mut node = node_client(&sock).await;
+    let (server, mut node) = Server::acme_node("tmpfs", TMPFS).await;
     let volumes = server.path("state/volumes");
     std::fs::create_dir_all(&volumes).unwrap();
     let fifo = volumes.join("00000000000000f1.json");
@@ -571,8 +563,7 @@ async fn entries_in_volumes_that_are_not_records_are_reported_and_other_volumes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_files_of_unpublished_volumes_are_removed() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
-    let node = node_client(&sock).await;
+    let (server, node) = Server::acme_node("tmpfs", TMPFS).await;
     let locks = server.path("state/locks");
     let lock_files = || {
         std::fs::read_dir(&locks)
@@ -721,6 +712,16 @@ async fn a_driver_installed_while_serving_serves_a_publish() {
     assert!(!target.exists());
 }
 
+/// A kill -9 test's start: a node server whose acme/slow driver runs `cases` (a mount that
+/// blocks until released), and the publish of volume `id` to `pods/<id>` in flight on it.
+/// Returns the server, the driver's socket, the target and the call.
+async fn publish_in_flight(cases: &str, id: &str) -> (Server, PathBuf, PathBuf, PublishCall) {
+    let (server, sock) = Server::slow_node(cases);
+    let target = server.path(&format!("pods/{id}"));
+    let call = spawn_publish(&sock, publish_request(id, &target, None)).await;
+    (server, sock, target, call)
+}
+
 /// A driver whose mount blocks until released, then fails without mounting.
 const BLOCKS_THEN_FAILS: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Failure","message":"backend gone"}'; exit 1;;
@@ -729,9 +730,8 @@ unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
     test_support::require_root!();
-    let (mut server, sock) = Server::slow_node(BLOCKS_AFTER_MOUNTING);
-    let target = server.path("pods/slow");
-    let in_flight = spawn_publish(&sock, publish_request("slow-1", &target, None)).await;
+    let (mut server, sock, target, in_flight) =
+        publish_in_flight(BLOCKS_AFTER_MOUNTING, "slow-1").await;
     wait_until_mounted(&target).await;
 
     let server = tokio::task::spawn_blocking(move || {
@@ -765,9 +765,7 @@ async fn kill_9_during_a_mount_then_restart_and_unpublish_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
     test_support::require_root!();
-    let (mut server, sock) = Server::slow_node(BLOCKS_THEN_FAILS);
-    let target = server.path("pods/never");
-    let in_flight = spawn_publish(&sock, publish_request("never-1", &target, None)).await;
+    let (mut server, _, target, in_flight) = publish_in_flight(BLOCKS_THEN_FAILS, "never-1").await;
     let server = tokio::task::spawn_blocking(move || {
         eventually("the driver's mount call", || {
             !server.calls_of("mount").is_empty()
@@ -796,8 +794,7 @@ expandfs) echo '{"status":"Success"}';;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_and_expansion_of_a_published_volume() {
     test_support::require_root!();
-    let (server, sock) = Server::acme("node", "metered", METERED);
-    let mut node = node_client(&sock).await;
+    let (server, mut node) = Server::acme_node("metered", METERED).await;
     assert!(
         node_offers(
             &mut node,

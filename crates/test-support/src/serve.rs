@@ -104,6 +104,14 @@ impl Server {
         Self::with_driver(mode, &format!("acme~{driver}"), cases, &endpoint)
     }
 
+    /// A node server with logging driver acme/`driver` running `cases`, and a node client of
+    /// it: for a test that talks to the driver on that one connection only.
+    pub async fn acme_node(driver: &str, cases: &str) -> (Self, NodeClient) {
+        let (server, sock) = Self::acme("node", driver, cases);
+        let node = node_client(&sock).await;
+        (server, node)
+    }
+
     /// A node server with driver acme/slow running `cases`, one whose mount blocks until the
     /// test releases it (`Sandbox::release`): a call that stays in flight.
     pub fn slow_node(cases: &str) -> (Self, PathBuf) {
@@ -261,7 +269,10 @@ pub async fn identity_client(sock: &Path) -> csi::identity_client::IdentityClien
     csi::identity_client::IdentityClient::new(connect(sock).await)
 }
 
-pub async fn node_client(sock: &Path) -> csi::node_client::NodeClient<Channel> {
+/// A client of the node service, as kubelet holds one.
+pub type NodeClient = csi::node_client::NodeClient<Channel>;
+
+pub async fn node_client(sock: &Path) -> NodeClient {
     csi::node_client::NodeClient::new(connect(sock).await)
 }
 
@@ -279,6 +290,15 @@ pub async fn plugin_capabilities(
         .await
         .unwrap()
         .into_inner()
+}
+
+/// What the identity service says of the plugin: its CSI name, version and manifest (the call
+/// must succeed).
+pub async fn plugin_info(
+    identity: &mut csi::identity_client::IdentityClient<Channel>,
+) -> csi::GetPluginInfoResponse {
+    let info = identity.get_plugin_info(csi::GetPluginInfoRequest {}).await;
+    info.unwrap().into_inner()
 }
 
 /// What the plugin's Probe says of its readiness.
@@ -345,23 +365,20 @@ pub const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capa
 mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;
 unmount) umount "$2"; echo '{"status":"Success"}';;"#;
 
+/// A publish running in the background: what the call answered, once it has.
+pub type PublishCall =
+    tokio::task::JoinHandle<Result<tonic::Response<csi::NodePublishVolumeResponse>, tonic::Status>>;
+
 /// The publish of `request` on a connection of its own, in the background (for a call that is
 /// to stay in flight).
-pub async fn spawn_publish(
-    sock: &Path,
-    request: csi::NodePublishVolumeRequest,
-) -> tokio::task::JoinHandle<Result<tonic::Response<csi::NodePublishVolumeResponse>, tonic::Status>>
-{
+pub async fn spawn_publish(sock: &Path, request: csi::NodePublishVolumeRequest) -> PublishCall {
     let mut node = node_client(sock).await;
     tokio::spawn(async move { node.node_publish_volume(request).await })
 }
 
 /// Publishes every `(volume id, target)` at once, each call on its own task over one shared
 /// connection, and waits for all of them; panics naming the volume whose publish failed.
-pub async fn publish_all_at_once(
-    node: &csi::node_client::NodeClient<Channel>,
-    volumes: &[(String, PathBuf)],
-) {
+pub async fn publish_all_at_once(node: &NodeClient, volumes: &[(String, PathBuf)]) {
     let calls: Vec<_> = volumes
         .iter()
         .map(|(id, target)| {
@@ -415,7 +432,7 @@ pub fn unpublish_request(volume_id: &str, target: &Path) -> csi::NodeUnpublishVo
     }
 }
 
-pub async fn node_capabilities(node: &mut csi::node_client::NodeClient<Channel>) -> Vec<i32> {
+pub async fn node_capabilities(node: &mut NodeClient) -> Vec<i32> {
     let caps = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
         .await;
@@ -431,7 +448,7 @@ pub async fn node_capabilities(node: &mut csi::node_client::NodeClient<Channel>)
 
 /// Whether the node service advertises the RPC capability `kind`.
 pub async fn node_offers(
-    node: &mut csi::node_client::NodeClient<Channel>,
+    node: &mut NodeClient,
     kind: csi::node_service_capability::rpc::Type,
 ) -> bool {
     node_capabilities(node).await.contains(&(kind as i32))
