@@ -139,8 +139,8 @@ pub trait Driver {
     /// (`Capabilities { attach: false, ..Capabilities::default() }`).
     fn init(&self) -> DriverResult<Capabilities>;
 
-    /// `getvolumename <json>`: a name that identifies the volume; it is what `detach` receives
-    /// (with every `/` turned into `~`). Must be stable for the same options.
+    /// `getvolumename <json>`: a name that identifies the volume. kubelet and flexd run it (a
+    /// failure fails the operation) but ignore the answer: `detach` receives the PV's name.
     fn get_volume_name(&self, options: &VolumeOptions) -> DriverResult<String> {
         let _ = options;
         Err(DriverError::not_supported(CallOutKind::GetVolumeName))
@@ -170,7 +170,8 @@ pub trait Driver {
         Err(DriverError::not_supported(CallOutKind::MountDevice))
     }
 
-    /// `detach <volume-name> <node>`; the name is getvolumename's answer, `/` as `~`.
+    /// `detach <volume-name> <node>`; the name is the PV's (kubelet runs getvolumename but
+    /// ignores its answer, and so does flexd).
     fn detach(&self, volume_name: &str, node: &str) -> DriverResult<()> {
         let _ = (volume_name, node);
         Err(DriverError::not_supported(CallOutKind::Detach))

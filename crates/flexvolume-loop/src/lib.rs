@@ -14,7 +14,7 @@
 //! | isattached | whether a loop device backs the image |
 //! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
 //! | unmountdevice | unmounts, and releases the loop device when nothing else mounts it |
-//! | detach | releases the loop device (refused while it is mounted) |
+//! | detach | releases the loop device (refused while it is mounted); by the PV's name, as kubelet gives it (attach remembers which image that is), or by getvolumename's answer |
 //! | getvolumename | `<volume>`, or `<volume>@<image dir, %-escaped>` outside the default image dir |
 //! | expandvolume, expandfs | grow the image and the loop device, then the filesystem |
 //! | mount, unmount | Not supported: the host bind-mounts the device mount |
@@ -340,14 +340,7 @@ impl Driver for LoopDriver {
             return Ok(());
         }
         let _lock = volume.lock()?;
-        let foreign = |image: &Path| {
-            DriverError::failure(format!(
-                "image {} was not made by a provision of volume {}; refusing to delete it",
-                image.display(),
-                volume.name
-            ))
-        };
-        if volume.has_provisioned_image(foreign)? {
+        if volume.has_provisioned_image(Foreign::RefuseDelete)? {
             if let Some(device) = volume.device()? {
                 return Err(DriverError::failure(format!(
                     "volume {} is still attached as {device}; detach it first",

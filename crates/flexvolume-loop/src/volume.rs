@@ -22,6 +22,14 @@ fn open_own_file(path: &Path, truncate: bool) -> io::Result<File> {
 }
 
 /// One volume: `<dir>/<name>.img`.
+/// What an image that no provision of its name made means to the caller: delete refuses to
+/// remove someone else's image, provision reports the name as taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Foreign {
+    RefuseDelete,
+    AlreadyExists,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
     pub name: String,
@@ -62,8 +70,9 @@ impl Volume {
         })
     }
 
-    /// The name getvolumename gives and detach receives: stable for the same options, and
-    /// enough to find the image again (detach gets no options).
+    /// The name getvolumename gives: stable for the same options, and enough to find the image
+    /// again (detach gets no options). kubelet's detach gets the PV's name instead; attach
+    /// remembers this name under it.
     pub fn detach_name(&self) -> String {
         if self.dir == Path::new(DEFAULT_IMAGE_DIR) {
             self.name.clone()
@@ -152,17 +161,26 @@ impl Volume {
         Ok(marker.trim() == identity(&image))
     }
 
-    /// Whether the image exists; one that no provision of this name made is refused with
-    /// `foreign(image)`.
-    pub(crate) fn has_provisioned_image(
-        &self,
-        foreign: impl FnOnce(&Path) -> DriverError,
-    ) -> DriverResult<bool> {
+    /// Whether the image exists; one that no provision of this name made is refused, with the
+    /// error `foreign` says.
+    pub(crate) fn has_provisioned_image(&self, foreign: Foreign) -> DriverResult<bool> {
         if fs::symlink_metadata(self.image()).is_err() {
             return Ok(false);
         }
         if !self.provisioned_here()? {
-            return Err(foreign(&self.image()));
+            let image = self.image();
+            return Err(match foreign {
+                Foreign::RefuseDelete => DriverError::failure(format!(
+                    "image {} was not made by a provision of volume {}; refusing to delete it",
+                    image.display(),
+                    self.name
+                )),
+                Foreign::AlreadyExists => DriverError::already_exists(format!(
+                    "image {} exists and was not made by a provision of volume {}",
+                    image.display(),
+                    self.name
+                )),
+            });
         }
         Ok(true)
     }
@@ -254,14 +272,7 @@ impl Volume {
 
     /// Provision's work, under the lock: the size of the image there now.
     pub(crate) fn provision_locked(&self, size: u64) -> DriverResult<u64> {
-        let foreign = |image: &Path| {
-            DriverError::already_exists(format!(
-                "image {} exists and was not made by a provision of volume {}",
-                image.display(),
-                self.name
-            ))
-        };
-        if self.has_provisioned_image(foreign)? {
+        if self.has_provisioned_image(Foreign::AlreadyExists)? {
             let existing = fs::metadata(self.image())
                 .context(format_args!("cannot stat {}", self.image().display()))?
                 .len();

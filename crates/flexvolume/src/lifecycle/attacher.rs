@@ -39,8 +39,8 @@ impl Lifecycle {
         })
     }
 
-    /// Detaches a volume from `node` under the name kubelet gives detach (getvolumename's
-    /// answer, `/` as `~`). Returns that name and whether the driver's detach ran.
+    /// Detaches a volume from `node` under the name kubelet gives detach (the volume's own;
+    /// [`detach_name`]). Returns that name and whether the driver's detach ran.
     pub fn detach(
         &self,
         plugin: &Plugin,

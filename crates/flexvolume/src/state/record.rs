@@ -61,7 +61,8 @@ pub struct VolumeRecord {
     /// device mount dir; CSI's staging_target_path). A stage record's own path is its `target`.
     #[serde(rename = "device_mount_dir")]
     pub staging: Option<PathBuf>,
-    /// The name detach receives (getvolumename's answer with `/` as `~`, or the volume name).
+    /// The name detach receives: the volume's own name, as kubelet gives it (records made by
+    /// an older flexd hold getvolumename's answer with `/` as `~`).
     pub detach_name: String,
     /// A copy of the driver executable as it was at mount time, for teardown after removal.
     pub pinned: Option<PathBuf>,
