@@ -140,6 +140,7 @@ scenario_oracle() {
   oracle_install $ORACLE_HOSTDIR "$D/run/hostdir"
   oracle_install $ORACLE_LOOP "$D/plugins/flexd~loop/loop"
   apply_all_manifests
+  quirk_pods
   oracle_objects
   oracle_pod_yaml >"$D/run/oracle-pod.yaml"
   # Through kubelet's own FlexVolume plugin (and kube-controller-manager's for attach).
@@ -181,24 +182,35 @@ failed_mount() { # POD: the message of its last FailedMount event
   kubectl get events --field-selector "involvedObject.name=$1,reason=FailedMount" -o json |
     jq -r '.items[-1].message // empty'
 }
+first_failed_mount_after() { # POD: seconds from its creation to its first FailedMount event
+  local created
+  created=$(kubectl get pod "$1" -o jsonpath='{.metadata.creationTimestamp}')
+  kubectl get events --field-selector "involvedObject.name=$1,reason=FailedMount" -o json |
+    jq -r --arg created "$created" '[.items[] | .firstTimestamp // .eventTime | sub("\\.[0-9]+"; "") | fromdateiso8601]
+      | min - ($created | fromdateiso8601)'
+}
 failed_mount_says() { failed_mount "$1" | grep -q -- "$2"; }
 hung_driver() { pgrep -f "hostdir mount .*oracle-hang-$1" >/dev/null; }
 no_hung_driver() { ! hung_driver "$1"; }
 
 oracle_where_kubelet_fails() { where_kubelet_fails 2>&1 | tee -a "$D/logs/scenario-oracle.summary"; }
 
-where_kubelet_fails() {
-  local path started
-  started=$SECONDS
+# The quirk pods start before the comparison, so the hanging mounts' 2 minutes pass meanwhile.
+quirk_pods() {
+  local path
+  QUIRKS_STARTED=$SECONDS
   for path in kubelet flexd; do
     pod_create oracle-chatty-$path 'stat -c "group %g" /data' "$(quirk_volume $path chatty)" "{fsGroup: 2000}"
     pod_create oracle-hang-$path 'cat /data/driver' "$(quirk_volume $path hang)"
   done
+}
+
+where_kubelet_fails() {
+  local started=$QUIRKS_STARTED
   # A log line before the JSON: kubelet cannot parse the reply and fails SetUp, but the driver
   # did mount; kubelet's retry finds the dir mounted and returns early, skipping the fsGroup
   # ownership. flexd reads the JSON after the line: no failure, ownership applied.
   pod_ready oracle-chatty-flexd 120 >/dev/null
-  local chatty_flexd=$((SECONDS - started))
   grep -qx 'group 2000' "$D/run/oracle-chatty-flexd.log"
   if [ -n "$(failed_mount oracle-chatty-flexd)" ]; then echo "flexd failed a mount of the chatty driver"; return 1; fi
   wait_for 120 "kubelet's FailedMount for oracle-chatty-kubelet" failed_mount_says oracle-chatty-kubelet 'invalid character'
@@ -206,7 +218,7 @@ where_kubelet_fails() {
   if grep -qx 'group 2000' "$D/run/oracle-chatty-kubelet.log"; then echo "kubelet applied fsGroup after all"; return 1; fi
   echo "where kubelet fails: a driver that logs a line before its JSON (the pod has fsGroup 2000)"
   echo "  kubelet: SetUp fails ($(failed_mount oracle-chatty-kubelet | cut -c1-120)); the retry finds the mount the driver made and skips ownership: /data $(cat "$D/run/oracle-chatty-kubelet.log" | head -1)"
-  echo "  flexd:   Ready in ${chatty_flexd}s, no FailedMount, /data $(head -1 "$D/run/oracle-chatty-flexd.log")"
+  echo "  flexd:   Ready, no FailedMount, /data $(head -1 "$D/run/oracle-chatty-flexd.log")"
 
   # A mount that never returns (Kubernetes #31272), in both pods since the start.
   wait_for 60 "the kubelet path's hanging mount" hung_driver kubelet
@@ -217,14 +229,15 @@ where_kubelet_fails() {
   # flexd kills the driver at its call-out timeout (2 min); kubelet's CSI call ends at its own
   # deadline (also 2 min) and is retried.
   wait_for 300 "a FailedMount for oracle-hang-flexd" failed_mount_says oracle-hang-flexd .
-  local answered=$((SECONDS - started))
+  local answered
+  answered=$(first_failed_mount_after oracle-hang-flexd)
   if kill -0 "$flexd_driver" 2>/dev/null; then echo "flexd answered, its driver still runs"; return 1; fi
   # kubelet's FlexVolume plugin has no timeout for mount: no answer, the driver still running.
   if [ -n "$(failed_mount oracle-hang-kubelet)" ]; then echo "kubelet's mount returned"; return 1; fi
   kill -0 "$kubelet_driver"
   echo "where kubelet fails: a driver whose mount never returns (Kubernetes #31272)"
   echo "  kubelet: after $((SECONDS - started))s no answer, no event, the pod ContainerCreating, the driver (pid $kubelet_driver) running for $(ps -o etimes= -p "$kubelet_driver" | tr -d ' ')s"
-  echo "  flexd:   the driver killed at flexd's call-out timeout (2 min); kubelet's CSI call ended after ${answered}s and is retried: $(failed_mount oracle-hang-flexd | cut -c1-160)"
+  echo "  flexd:   the driver killed at flexd's call-out timeout (2 min); kubelet's CSI call ended ${answered}s after the pod's creation and is retried: $(failed_mount oracle-hang-flexd | cut -c1-160)"
   kubectl delete pod oracle-hang-kubelet oracle-hang-flexd --wait=false
   wait_for 120 "the hanging pods to go" pod_gone oracle-hang-flexd
   wait_for 120 "the hanging pods to go" pod_gone oracle-hang-kubelet
@@ -257,6 +270,13 @@ disco_version() { # N: the hostdir driver, its volumes' file saying "disco-vN"
   chmod 0755 "$D/run/disco-v$1"
 }
 
+all_failed_or_ready() { # STEP READY-PATH...: every path not Ready has a failed mount
+  local step=$1 path; shift
+  for path in kubelet flexd; do
+    [[ " $* " == *" $path "* ]] || [ -n "$(failed_mount disco-$step-$path)" ] || return 1
+  done
+}
+
 disco_volume() { # PATH VOLUME
   case $1 in
     kubelet) echo "    flexVolume: {driver: $DISCO, options: {volume: $2}}" ;;
@@ -275,12 +295,20 @@ ready_times() {
 disco_step() {
   local step=$1 expected=$2 changed=$3 path pod verdict deadline=$((SECONDS + 60))
   local -A ready=()
-  { disco_pod $step kubelet; echo ---; disco_pod $step flexd; } | kubectl apply -f - >/dev/null
-  # Usable: Ready well within 60 s (a pod takes seconds here); unusable: not Ready by then.
+  {
+    pod_manifest disco-$step-kubelet 'cat /data/driver' "$(disco_volume kubelet disco-$step-kubelet)"
+    echo ---
+    pod_manifest disco-$step-flexd 'cat /data/driver' "$(disco_volume flexd disco-$step-flexd)"
+  } | kubectl apply -f - >/dev/null
+  # Usable: Ready (a pod takes seconds here). Unusable: not Ready by 60 s, or with a failed
+  # mount and still not Ready 15 s after the change (a usable path's early failure, e.g.
+  # before flexd registered a new driver, is retried within a second or two).
+  local settled=$((SECONDS + 15))
   while ((SECONDS < deadline)) && [ ${#ready[@]} -lt 2 ]; do
     while read -r path count; do
       [ "$count" = 1 ] && [ -z "${ready[$path]:-}" ] && ready[$path]=$EPOCHREALTIME
     done < <(ready_times $step)
+    if ((SECONDS >= settled)) && all_failed_or_ready $step "${!ready[@]}"; then break; fi
     sleep 0.2
   done
   local line="step $step:"
@@ -305,27 +333,6 @@ flexd_noticed() { # CHANGED: milliseconds from then to flexd's first log of the 
     select(.driver == $driver and (.message == "driver changed" or .message == "driver failed"))
     | (.timestamp | capture("(?<s>.*)\\.(?<f>[0-9]+)Z") | (.s + "Z" | fromdateiso8601) + ("0." + .f | tonumber)) as $at
     | select($at >= $t) | ($at - $t) * 1000 | floor' 2>/dev/null | head -1
-}
-
-disco_pod() { # STEP PATH: the pod's manifest
-  cat <<EOF2
-apiVersion: v1
-kind: Pod
-metadata: {name: disco-$1-$2, namespace: default}
-spec:
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: $TOOLS_IMAGE
-    imagePullPolicy: Never
-    command: [/bin/sh, -c, 'cat /data/driver; echo DONE; exec sleep 3600']
-    volumeMounts: [{name: data, mountPath: /data}]
-  volumes:
-  - name: data
-$(disco_volume $2 disco-$1-$2)
-EOF2
 }
 
 # disco_change STEP EXPECTED COMMAND...: the change, then the step, timed from the change's start.

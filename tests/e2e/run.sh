@@ -574,8 +574,12 @@ pod() {
 }
 
 pod_create() { # NAME SCRIPT VOLUME_YAML [SECURITY_CONTEXT_YAML]: the pod, not waiting for it
+  pod_manifest "$@" | kubectl apply -f -
+}
+
+pod_manifest() { # NAME SCRIPT VOLUME_YAML [SECURITY_CONTEXT_YAML]
   local security=${4:-"{}"}
-  kubectl apply -f - <<EOF
+  cat <<EOF
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Pod start-up, created → Ready, with its volume through kubelet's own FlexVolume plugin against
+# the same driver through flexd (CSI), in one run on one cluster: the e2e cluster of
+# tests/e2e/run.sh, brought up here (as its own E2E_NAME) and removed at the end. Root.
+#
+# The driver is tests/e2e/drivers/hostdir (a bind mount): "fast" as it is, "slow" with its
+# quirk option making mount take a second, as a network filesystem's may. Each pod has one
+# inline volume of its own: an inline flexVolume for kubelet, an inline CSI volume for flexd, the
+# same options. SEQUENTIAL pods one after another (the two paths alternating), then CONCURRENT
+# pods at once, one path after the other. Times come from one watch on the API server: the
+# pod's first appearance to its Ready condition, stamped as the watch delivers them.
+#
+# One line per measurement, ending with flexd's median over kubelet's (`... 1.04x`), each
+# followed by where the time went: the mean of kubelet's own volume_mount operations per plugin
+# (its /metrics: the whole MountVolume, the driver's run included) and of flexd's mount
+# call-outs (flexd's /metrics: the driver alone).
+#
+# Usage: bench/pod-startup.sh [SEQUENTIAL=20] [CONCURRENT=50]
+# FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd).
+set -euo pipefail
+SEQUENTIAL=${1:-20}
+CONCURRENT=${2:-50}
+export E2E_NAME=${E2E_NAME:-flexd-bench}
+# shellcheck source=tests/e2e/run.sh
+. "$(dirname "$0")/../tests/e2e/run.sh"
+trap 'pkill -P $$ 2>/dev/null || true; down >/dev/null 2>&1 || true' EXIT
+up >&2
+scenario_deploy >&2
+
+watch_log=$D/run/pod-startup.watch
+# Every pod event, stamped when the watch delivers it: "EPOCH NAME READY".
+innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" get pods --watch --output-watch-events \
+  -o jsonpath='{.object.metadata.name} {.object.status.conditions[?(@.type=="Ready")].status}{"\n"}' |
+  while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done >"$watch_log" &
+
+bench_pod() { # NAME PATH SPEED: created, not waited for
+  local volume
+  case $2 in
+    kubelet) volume="    flexVolume: {driver: $DRIVER, options: {volume: $1, quirk: \"$3\"}}" ;;
+    flexd) volume="    csi: {driver: $CSI_NAME, volumeAttributes: {volume: $1, quirk: \"$3\"}}" ;;
+  esac
+  pod_create "$1" 'true' "$volume" >/dev/null
+}
+ready_seen() { grep -q " $1 True$" "$watch_log"; }
+startup() { # NAME: seconds from its first event to its first Ready=True
+  awk -v pod="$1" '$2 == pod && !first { first = $1 } $2 == pod && $3 == "True" { print $1 - first; exit }' "$watch_log"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+delete_all() { kubectl delete pods -l bench=pod-startup --wait=true --timeout=600s >/dev/null; }
+label() { kubectl label pod "$1" bench=pod-startup >/dev/null; }
+
+# Where the time goes: "SOURCE SUM COUNT" lines, kubelet's volume_mount operations per plugin
+# (its /metrics) and flexd's mount call-outs (flexd's /metrics), cumulative.
+mount_metrics() {
+  innet curl -sk "https://$NODE_IP:10250/metrics" |
+    awk '/^storage_operation_duration_seconds_(sum|count)\{/ && /operation_name="volume_mount"/ && /volume_plugin="(e2e\/hostdir|kubernetes.io\/csi:[^"]*)"/ {
+        match($0, /volume_plugin="[^"]*"/); p = substr($0, RSTART + 15, RLENGTH - 16)
+        if ($1 ~ /_sum\{/) s[p] += $NF; else c[p] += $NF }
+      END { for (p in s) printf "kubelet:%s %s %s\n", p, s[p], c[p] }'
+  innet curl -s "http://127.0.0.1:9808/metrics" |
+    awk '/^flexd_callout_duration_seconds_(sum|count)\{/ && /callout="mount"/ { if ($1 ~ /_sum/) s += $2; else c += $2 }
+      END { printf "flexd:mount %s %s\n", s + 0, c + 0 }'
+}
+# The means since the last call: kubelet's whole MountVolume per plugin, flexd's driver call-out.
+where_time_goes() {
+  mount_metrics >"$D/run/metrics.now"
+  awk 'NR == FNR { s0[$1] = $2; c0[$1] = $3; next }
+    { n = $3 - c0[$1]; if (n > 0) printf "    %s: %.3fs mean over %d\n", $1, ($2 - s0[$1]) / n, n }' \
+    "$D/run/metrics.before" "$D/run/metrics.now" |
+    sed 's/kubelet:e2e\/hostdir/kubelet volume_mount, FlexVolume plugin/;
+      s/kubelet:kubernetes.io\/csi:.*:/kubelet volume_mount, CSI plugin (flexd):/;
+      s/flexd:mount/flexd mount call-out (the driver itself)/'
+  mv "$D/run/metrics.now" "$D/run/metrics.before"
+}
+
+report() { # WHAT: one line from $D/run/startup-{kubelet,flexd}
+  local k f
+  k=$(median <"$D/run/startup-kubelet") f=$(median <"$D/run/startup-flexd")
+  awk -v what="$1" -v k="$k" -v f="$f" 'BEGIN { printf "%s: kubelet FlexVolume %.2fs, flexd %.2fs (median) %.2fx\n", what, k, f, f / k }'
+}
+
+mount_metrics >"$D/run/metrics.before"
+for speed in fast slow; do
+  : >"$D/run/startup-kubelet"
+  : >"$D/run/startup-flexd"
+  for i in $(seq "$SEQUENTIAL"); do
+    for path in kubelet flexd; do
+      name=seq-$speed-$path-$i
+      bench_pod "$name" $path $speed
+      label "$name"
+      wait_for 300 "$name Ready" ready_seen "$name"
+      startup "$name" >>"$D/run/startup-$path"
+      delete_pod "$name" >/dev/null
+    done
+  done
+  report "pod start-up, $speed driver, $SEQUENTIAL pods one after another"
+  where_time_goes
+
+  : >"$D/run/startup-kubelet"
+  : >"$D/run/startup-flexd"
+  for path in kubelet flexd; do
+    creating=()
+    for i in $(seq "$CONCURRENT"); do
+      bench_pod "par-$speed-$path-$i" $path $speed &
+      creating+=($!)
+    done
+    wait "${creating[@]}"
+    for i in $(seq "$CONCURRENT"); do label "par-$speed-$path-$i"; done
+    for i in $(seq "$CONCURRENT"); do
+      wait_for 600 "par-$speed-$path-$i Ready" ready_seen "par-$speed-$path-$i"
+      startup "par-$speed-$path-$i" >>"$D/run/startup-$path"
+    done
+    delete_all
+  done
+  report "pod start-up, $speed driver, $CONCURRENT pods at once"
+  where_time_goes
+done
+
