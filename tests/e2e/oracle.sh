@@ -2,7 +2,8 @@
 # lists every difference). The same drivers, behind a recording wrapper (cmd/recorder), serve
 # the same volumes twice: once through kubelet's and kube-controller-manager's own FlexVolume
 # plugin, once through flexd after `flexd migrate`. The call-outs each driver saw are then
-# compared record by record, paths and pod UIDs normalised in one place (oracle_normalise).
+# compared record by record (oracle.jq), paths and pod UIDs normalised in one place there. The
+# discovery scenario (further down) watches one driver change under both.
 
 ORACLE_HOSTDIR=e2e/rec-hostdir # the hostdir driver: node-only
 ORACLE_LOOP=e2e/rec-loop       # flexd's builtin loop driver: attaches
@@ -29,47 +30,10 @@ metadata: {name: oracle-secret, namespace: default}
 type: $ORACLE_HOSTDIR
 stringData: {password: not-a-real-secret, user: oracle}
 ---
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: oracle-hostdir}
-spec:
-  capacity: {storage: 1Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  flexVolume:
-    driver: $ORACLE_HOSTDIR
-    options: {volume: oracle-hostdir, greeting: "from a PV"}
-    secretRef: {name: oracle-secret, namespace: default}
+$(pv_yaml oracle-hostdir 1Gi "flexVolume: {driver: $ORACLE_HOSTDIR, options: {volume: oracle-hostdir,
+    greeting: from a PV}, secretRef: {name: oracle-secret, namespace: default}}")
 ---
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: oracle-hostdir, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: ""
-  volumeName: oracle-hostdir
-  resources: {requests: {storage: 1Gi}}
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: oracle-loop}
-spec:
-  capacity: {storage: 64Mi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  flexVolume:
-    driver: $ORACLE_LOOP
-    fsType: ext4
-    options: {size: 64Mi}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: oracle-loop, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: ""
-  volumeName: oracle-loop
-  resources: {requests: {storage: 64Mi}}
+$(pv_yaml oracle-loop 64Mi "flexVolume: {driver: $ORACLE_LOOP, fsType: ext4, options: {size: 64Mi}}")
 EOF
   wait_for 60 "claim oracle-hostdir Bound" claim_bound oracle-hostdir
   wait_for 60 "claim oracle-loop Bound" claim_bound oracle-loop

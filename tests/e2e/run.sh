@@ -620,19 +620,18 @@ not_mounted() { ! mounted "$1"; }
 volumes() { "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" volume list; }
 no_record() { ! volumes | grep -F "$1" >/dev/null; }
 
-static_pv() { # NAME GREETING
-  kubectl apply -f - <<EOF
+# pv_yaml NAME SIZE SOURCE: a PersistentVolume (SOURCE: its volume source, e.g.
+# 'csi: {...}') and a claim bound to it, as YAML.
+pv_yaml() {
+  cat <<EOF
 apiVersion: v1
 kind: PersistentVolume
 metadata: {name: $1}
 spec:
-  capacity: {storage: 1Gi}
+  capacity: {storage: $2}
   accessModes: [ReadWriteOnce]
   persistentVolumeReclaimPolicy: Retain
-  csi:
-    driver: ${PV_DRIVER:-$CSI_NAME}
-    volumeHandle: $1
-    volumeAttributes: {greeting: "$2"}
+  $3
 ---
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -641,8 +640,13 @@ spec:
   accessModes: [ReadWriteOnce]
   storageClassName: ""
   volumeName: $1
-  resources: {requests: {storage: 1Gi}}
+  resources: {requests: {storage: $2}}
 EOF
+}
+
+static_pv() { # NAME GREETING
+  pv_yaml "$1" 1Gi "csi: {driver: ${PV_DRIVER:-$CSI_NAME}, volumeHandle: $1, volumeAttributes: {greeting: \"$2\"}}" |
+    kubectl apply -f -
   wait_for 60 "claim $1 Bound" claim_bound "$1"
 }
 
@@ -701,27 +705,7 @@ scenario_fsgroup() {
 }
 
 flex_pv() { # NAME GREETING: a FlexVolume PV (kubelet's own FlexVolume plugin) and its claim
-  kubectl apply -f - <<EOF
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: $1}
-spec:
-  capacity: {storage: 1Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  flexVolume:
-    driver: $DRIVER
-    options: {greeting: "$2"}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: $1, namespace: default}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: ""
-  volumeName: $1
-  resources: {requests: {storage: 1Gi}}
-EOF
+  pv_yaml "$1" 1Gi "flexVolume: {driver: $DRIVER, options: {greeting: \"$2\"}}" | kubectl apply -f -
   wait_for 60 "claim $1 Bound" claim_bound "$1"
 }
 
