@@ -39,15 +39,16 @@ impl Lifecycle {
         })
     }
 
-    /// Detaches a volume from `node` under the name kubelet gives detach (the volume's own;
-    /// [`detach_name`]). Returns that name and whether the driver's detach ran.
+    /// Detaches a volume from `node` under the name kubelet gives detach: the volume's own
+    /// ([`get_volume_name`] runs first). Returns that name and whether the driver's detach ran.
     pub fn detach(
         &self,
         plugin: &Plugin,
         spec: &VolumeSpec,
         node: &str,
     ) -> Result<(String, bool), LifecycleError> {
-        let name = detach_name(self, plugin, spec)?;
+        get_volume_name(self, plugin, spec)?;
+        let name = spec.volume_name.clone();
         let ran = detach(self, plugin, &name, node)?;
         Ok((name, ran))
     }
@@ -134,19 +135,18 @@ pub fn mount_device(
     answer_or_else(lc, plugin, &call, default, |_| false)
 }
 
-/// The name detach receives: the volume's own name (the PV's name), as kubelet's FlexVolume
-/// plugin gives it. kubelet runs `getvolumename` first, and a failure there fails the operation,
-/// but it ignores the answer ("GetVolumeName is not supported yet", pkg/volume/flexvolume since
-/// v1.8): drivers in the field were written against that, and the oracle scenario
-/// (docs/oracle.md) compares flexd with kubelet call by call.
-pub fn detach_name(
+/// Runs getvolumename, as kubelet does before it attaches or detaches: a failure fails the
+/// operation, the answer is not used. kubelet ignores it ("GetVolumeName is not supported yet",
+/// pkg/volume/flexvolume since v1.8) and gives detach the volume's own name (the PV's), and so
+/// does flexd: drivers in the field were written against that (`docs/lifecycle.md#detach-name`,
+/// found by the e2e oracle scenario, docs/oracle.md).
+pub fn get_volume_name(
     lc: &Lifecycle,
     plugin: &Plugin,
     spec: &VolumeSpec,
-) -> Result<String, LifecycleError> {
+) -> Result<(), LifecycleError> {
     let call = CallOut::get_volume_name(&Options::for_volume(spec));
-    answer_or(lc, plugin, &call, (), |_| ())?;
-    Ok(spec.volume_name.clone())
+    answer_or(lc, plugin, &call, (), |_| ())
 }
 
 /// Unmounts the device mount dir (default: plain unmount) and removes it.

@@ -47,11 +47,10 @@ impl Lifecycle {
                 attached_now: false,
             });
         }
-        let detach_name = attacher::detach_name(lc, plugin, spec)?;
+        attacher::get_volume_name(lc, plugin, spec)?;
         let mut record = VolumeRecord {
             attachable: true,
             node: node.to_owned(),
-            detach_name,
             ..super::target::new_record(lc, plugin, spec, &key, Role::Attach, false)?
         };
         // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.

@@ -43,11 +43,7 @@ impl Lifecycle {
             if attachable {
                 let device_lock = lc.state.lock(&device_dir)?;
                 let lc = &lc.holding(&[&device_lock]);
-                let detach_name = attacher::detach_name(lc, plugin, spec)?;
-                if detach_name != record.detach_name {
-                    record.detach_name = detach_name;
-                    lc.state.save(&record)?;
-                }
+                attacher::get_volume_name(lc, plugin, spec)?;
                 side_effects = true;
                 let device = attacher::attach_and_wait(lc, plugin, spec)?;
                 formatted = attacher::mount_device(lc, plugin, spec, &device, &device_dir)?;

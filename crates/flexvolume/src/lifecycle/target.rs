@@ -109,6 +109,7 @@ pub(super) fn new_record(
         node: lc.node.clone(),
         device: None,
         staging: None,
+        // What kubelet gives detach: the volume's own name (lifecycle.md#detach-name).
         detach_name: spec.volume_name.clone(),
         pinned: Some(pinned),
         created_target,
