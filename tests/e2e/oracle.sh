@@ -203,12 +203,13 @@ where_kubelet_fails() {
   echo "  kubelet: after $((SECONDS - started))s no answer, no event, the pod ContainerCreating, the driver (pid $kubelet_driver) running for $(ps -o etimes= -p "$kubelet_driver" | tr -d ' ')s"
   echo "  flexd:   the driver killed at flexd's call-out timeout (2 min); kubelet's CSI call ended ${answered}s after the pod's creation and is retried: $(failed_mount oracle-hang-flexd | cut -c1-160)"
   kubectl delete pod oracle-hang-kubelet oracle-hang-flexd --wait=false
-  wait_for 120 "the hanging pods to go" pod_gone oracle-hang-flexd
-  wait_for 120 "the hanging pods to go" pod_gone oracle-hang-kubelet
-  # kubelet let the pod go, but its operation and the driver stay until killed by hand; the
-  # driver of flexd's retry ends at its timeout, or here.
+  wait_for 120 "oracle-hang-kubelet to go" pod_gone oracle-hang-kubelet
+  # kubelet let the pod go, but its operation and the driver stay until killed by hand.
   kill -0 "$kubelet_driver"
+  # Cleanup: the driver of flexd's retry (kubelet retried the publish) would end at flexd's
+  # timeout, up to 2 more minutes, and the pod's unpublish waits for it; end both here.
   pkill -f "hostdir mount .*oracle-hang-" || true
+  wait_for 120 "oracle-hang-flexd to go" pod_gone oracle-hang-flexd
   kubectl delete pod oracle-chatty-kubelet oracle-chatty-flexd --wait=true --timeout=120s
 }
 
