@@ -24,6 +24,15 @@ fn main() -> ExitCode {
         eprintln!("flexd: cannot set up logging: {e:#}");
         return ExitCode::from(1);
     }
+    // Before any thread: descriptors up to the hard limit, drivers started with the original.
+    match flexvolume_os::open_files::raise() {
+        Ok(raised) => tracing::debug!(
+            before = raised.before,
+            after = raised.after,
+            "open-file limit"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {

@@ -179,9 +179,19 @@ impl DerefMut for Serve {
 impl Serve {
     /// Started with `env`; returns once the driver's CSI socket is there.
     fn start(env: &'static [(&'static str, &'static str)]) -> Self {
-        let serve = Self(Server::start_with("node", env, |p| {
-            test_support::install_example(p, "tmpfs/tmpfs", "acme~tmpfs")
-        }));
+        Self::start_with_open_files(env, None)
+    }
+
+    /// Started with `env` and the soft and hard open-file limits given.
+    fn start_with_open_files(
+        env: &'static [(&'static str, &'static str)],
+        open_files: Option<(u64, u64)>,
+    ) -> Self {
+        let sandbox = Sandbox::new();
+        test_support::install_example(&sandbox.plugin(), "tmpfs/tmpfs", "acme~tmpfs");
+        let serve = Self(Server::serve_with_open_files(
+            sandbox, "node", env, open_files,
+        ));
         let socket = serve.socket();
         // flexd binds the registration socket just after the CSI one: a count of flexd's
         // sockets taken between the two would be one short for the rest of a test.
@@ -675,5 +685,160 @@ fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_d
     assert!(
         refused.contains(&error) && error.contains(&reason),
         "discovery: {error}\ninstall: {refused}"
+    );
+}
+
+/// `GET /healthz` on a new connection: the status line's code, or why there was none.
+fn healthz(address: &str) -> Result<u16, String> {
+    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: flexd\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| e.to_string())?;
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status line in {response:?}"))
+}
+
+/// The TCP connections flexd holds (listener included), from /proc/<pid>/net/tcp and its fds.
+fn tcp_sockets(pid: u32) -> usize {
+    let inodes: std::collections::HashSet<String> = ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(9).map(str::to_owned))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter(|t| {
+                    let t = t.to_string_lossy();
+                    t.strip_prefix("socket:[")
+                        .and_then(|rest| rest.strip_suffix(']'))
+                        .is_some_and(|inode| inodes.contains(inode))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Finding: 1,100 idle connections to the metrics port took every descriptor of a flexd
+/// started with 1024 open files: /healthz went dark, CSI calls failed UNAVAILABLE, and the
+/// accept loop logged "Too many open files" millions of times. Now flexd holds at most its
+/// cap of them, answers /healthz and gRPC meanwhile, and logs a handful of lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_metrics_connections_leaves_health_and_csi_serving() {
+    const FLOOD: usize = 1100;
+    const MAX_METRICS_CONNECTIONS: usize = 64;
+    // The clients need more descriptors than flexd may have.
+    test_support::raise_open_files();
+    let serve = Serve::start_with_open_files(&[], Some((1024, 1024)));
+    let address = serve.metrics_address().to_owned();
+    let socket = serve.socket();
+    assert_eq!(healthz(&address), Ok(200));
+    let rss_before = baseline_rss(&serve).await;
+    let log_before = serve.flexd_log().len();
+
+    let target = address.clone();
+    let flood = tokio::task::spawn_blocking(move || {
+        let target: std::net::SocketAddr = target.parse().unwrap();
+        (0..FLOOD)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).ok()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    eprintln!("{} of {FLOOD} idle connections made", flood.len());
+
+    // While all of them are open: health answers, and so does the CSI socket.
+    let started = std::time::Instant::now();
+    let mut answer = Err(String::new());
+    while started.elapsed() < Duration::from_secs(30) {
+        let address = address.clone();
+        answer = tokio::task::spawn_blocking(move || healthz(&address))
+            .await
+            .unwrap();
+        if answer.is_ok() {
+            break;
+        }
+    }
+    let latency = started.elapsed();
+    assert_eq!(answer, Ok(200), "/healthz under the flood");
+    let grpc = tokio::time::timeout(Duration::from_secs(30), plugin_name(&socket)).await;
+    assert_eq!(
+        grpc.as_deref().ok(),
+        Some("flexvolume-acme--tmpfs"),
+        "a CSI call under the flood"
+    );
+    let held = tcp_sockets(serve.pid());
+    assert!(
+        held <= MAX_METRICS_CONNECTIONS + 1,
+        "flexd holds {held} TCP sockets, more than its cap of {MAX_METRICS_CONNECTIONS} and the listener"
+    );
+    let logged = serve.flexd_log().len() - log_before;
+    assert!(
+        logged < 64 << 10,
+        "flexd logged {logged} bytes during the flood"
+    );
+    let rss_grown = rss_bytes(serve.pid()).saturating_sub(rss_before);
+    assert_rss_bounded(&serve, rss_before);
+    eprintln!(
+        "flood of {}: /healthz answered in {latency:?}, flexd held {held} TCP sockets, \
+         logged {logged} bytes, RSS grew by {} KiB",
+        flood.len(),
+        rss_grown >> 10
+    );
+    drop(flood);
+    assert_eq!(healthz(&address), Ok(200));
+}
+
+/// flexd raises its soft open-file limit to the hard one, and starts drivers with the limit
+/// it was given: some close every descriptor up to the limit, or use select(2).
+#[test]
+fn the_open_file_limit_is_raised_for_flexd_and_put_back_for_drivers() {
+    let sandbox = Sandbox::new();
+    let seen = sandbox.path("driver-open-files");
+    let dir = sandbox.plugin().join("acme~limits");
+    std::fs::create_dir_all(&dir).unwrap();
+    let driver = dir.join("limits");
+    std::fs::write(
+        &driver,
+        format!(
+            "#!/bin/sh\necho \"$(ulimit -Sn) $(ulimit -Hn)\" > {}\necho '{{\"status\":\"Success\",\"capabilities\":{{\"attach\":false}}}}'\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&driver, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let serve = Server::serve_with_open_files(sandbox, "node", &[], Some((256, 4096)));
+    eventually("the driver's init ran", || {
+        std::fs::read_to_string(&seen).is_ok_and(|s| s.ends_with('\n'))
+    });
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "256 4096\n");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", serve.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["4096", "4096"],
+        "{open_files}"
     );
 }

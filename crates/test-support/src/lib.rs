@@ -20,3 +20,9 @@ pub mod serve;
 
 pub use cli::*;
 pub use sandbox::*;
+
+/// Raises this test process's soft open-file limit to its hard one: for tests that hold more
+/// connections than the default 1024 allows.
+pub fn raise_open_files() {
+    flexvolume_os::open_files::raise().expect("raise the open-file limit");
+}

@@ -25,6 +25,8 @@ pub struct Server {
     pub registration_dir: PathBuf,
     metrics_address: String,
     env: &'static [(&'static str, &'static str)],
+    /// The soft and hard open-file limits flexd is started with (`None`: the test's own).
+    open_files: Option<(u64, u64)>,
     sandbox: Sandbox,
 }
 
@@ -62,8 +64,19 @@ impl Server {
         mode: &'static str,
         env: &'static [(&'static str, &'static str)],
     ) -> Self {
+        Self::serve_with_open_files(sandbox, mode, env, None)
+    }
+
+    /// [`Server::serve`], flexd started with the soft and hard open-file limits given, as a
+    /// node's runtime might start it (1024 is a common default for both).
+    pub fn serve_with_open_files(
+        sandbox: Sandbox,
+        mode: &'static str,
+        env: &'static [(&'static str, &'static str)],
+        open_files: Option<(u64, u64)>,
+    ) -> Self {
         let metrics_address = free_address();
-        let child = Self::spawn(&sandbox, mode, env, &metrics_address);
+        let child = Self::spawn(&sandbox, mode, env, &metrics_address, open_files);
         Self {
             child,
             mode,
@@ -72,8 +85,14 @@ impl Server {
             registration_dir: sandbox.path("plugins_registry"),
             metrics_address,
             env,
+            open_files,
             sandbox,
         }
+    }
+
+    /// Where `/metrics` and `/healthz` are served.
+    pub fn metrics_address(&self) -> &str {
+        &self.metrics_address
     }
 
     /// The CSI socket of the driver served as `csi_name`, once it exists.
@@ -118,9 +137,29 @@ impl Server {
         Self::acme("node", "slow", cases)
     }
 
-    fn spawn(sandbox: &Sandbox, mode: &str, env: &[(&str, &str)], metrics_address: &str) -> Child {
-        sandbox
-            .command()
+    fn spawn(
+        sandbox: &Sandbox,
+        mode: &str,
+        env: &[(&str, &str)],
+        metrics_address: &str,
+        open_files: Option<(u64, u64)>,
+    ) -> Child {
+        let mut command = sandbox.command();
+        if let Some((soft, hard)) = open_files {
+            use std::os::unix::process::CommandExt as _;
+            let limit = rustix::process::Rlimit {
+                current: Some(soft),
+                maximum: Some(hard),
+            };
+            // SAFETY: setrlimit is a system call, async-signal-safe, on a value moved in.
+            unsafe {
+                command.pre_exec(move || {
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit.clone())
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        command
             .args(["--probe-interval", "300ms"])
             .args(["serve", "--mode", mode])
             .arg("--csi-dir")
@@ -155,7 +194,13 @@ impl Server {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         self.metrics_address = free_address();
-        self.child = Self::spawn(&self.sandbox, self.mode, self.env, &self.metrics_address);
+        self.child = Self::spawn(
+            &self.sandbox,
+            self.mode,
+            self.env,
+            &self.metrics_address,
+            self.open_files,
+        );
     }
 
     pub fn pid(&self) -> u32 {

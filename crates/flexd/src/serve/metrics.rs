@@ -12,14 +12,12 @@
 //! driver that should be served is not (its endpoint could not start, its server stopped, its
 //! socket was removed). The serving loop re-checks every second ([`Metrics::set_problems`]).
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Response, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -217,42 +215,8 @@ impl CallObserver for Metrics {
     }
 }
 
-/// Binds the metrics address; failing here stops start-up with a clear error.
-pub async fn bind(address: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {address}: {e}"))?;
-    tracing::info!(address = %listener.local_addr()?, "metrics and health endpoint");
-    Ok(listener)
-}
-
-/// Serves `/metrics` and `/healthz` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics accept failed");
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let metrics = metrics.clone();
-                    async move {
-                        Ok::<_, std::convert::Infallible>(respond(request.uri().path(), &metrics))
-                    }
-                });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
+/// The answer to one request's path (the HTTP listener is [`super::metrics_server`]).
+pub(super) fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
         "/metrics" => (
             StatusCode::OK,

@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod identity;
 pub mod locks;
 pub mod metrics;
+pub mod metrics_server;
 pub mod node;
 pub mod provision;
 pub mod registration;
@@ -297,7 +298,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
     runtime.block_on(async move {
-        let listener = metrics::bind(args.metrics_address).await?;
+        let listener = metrics_server::bind(args.metrics_address).await?;
         // Before serving: what a crash left half done. It may wait for a driver the crash left
         // running (the record's lock), so it runs beside the service, which takes the same locks.
         let reconciling = lifecycle.clone();
@@ -328,7 +329,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         served.remove_stale_sockets();
         served.check_health();
         // Health and metrics answer once the drivers present at start are served.
-        let metrics_task = tokio::spawn(metrics::serve(listener, metrics));
+        let metrics_task = tokio::spawn(metrics_server::serve(listener, metrics));
 
         let (live_tx, mut live) = tokio::sync::mpsc::unbounded_channel();
         std::thread::spawn(move || {

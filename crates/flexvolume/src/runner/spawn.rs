@@ -134,6 +134,13 @@ impl Request {
             join: -1,
             namespace: self.namespace.unwrap_or(-1),
             reset_handlers: false,
+            open_files: flexvolume_os::open_files::original().map(|(soft, hard)| {
+                let limit = |value: Option<u64>| value.unwrap_or(libc::RLIM_INFINITY);
+                libc::rlimit {
+                    rlim_cur: limit(soft),
+                    rlim_max: limit(hard),
+                }
+            }),
             failed_step: AtomicU8::new(Step::None as u8),
             errno: AtomicI32::new(0),
         };
@@ -289,6 +296,9 @@ struct Shared {
     namespace: RawFd,
     /// Signal handlers to reset by hand (no `CLONE_CLEAR_SIGHAND`).
     reset_handlers: bool,
+    /// The open-file limit flexd was started with, put back before the exec (flexd raised its
+    /// own: see `flexvolume_os::open_files`).
+    open_files: Option<libc::rlimit>,
     failed_step: AtomicU8,
     errno: AtomicI32,
 }
@@ -346,6 +356,10 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         }
         if shared.join >= 0 && libc::write(shared.join, b"0".as_ptr().cast(), 1) != 1 {
             fail(Step::JoinCgroup);
+        }
+        // Lowering a soft limit never fails; a driver started with the raised one still runs.
+        if let Some(limit) = &shared.open_files {
+            libc::setrlimit(libc::RLIMIT_NOFILE, limit);
         }
         // Last, so everything above resolved in flexd's namespace.
         if shared.namespace >= 0 && libc::setns(shared.namespace, libc::CLONE_NEWNS) != 0 {
