@@ -26,13 +26,13 @@ pub struct Raised {
 /// [`original`]. Called once at start, before any thread that spawns drivers.
 pub fn raise() -> Result<Raised, rustix::io::Errno> {
     let limit = getrlimit(Resource::Nofile);
-    let _ = ORIGINAL.set(limit.clone());
+    let _ = ORIGINAL.set(limit);
     let raised = Rlimit {
         current: limit.maximum,
         maximum: limit.maximum,
     };
     if raised.current != limit.current {
-        setrlimit(Resource::Nofile, raised.clone())?;
+        setrlimit(Resource::Nofile, raised)?;
     }
     Ok(Raised {
         before: limit.current,

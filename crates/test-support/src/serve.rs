@@ -154,7 +154,7 @@ impl Server {
             // SAFETY: setrlimit is a system call, async-signal-safe, on a value moved in.
             unsafe {
                 command.pre_exec(move || {
-                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit.clone())
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
                         .map_err(std::io::Error::from)
                 });
             }
