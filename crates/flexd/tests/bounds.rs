@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use test_support::serve::{
-    identity_client, mount_capability, node_client, plugin_info, publish_request, Server,
+    identity_client, mount_capability, node_client, plugin_info, publish_request, Launch, Server,
 };
 use test_support::{eventually, examples, is_root, run_flexd as flexd, Sandbox};
 
@@ -189,9 +189,11 @@ impl Serve {
     ) -> Self {
         let sandbox = Sandbox::new();
         test_support::install_example(&sandbox.plugin(), "tmpfs/tmpfs", "acme~tmpfs");
-        let serve = Self(Server::serve_with_open_files(
-            sandbox, "node", env, open_files,
-        ));
+        let launch = Launch {
+            open_files,
+            ..Launch::default()
+        };
+        let serve = Self(Server::serve_launched(sandbox, "node", env, launch));
         let socket = serve.socket();
         // flexd binds the registration socket just after the CSI one: a count of flexd's
         // sockets taken between the two would be one short for the rest of a test.
@@ -826,7 +828,11 @@ fn the_open_file_limit_is_raised_for_flexd_and_put_back_for_drivers() {
     )
     .unwrap();
     std::fs::set_permissions(&driver, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let serve = Server::serve_with_open_files(sandbox, "node", &[], Some((256, 4096)));
+    let launch = Launch {
+        open_files: Some((256, 4096)),
+        ..Launch::default()
+    };
+    let serve = Server::serve_launched(sandbox, "node", &[], launch);
     eventually("the driver's init ran", || {
         std::fs::read_to_string(&seen).is_ok_and(|s| s.ends_with('\n'))
     });

@@ -992,3 +992,104 @@ async fn relative_directories_are_resolved_once_and_detach_finds_what_attach_rec
     let _ = child.wait();
     detached.unwrap();
 }
+
+/// The mode, owner's group and permission bits of `path` (not followed).
+fn mode_and_group(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    (meta.mode() & 0o7777, meta.gid())
+}
+
+/// Finding: under `umask 000` the CSI sockets were 0777 (any local user could call them) and
+/// volume records, which hold the volume's options, 0644. Now what flexd makes is owner-only
+/// whatever the umask: sockets 0600 in a 0700 dir, records and markers 0600, state dirs 0700.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_and_state_are_owner_only_whatever_the_umask() {
+    test_support::require_root!();
+    let launch = test_support::serve::Launch {
+        umask: Some(0),
+        ..Default::default()
+    };
+    let server = Server::serve_launched(test_support::Sandbox::new(), "node", &[], launch);
+    server.driver("acme~tmpfs", TMPFS);
+    let sock = server.socket("flexvolume-acme--tmpfs");
+    let registration = server
+        .registration_dir
+        .join("flexvolume-acme--tmpfs-reg.sock");
+    wait_for(&registration);
+    assert_eq!(mode_and_group(&sock).0, 0o600, "the CSI socket");
+    assert_eq!(mode_and_group(sock.parent().unwrap()).0, 0o700, "its dir");
+    assert_eq!(
+        mode_and_group(&registration).0,
+        0o600,
+        "the registration socket"
+    );
+
+    let mut node = node_client(&sock).await;
+    let target = server.path("kubelet/pods/uid-1/volumes/v");
+    node.node_publish_volume(publish_request("vol-a", &target, None))
+        .await
+        .unwrap();
+    let state = server.state();
+    assert_eq!(mode_and_group(&state).0, 0o700, "the state dir");
+    let mut checked = 0;
+    for entry in walk(&state) {
+        let (mode, _) = mode_and_group(&entry);
+        let kind = std::fs::symlink_metadata(&entry).unwrap().file_type();
+        if kind.is_dir() {
+            assert_eq!(mode, 0o700, "{}", entry.display());
+        } else if entry.starts_with(state.join("volumes")) || entry.starts_with(state.join("locks"))
+        {
+            assert_eq!(mode, 0o600, "{}", entry.display());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 3, "the record, its dir and a lock were made");
+    node.node_unpublish_volume(unpublish_request("vol-a", &target))
+        .await
+        .unwrap();
+}
+
+/// With `--socket-group`, the CSI socket and its dir let that group in (the non-root sidecars
+/// of the controller pod); the registration socket, which only kubelet uses, stays root's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_group_may_connect_to_the_csi_socket_only() {
+    test_support::require_root!();
+    let launch = test_support::serve::Launch {
+        umask: Some(0o077),
+        serve_args: vec!["--socket-group".to_owned(), "4242".to_owned()],
+        ..Default::default()
+    };
+    let server = Server::serve_launched(test_support::Sandbox::new(), "node", &[], launch);
+    server.driver("acme~tmpfs", TMPFS);
+    let sock = server.socket("flexvolume-acme--tmpfs");
+    let registration = server
+        .registration_dir
+        .join("flexvolume-acme--tmpfs-reg.sock");
+    wait_for(&registration);
+    assert_eq!(mode_and_group(&sock), (0o660, 4242), "the CSI socket");
+    assert_eq!(
+        mode_and_group(sock.parent().unwrap()),
+        (0o750, 4242),
+        "its dir"
+    );
+    assert_eq!(
+        mode_and_group(&registration).0,
+        0o600,
+        "the registration socket"
+    );
+    // That the non-root sidecars connect through it is shown by the e2e's controller pod.
+}
+
+/// Every path below `dir`, depth first.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            paths.extend(walk(&path));
+        }
+        paths.push(path);
+    }
+    paths
+}

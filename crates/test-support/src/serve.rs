@@ -25,9 +25,20 @@ pub struct Server {
     pub registration_dir: PathBuf,
     metrics_address: String,
     env: &'static [(&'static str, &'static str)],
-    /// The soft and hard open-file limits flexd is started with (`None`: the test's own).
-    open_files: Option<(u64, u64)>,
+    launch: Launch,
     sandbox: Sandbox,
+}
+
+/// How flexd is started beyond its sandbox: what a node's runtime or operator may vary.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Soft and hard open-file limits (`None`: the test's own), as a node's runtime might
+    /// start flexd (1024 is a common default for both).
+    pub open_files: Option<(u64, u64)>,
+    /// The umask (`None`: the test's own).
+    pub umask: Option<u32>,
+    /// More `serve` flags.
+    pub serve_args: Vec<String>,
 }
 
 /// A free loopback port for a server's metrics (tests run in parallel).
@@ -64,19 +75,18 @@ impl Server {
         mode: &'static str,
         env: &'static [(&'static str, &'static str)],
     ) -> Self {
-        Self::serve_with_open_files(sandbox, mode, env, None)
+        Self::serve_launched(sandbox, mode, env, Launch::default())
     }
 
-    /// [`Server::serve`], flexd started with the soft and hard open-file limits given, as a
-    /// node's runtime might start it (1024 is a common default for both).
-    pub fn serve_with_open_files(
+    /// [`Server::serve`], flexd started as `launch` says.
+    pub fn serve_launched(
         sandbox: Sandbox,
         mode: &'static str,
         env: &'static [(&'static str, &'static str)],
-        open_files: Option<(u64, u64)>,
+        launch: Launch,
     ) -> Self {
         let metrics_address = free_address();
-        let child = Self::spawn(&sandbox, mode, env, &metrics_address, open_files);
+        let child = Self::spawn(&sandbox, mode, env, &metrics_address, &launch);
         Self {
             child,
             mode,
@@ -85,7 +95,7 @@ impl Server {
             registration_dir: sandbox.path("plugins_registry"),
             metrics_address,
             env,
-            open_files,
+            launch,
             sandbox,
         }
     }
@@ -142,22 +152,31 @@ impl Server {
         mode: &str,
         env: &[(&str, &str)],
         metrics_address: &str,
-        open_files: Option<(u64, u64)>,
+        launch: &Launch,
     ) -> Child {
+        use std::os::unix::process::CommandExt as _;
         let mut command = sandbox.command();
-        if let Some((soft, hard)) = open_files {
-            use std::os::unix::process::CommandExt as _;
-            let limit = rustix::process::Rlimit {
+        let limit = launch
+            .open_files
+            .map(|(soft, hard)| rustix::process::Rlimit {
                 current: Some(soft),
                 maximum: Some(hard),
-            };
-            // SAFETY: setrlimit is a system call, async-signal-safe, on a value moved in.
-            unsafe {
-                command.pre_exec(move || {
-                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
-                        .map_err(std::io::Error::from)
-                });
-            }
+            });
+        let umask = launch.umask.map(rustix::fs::Mode::from_raw_mode);
+        // SAFETY: setrlimit and umask are system calls, async-signal-safe, on values moved in.
+        unsafe {
+            command.pre_exec(move || {
+                if let Some(mask) = umask {
+                    rustix::process::umask(mask);
+                }
+                match limit {
+                    Some(limit) => {
+                        rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                            .map_err(std::io::Error::from)
+                    }
+                    None => Ok(()),
+                }
+            });
         }
         command
             .args(["--probe-interval", "300ms"])
@@ -170,6 +189,7 @@ impl Server {
             .arg(sandbox.state())
             .args(["--node-name", "node-1"])
             .args(["--metrics-address", metrics_address])
+            .args(&launch.serve_args)
             // Debug for tests; a RUST_LOG in `env` (benchmarks: logging as in production) wins.
             .args(
                 ["--log-level", "debug"]
@@ -199,7 +219,7 @@ impl Server {
             self.mode,
             self.env,
             &self.metrics_address,
-            self.open_files,
+            &self.launch,
         );
     }
 

@@ -53,23 +53,95 @@ pub struct Endpoint {
     servers: Vec<(oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
-/// Binds a Unix socket, replacing a stale socket file (never any other kind of file).
-fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+/// Who may connect to a socket: root (its owner) alone, or also a group the operator named
+/// (`--socket-group`: the CSI sidecars' in the controller pod, which run as non-root).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub group: Option<u32>,
+}
+
+impl SocketAccess {
+    fn mode(self) -> u32 {
+        if self.group.is_some() {
+            0o660
+        } else {
+            0o600
+        }
+    }
+}
+
+/// Binds a Unix socket at `path`, replacing a stale socket file (never any other kind of
+/// file), with the permissions `access` gives whatever the umask. The socket is made
+/// under a hidden temporary name and renamed into place once its mode and group are set, so
+/// nobody can connect through wider permissions in between, and kubelet's plugin watcher, which
+/// ignores dot-names, sees only the finished socket. `own_dir`: the socket's directory is
+/// flexd's own (`<csi-dir>/<csi-name>`) and gets the same access (0700 or 0750).
+fn bind(path: &Path, access: SocketAccess, own_dir: bool) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        anyhow::bail!("{} is not a socket path", path.display());
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    if own_dir {
+        let dir_mode = if access.group.is_some() { 0o750 } else { 0o700 };
+        set_access(dir, access, dir_mode)?;
     }
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
-            std::fs::remove_file(path)
-                .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-        }
+        Ok(meta) if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {}
         Ok(_) => anyhow::bail!(
             "{} exists and is not a socket; refusing to replace it",
             path.display()
         ),
         Err(_) => {}
     }
-    UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+    let temp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&temp);
+    let listener =
+        listen_owner_only(&temp).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let placed = set_access(&temp, access, access.mode()).and_then(|()| {
+        std::fs::rename(&temp, path)
+            .with_context(|| format!("cannot move the socket to {}", path.display()))
+    });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+/// A listening Unix socket whose file is born owner-only: Linux gives a socket's file the
+/// mode of its inode (less the umask) at bind time, and the inode's mode is set first.
+fn listen_owner_only(path: &Path) -> io::Result<UnixListener> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let socket = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::fs::fchmod(&socket, rustix::fs::Mode::from_raw_mode(0o600))?;
+    rustix::net::bind(&socket, &SocketAddrUnix::new(path)?)?;
+    rustix::net::listen(&socket, 1024)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
+}
+
+/// Gives `path` the group of `access` (if any) and `mode`.
+fn set_access(path: &Path, access: SocketAccess, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(gid) = access.group {
+        rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
 }
 
 /// Time a new connection has to send the HTTP/2 client preface (24 bytes every gRPC client
@@ -314,9 +386,10 @@ impl Endpoint {
     /// registration server.
     pub fn start(
         driver: Arc<ServedDriver>,
+        access: SocketAccess,
         add_services: impl FnOnce(tonic::transport::server::Router) -> tonic::transport::server::Router,
     ) -> anyhow::Result<Self> {
-        let csi_listener = bind(&driver.csi_socket)?;
+        let csi_listener = bind(&driver.csi_socket, access, true)?;
         let router = server().add_service(IdentityServer::new(IdentityService {
             driver: driver.clone(),
         }));
@@ -326,7 +399,8 @@ impl Endpoint {
             driver.csi_socket.clone(),
         )];
         if let Some(path) = &driver.registration_socket {
-            let listener = bind(path)?;
+            // kubelet's registration dir: root's alone, whoever else may use the CSI socket.
+            let listener = bind(path, SocketAccess::default(), false)?;
             let router = server().add_service(RegistrationServer::new(RegistrationService {
                 driver: driver.clone(),
             }));

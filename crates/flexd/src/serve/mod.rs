@@ -58,9 +58,14 @@ pub struct ServeArgs {
     /// kubelet's plugin registration directory.
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry", value_parser = crate::settings::parse_dir)]
     pub registration_dir: PathBuf,
-    /// Where /metrics (Prometheus text) and /healthz are served.
+    /// Where /metrics (Prometheus text) and /healthz are served: the loopback by default, so
+    /// that only the node itself (kubelet's probes, a local agent) reaches it.
     #[arg(long, default_value = "127.0.0.1:9808")]
     pub metrics_address: std::net::SocketAddr,
+    /// A group that may also connect to the CSI sockets (mode 0660 instead of 0600): the
+    /// non-root CSI sidecars' group in the controller pod. Registration sockets stay root's.
+    #[arg(long, value_name = "GID", value_parser = clap::value_parser!(u32).range(..u32::MAX as i64))]
+    pub socket_group: Option<u32>,
 }
 
 /// The drivers currently served, by name.
@@ -138,7 +143,10 @@ impl Served {
                 )
             }))
         };
-        match Endpoint::start(driver.clone(), services) {
+        let access = endpoint::SocketAccess {
+            group: self.args.socket_group,
+        };
+        match Endpoint::start(driver.clone(), access, services) {
             Ok(endpoint) => {
                 self.unserved.remove(name);
                 self.endpoints.insert(name.clone(), endpoint);
@@ -281,6 +289,15 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Every publish lists the records to refuse overlaps: a daemon learns their changes from
     // inotify rather than stat'ing each record each time.
     let state = global.state();
+    match state.restrict() {
+        Ok(Some(mode)) => tracing::warn!(
+            state_dir = %global.state_dir.display(),
+            was = format!("{mode:o}"),
+            "the state dir was readable by others; now owner-only (0700)"
+        ),
+        Ok(None) => {}
+        Err(e) => return Err(e).context("cannot create the state dir"),
+    }
     state.watch_records();
     let lifecycle = Arc::new(Lifecycle {
         runner: runner.clone(),
@@ -380,6 +397,7 @@ mod tests {
                 csi_dir: dir.join("plugins"),
                 registration_dir: dir.join("registry"),
                 metrics_address: ([127, 0, 0, 1], 0).into(),
+                socket_group: None,
             },
             endpoints: HashMap::new(),
             unserved: BTreeMap::new(),

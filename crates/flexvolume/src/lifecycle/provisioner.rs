@@ -104,7 +104,7 @@ fn state_err(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
 /// Writes `bytes` to `path` atomically: a temp file, fsync, rename, fsync of the directory.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let dir = path.parent().unwrap_or(Path::new("/"));
-    fs::create_dir_all(dir).map_err(state_err(dir))?;
+    crate::state::create_private_dir_all(dir).map_err(state_err(dir))?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let written = crate::state::create_fresh(&temp)

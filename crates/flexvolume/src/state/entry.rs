@@ -157,7 +157,7 @@ pub(super) fn open_for_writing(path: &Path) -> Result<File, OpenError> {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o644)
+            .mode(0o600)
             .custom_flags(GUARDED)
             .open(path),
     )
@@ -175,9 +175,19 @@ pub(crate) fn create_fresh(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(0o600)
         .custom_flags(GUARDED)
         .open(path)
+}
+
+/// Creates `path` and its missing parents owner-only (0700), whatever the umask: the state
+/// dir holds volume options and pinned drivers that only flexd reads.
+pub(crate) fn create_private_dir_all(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
 }
 
 /// Opens a directory to sync it or set its times; anything else at the path is an error.

@@ -70,7 +70,7 @@ impl StateDir {
         removable_without: Option<PathBuf>,
     ) -> Result<Lock, StateError> {
         let dir = self.root.join("locks");
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        entry::create_private_dir_all(&dir).map_err(io_err(&dir))?;
         let path = dir.join(format!("{}.lock", id_of(what)));
         let flock_err = |e: rustix::io::Errno| StateError::Io {
             path: path.clone(),

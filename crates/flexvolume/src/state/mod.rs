@@ -26,7 +26,7 @@ mod record;
 mod watch;
 use cache::*;
 use entry::OpenError;
-pub(crate) use entry::{create_fresh, open_dir};
+pub(crate) use entry::{create_fresh, create_private_dir_all, open_dir};
 pub use entry::{EntryKind, MAX_RECORD_BYTES};
 pub use lock::Lock;
 pub use pins::PIN_GRACE;
@@ -170,6 +170,27 @@ impl StateDir {
         }
     }
 
+    /// Makes the state dir owner-only (0700): created so when missing, and narrowed when an
+    /// older flexd (or a umask) left it readable by others, which then could read every
+    /// volume's options. Returns the mode it had when it was narrowed.
+    pub fn restrict(&self) -> Result<Option<u32>, StateError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        create_private_dir_all(&self.root).map_err(io_err(&self.root))?;
+        let dir = open_dir(&self.root).map_err(io_err(&self.root))?;
+        let mode = dir
+            .metadata()
+            .map_err(io_err(&self.root))?
+            .permissions()
+            .mode()
+            & 0o7777;
+        if mode & 0o077 == 0 {
+            return Ok(None);
+        }
+        dir.set_permissions(fs::Permissions::from_mode(mode & 0o700))
+            .map_err(io_err(&self.root))?;
+        Ok(Some(mode))
+    }
+
     fn volumes(&self) -> PathBuf {
         self.root.join("volumes")
     }
@@ -202,7 +223,7 @@ impl StateDir {
             }
         }
         let dir = self.volumes();
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        entry::create_private_dir_all(&dir).map_err(io_err(&dir))?;
         // The record written now says its own stage: an older marker must not override it. The
         // directory's sync below makes this removal durable with the new record.
         let marker = self.marker_path(&record.target);

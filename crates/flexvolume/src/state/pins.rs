@@ -116,7 +116,7 @@ impl StateDir {
                 .map_err(io_err(&dir))?;
             return Ok(pinned);
         }
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        entry::create_private_dir_all(&dir).map_err(io_err(&dir))?;
         if fs::hard_link(executable, &pinned).is_err() {
             let temp = dir.join(format!(".copy.{}", std::process::id()));
             // Created afresh: whatever a crash (or anyone) left at the name is not written through.
