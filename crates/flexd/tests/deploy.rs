@@ -162,6 +162,21 @@ fn the_installer_daemonset_mounts_the_host_plugin_dir_at_flexmnt() {
         volume.host_path.as_ref().unwrap().path,
         "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
     );
+    // Finding 6: it added capabilities it does not need and mounted a token. Root's uid writes
+    // the root-owned plugin dir without any capability (tests/install.rs shows it).
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let security = pod.containers[0].security_context.as_ref().unwrap();
+    let capabilities = security.capabilities.as_ref().unwrap();
+    assert_eq!(capabilities.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    assert_eq!(capabilities.add, None);
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        pod.security_context
+            .as_ref()
+            .and_then(|c| c.seccomp_profile.as_ref())
+            .map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
     // The image's entry point installs into /flexmnt and sleeps.
     let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
     assert!(
@@ -276,10 +291,14 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
         .flatten()
         .map(|m| (m.mount_path.clone(), m.mount_propagation.clone()))
         .collect();
-    assert!(mounts.contains(&(
-        "/var/lib/kubelet".to_owned(),
-        Some("Bidirectional".to_owned())
-    )));
+    // Mounts made for kubelet propagate back to the host; nothing else of kubelet's dir.
+    for dir in ["pods", "plugins"] {
+        assert!(mounts.contains(&(
+            format!("/var/lib/kubelet/{dir}"),
+            Some("Bidirectional".to_owned())
+        )));
+    }
+    assert!(!mounts.iter().any(|(path, _)| path == "/var/lib/kubelet"));
     // The loop driver's images must outlive the pod.
     assert!(mounts.iter().any(|(path, _)| path == "/var/lib/flexd-loop"));
 
@@ -389,10 +408,14 @@ fn manifests_take_capabilities_from_the_command_line() {
         "/nonexistent/plugins",
         "--driver",
         r#"acme/nfs={"attach":false,"fsGroup":false}"#,
+        "--inline-volumes",
+        "acme/nfs",
         "--namespace",
         "storage",
         "--kubelet-dir",
         "/data/kubelet",
+        "--node-plugin-dir",
+        "/etc/kubernetes/kubelet-plugins/volume/exec",
     ]);
     assert!(
         out.status.success(),
@@ -419,7 +442,10 @@ fn manifests_take_capabilities_from_the_command_line() {
     assert_eq!(ds.metadata.namespace.as_deref(), Some("storage"));
     let args = flexd_container(&ds.spec.unwrap().template).args.unwrap();
     assert_eq!(value_of(&args, "--csi-dir"), "/data/kubelet/plugins");
-    assert_eq!(value_of(&args, "--plugin-dir"), "/nonexistent/plugins");
+    assert_eq!(
+        value_of(&args, "--plugin-dir"),
+        "/etc/kubernetes/kubelet-plugins/volume/exec"
+    );
 
     // A driver that is neither given, nor builtin, nor installed is an error, not a guess.
     let empty = tempfile::tempdir().unwrap();
@@ -460,7 +486,9 @@ fn manifests_take_capabilities_from_the_command_line() {
 fn both_pods_mount_the_loop_drivers_installed_image_dirs() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
-    let images = [dir.path().join("images-a"), dir.path().join("images-b")];
+    // Paths on the nodes, never made here: a temporary dir is never deployed.
+    let node = PathBuf::from(format!("/srv/flexd-deploy-test-{}", std::process::id()));
+    let images = [node.join("images-a"), node.join("images-b")];
     test_support::ok(&test_support::flexd(
         &plugins,
         &[
@@ -547,5 +575,99 @@ fn default_sidecar_images_are_the_versions_the_e2e_suite_runs() {
             .unwrap_or_else(|| panic!("no require of {module} in {name}/go.mod"));
         let image = format!("image: registry.k8s.io/sig-storage/{name}:{pinned}");
         assert!(text.contains(&image), "manifests lack {image}");
+    }
+}
+
+/// Finding 3: `manifests` wrote the dir it read drivers from (a scratch dir such as /tmp/p)
+/// into the privileged pods as a hostPath, so a local user who made that path first on a node
+/// got root there. The nodes' plugin dir is now its own flag, and no temporary dir is deployed.
+#[test]
+fn the_nodes_plugin_dir_is_not_the_one_read_and_no_temporary_dir_is_deployed() {
+    let scratch = tempfile::tempdir().unwrap();
+    test_support::install_example(scratch.path(), "tmpfs/tmpfs", "acme~tmpfs");
+    let read_from = scratch.path().to_str().unwrap();
+    let out = manifests(&["--plugin-dir", read_from]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !text.contains(read_from),
+        "the scratch dir was deployed:\n{text}"
+    );
+    let docs = test_support::yaml_documents(&text);
+    let ds: DaemonSet = one(&docs, "DaemonSet");
+    let template = ds.spec.unwrap().template;
+    let pod = template.spec.as_ref().unwrap();
+    let default = "/usr/libexec/kubernetes/kubelet-plugins/volume/exec";
+    assert!(volume_where(pod, |v| v
+        .host_path
+        .as_ref()
+        .is_some_and(|h| h.path == default))
+    .host_path
+    .is_some());
+
+    for refused in [
+        &["--node-plugin-dir", "/tmp/p"][..],
+        &["--kubelet-dir", "/var/tmp/kubelet"],
+        &["--host-dir", "/dev/shm/images"],
+        &["--state-dir", "/tmp/state"],
+    ] {
+        let out = manifests(&[&["--plugin-dir", read_from][..], refused].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2) && stderr.contains("never given a temporary directory"),
+            "{refused:?}: {stderr}"
+        );
+    }
+}
+
+/// Finding 2: every node-only driver accepted inline volumes from any pod author. Now only the
+/// drivers the operator names, and never one that attaches.
+#[test]
+fn inline_volumes_only_for_the_drivers_the_operator_names() {
+    let plain = r#"acme/nfs={"attach":false}"#;
+    let attaching = r#"acme/block={"attach":true}"#;
+    let out = manifests(&[
+        "--plugin-dir",
+        "/nonexistent",
+        "--driver",
+        plain,
+        "--driver",
+        attaching,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = test_support::yaml_documents(&String::from_utf8(out.stdout).unwrap());
+    for driver in docs.iter().filter(|d| d["kind"] == "CSIDriver") {
+        assert_eq!(
+            driver["spec"]["volumeLifecycleModes"],
+            serde_json::json!(["Persistent"])
+        );
+    }
+    for (name, says) in [
+        ("acme/block", "the driver attaches"),
+        ("acme/other", "not one of the drivers deployed"),
+    ] {
+        let out = manifests(&[
+            "--plugin-dir",
+            "/nonexistent",
+            "--driver",
+            plain,
+            "--driver",
+            attaching,
+            "--inline-volumes",
+            name,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2) && stderr.contains(says),
+            "{stderr}"
+        );
     }
 }

@@ -422,3 +422,53 @@ fn installing_onto_a_full_disk_fails_clearly_and_keeps_the_old_version() {
     let reply = runner::call(&RunnerConfig::default(), &installed, &CallOut::init()).unwrap();
     assert_eq!(reply.message, "v2");
 }
+
+/// Finding 6: the installer DaemonSet added CHOWN, DAC_OVERRIDE and FOWNER. Root's uid with no
+/// capability at all (bounding set emptied, as `drop: [ALL]` leaves it) installs into a
+/// root-owned plugin dir, upgrades and uninstalls: root owns everything it writes there.
+#[test]
+fn root_installs_upgrades_and_uninstalls_with_no_capability() {
+    test_support::require_root!("needs root (root's uid without capabilities)");
+    let (s, sources) = sandbox_with_versions(write_driver_dir);
+    let plugin = s.plugin();
+    let without_capabilities = |args: &[&str]| {
+        let out = std::process::Command::new("setpriv")
+            .args([
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+            ])
+            .arg(test_support::flexd_exe())
+            .arg("--plugin-dir")
+            .arg(&plugin)
+            .arg("--state-dir")
+            .arg(s.state())
+            .args(args)
+            .output()
+            .unwrap();
+        test_support::ok(&out);
+        out
+    };
+    // It really has none: a capability-needing chown of a file it does not own fails.
+    let probe = s.path("not-owned");
+    std::fs::write(&probe, "").unwrap();
+    std::os::unix::fs::chown(&probe, Some(12345), None).unwrap();
+    let chown = std::process::Command::new("setpriv")
+        .args([
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+        ])
+        .args(["chown", "0"])
+        .arg(&probe)
+        .status()
+        .unwrap();
+    assert!(!chown.success(), "setpriv left a capability");
+    for source in &sources {
+        without_capabilities(&["install", "--driver", "acme/drv", source.to_str().unwrap()]);
+    }
+    let installed = plugin.join("acme~drv");
+    assert_eq!(snapshot(&installed).unwrap().0, "v2");
+    without_capabilities(&["uninstall", "--driver", "acme/drv"]);
+    assert!(!installed.exists());
+}

@@ -34,6 +34,25 @@ pub struct ManifestsArgs {
     /// kubelet's root dir (--root-dir): CSI and registration sockets go under it.
     #[arg(long, value_parser = checks::node_path, default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
+    /// The nodes' plugin dir (kubelet's --volume-plugin-dir), mounted in flexd's pods. The
+    /// global --plugin-dir is only where this command reads drivers from (a scratch dir is
+    /// fine there); a temporary dir is never deployed.
+    #[arg(long, value_name = "PATH", value_parser = checks::node_path, default_value = flexvolume::layout::DEFAULT_PLUGIN_DIR)]
+    pub node_plugin_dir: PathBuf,
+    /// A driver whose volumes pods may declare inline (a `csi:` volume in the pod, CSIDriver
+    /// mode Ephemeral), repeatable; none by default: an inline volume lets any pod author pass
+    /// any options to a root driver on the host. Not for drivers that attach.
+    #[arg(long = "inline-volumes", value_name = "DRIVER", value_parser = DriverName::parse)]
+    pub inline_volumes: Vec<DriverName>,
+    /// A driver whose attach and detach set up devices, repeatable: the controller's flexd then
+    /// runs privileged with the host's /dev (the builtin loop driver always does). Without any,
+    /// the controller runs unprivileged.
+    #[arg(long = "privileged-controller", value_name = "DRIVER", value_parser = DriverName::parse)]
+    pub privileged_controller: Vec<DriverName>,
+    /// Serve the node's /metrics and /healthz on every address of the node, to scrape them from
+    /// the network; by default only on the node's loopback (kubelet's probes reach it there).
+    #[arg(long)]
+    pub expose_metrics: bool,
     /// A host directory the drivers use (an image dir, a config dir), repeatable: mounted at the
     /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
     #[arg(long = "host-dir", value_name = "PATH", value_parser = checks::node_path)]
@@ -57,19 +76,15 @@ pub struct ManifestsArgs {
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
-    // Paths on the nodes, mounted at the same place in the pods; --kubelet-dir and --host-dir
-    // are checked the same way as they are parsed.
-    for (flag, path) in [
-        ("--plugin-dir", &global.plugin_dir),
-        ("--state-dir", &global.state_dir),
-    ] {
-        if let Err(e) = checks::check_node_path(path) {
-            return Err(usage_error(
-                "manifests",
-                ErrorKind::ValueValidation,
-                format!("invalid value for '{flag}': {e}"),
-            ));
-        }
+    // Paths on the nodes, mounted at the same place in the pods; --kubelet-dir,
+    // --node-plugin-dir and --host-dir are checked the same way as they are parsed. The global
+    // --plugin-dir is where drivers are read from here, and is not deployed.
+    if let Err(e) = checks::check_node_path(&global.state_dir) {
+        return Err(usage_error(
+            "manifests",
+            ErrorKind::ValueValidation,
+            format!("invalid value for '--state-dir': {e}"),
+        ));
     }
     let mut names: Vec<&DriverName> = args.drivers.iter().map(|d| &d.name).collect();
     names.sort();
@@ -85,24 +100,73 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let mut host_dirs = args.host_dirs.clone();
-    let drivers = profiles(global, &args, &mut host_dirs)?;
+    let mut drivers = profiles(global, &args, &mut host_dirs)?;
     host_dirs.sort();
     host_dirs.dedup();
+    for dir in &host_dirs {
+        // The loop driver's image dirs come from the plugin dir read here.
+        if let Err(e) = checks::check_node_path(dir) {
+            bail!("a host dir of the drivers cannot be deployed: {e}");
+        }
+    }
+    operator_choices(&args, &mut drivers)?;
     let settings = Settings {
         namespace: args.namespace,
         image: args.image,
         kubelet_dir: args.kubelet_dir,
-        plugin_dir: global.plugin_dir.clone(),
+        plugin_dir: args.node_plugin_dir,
         state_dir: global.state_dir.clone(),
         host_dirs,
         attacher_image: args.attacher_image,
         provisioner_image: args.provisioner_image,
         resizer_image: args.resizer_image,
         state_storage_class: args.state_storage_class,
+        expose_metrics: args.expose_metrics,
     };
     let objects = deploy::render(&settings, &drivers)?;
     print!("{}", deploy::to_yaml(&settings, &drivers, &objects)?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the operator chose per driver: inline volumes, a privileged controller. A name that is
+/// not deployed, or inline volumes for a driver that attaches, is bad usage.
+fn operator_choices(args: &ManifestsArgs, drivers: &mut [DriverProfile]) -> anyhow::Result<()> {
+    for (flag, names) in [
+        ("--inline-volumes", &args.inline_volumes),
+        ("--privileged-controller", &args.privileged_controller),
+    ] {
+        for name in names {
+            let Some(driver) = drivers.iter_mut().find(|d| &d.name == name) else {
+                return Err(usage_error(
+                    "manifests",
+                    ErrorKind::ValueValidation,
+                    format!("{flag} {name}: not one of the drivers deployed"),
+                ));
+            };
+            if flag == "--inline-volumes" {
+                if driver.attach {
+                    return Err(usage_error(
+                        "manifests",
+                        ErrorKind::ValueValidation,
+                        format!(
+                            "{flag} {name}: the driver attaches, and an inline volume has no \
+                             attach step"
+                        ),
+                    ));
+                }
+                driver.inline = true;
+            } else {
+                driver.privileged_controller = true;
+            }
+        }
+    }
+    for driver in drivers.iter_mut() {
+        // The loop driver's attach sets up loop devices.
+        if builtin_named(driver.name.as_str()).is_some() {
+            driver.privileged_controller = true;
+        }
+    }
+    Ok(())
 }
 
 /// What each driver can do, sorted by name.

@@ -72,7 +72,7 @@ pub enum Command {
     Migrate(migrate::MigrateArgs),
     /// Print the Kubernetes objects that deploy flexd for the drivers (YAML, multi-document).
     #[command(after_help = exit::MANIFESTS)]
-    Manifests(manifests::ManifestsArgs),
+    Manifests(Box<manifests::ManifestsArgs>),
     /// Print a shell completion script for flexd on stdout.
     #[command(after_help = exit::PLAIN)]
     Completions(completions::CompletionsArgs),
@@ -90,7 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
         Command::Migrate(args) => migrate::run(&cli.global, args),
-        Command::Manifests(args) => manifests::run(&cli.global, args),
+        Command::Manifests(args) => manifests::run(&cli.global, *args),
         Command::Completions(args) => completions::run(args),
     }
 }

@@ -43,20 +43,55 @@ fn is_label(text: &str) -> bool {
         && text.chars().all(|c| alphanumeric(c) || c == '-')
 }
 
-/// An image reference. Kubernetes refuses one with surrounding whitespace; a reference never
-/// holds whitespace or control characters anywhere, so those are refused too.
+/// An image reference: `NAME[:TAG][@DIGEST]`, so an operator can pin any image by digest
+/// (`registry.example/flexd@sha256:<64 hex digits>`). Kubernetes refuses one with surrounding
+/// whitespace; a reference never holds whitespace or control characters anywhere, so those
+/// are refused too, and a digest must be one a registry could answer (`sha256:` and 64
+/// lowercase hex digits, `sha512:` and 128).
 pub fn image(text: &str) -> Result<String, String> {
     if text.is_empty() {
         return Err("an image reference cannot be empty".to_owned());
     }
-    match text.chars().find(|c| c.is_whitespace() || c.is_control()) {
-        Some(c) => Err(format!(
+    if let Some(c) = text.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
             "{text:?} is not an image reference: it holds {c:?} (no whitespace or control \
              characters)"
-        )),
-        None => Ok(text.to_owned()),
+        ));
     }
+    let (name, digest) = match text.split_once('@') {
+        Some((name, digest)) => (name, Some(digest)),
+        None => (text, None),
+    };
+    if name.is_empty() {
+        return Err(format!(
+            "{text:?} is not an image reference: no name before '@'"
+        ));
+    }
+    if let Some(digest) = digest {
+        let hex_len = match digest.split_once(':') {
+            Some(("sha256", hex)) => Some((hex, 64)),
+            Some(("sha512", hex)) => Some((hex, 128)),
+            _ => None,
+        };
+        let valid = hex_len.is_some_and(|(hex, len)| {
+            hex.len() == len
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        if !valid {
+            return Err(format!(
+                "{text:?}: the digest {digest:?} is not sha256:<64 hex digits> or \
+                 sha512:<128 hex digits>"
+            ));
+        }
+    }
+    Ok(text.to_owned())
 }
+
+/// World-writable directories where any local user can create a path before root does: a
+/// hostPath there would hand that user what flexd's privileged pods put in it.
+const TEMPORARY_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/user", "/run/shm"];
 
 /// A path on the nodes, mounted at the same path in the pods (a hostPath and a mountPath):
 /// absolute, UTF-8 (printed as it is, never lossily), no control characters, and no `..`
@@ -79,6 +114,12 @@ pub fn check_node_path(path: &Path) -> Result<&Path, String> {
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(format!(
             "{text:?} holds '..' (Kubernetes refuses such a hostPath)"
+        ));
+    }
+    if let Some(temporary) = TEMPORARY_DIRS.iter().find(|dir| path.starts_with(dir)) {
+        return Err(format!(
+            "{text:?} is under {temporary}, where any local user of a node can create it \
+             first; flexd's privileged pods are never given a temporary directory"
         ));
     }
     Ok(path)
@@ -141,12 +182,44 @@ mod tests {
 
     #[test]
     fn images_and_paths_hold_no_line_breaks_or_controls() {
-        assert!(image("registry.example/flexd:0.1.0@sha256:00").is_ok());
-        for bad in ["", " x", "x\n---", "x\u{1b}[2J", "x\u{85}"] {
+        let digest = format!("sha256:{}", "0a".repeat(32));
+        for good in [
+            "flexd".to_owned(),
+            "registry.example:5000/flexd:0.1.0".to_owned(),
+            format!("registry.example/flexd@{digest}"),
+            format!("registry.example/flexd:0.1.0@{digest}"),
+            format!("flexd@sha512:{}", "f".repeat(128)),
+        ] {
+            assert!(image(&good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            " x",
+            "x\n---",
+            "x\u{1b}[2J",
+            "x\u{85}",
+            "flexd@sha256:00",
+            &format!("flexd@sha256:{}", "A".repeat(64)),
+            &format!("flexd@md5:{}", "0".repeat(32)),
+            &format!("@{digest}"),
+        ] {
             assert!(image(bad).is_err(), "{bad:?}");
         }
         assert!(node_path("/var/lib/kubelet").is_ok());
-        for bad in ["var/lib", "/a\nb", "/a/../b", "/a\u{7f}"] {
+        assert!(
+            node_path("/var/tmpfs").is_ok(),
+            "a name that only starts like one"
+        );
+        for bad in [
+            "var/lib",
+            "/a\nb",
+            "/a/../b",
+            "/a\u{7f}",
+            "/tmp/p",
+            "/tmp",
+            "/var/tmp/flexd-e2e/plugins",
+            "/dev/shm/x",
+        ] {
             assert!(node_path(bad).is_err(), "{bad:?}");
         }
     }

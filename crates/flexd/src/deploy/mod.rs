@@ -4,10 +4,13 @@
 //!
 //! The choices, and why (the README's "Deploy to a cluster" says the same to operators):
 //! - **Node**: a DaemonSet running `flexd serve --mode node`, privileged (drivers mount and set
-//!   up devices), with the kubelet dir at its host path with Bidirectional propagation (mounts
-//!   made in the pod must reach kubelet), the plugin dir, and the state dir on the host (node
-//!   records must outlive the pod). flexd registers with kubelet itself: no registrar sidecar.
-//!   It talks to no API server: no token, no permissions.
+//!   up devices), with only the parts of kubelet's dir it uses (`pods/` and `plugins/` with
+//!   Bidirectional propagation, since mounts made in the pod must reach kubelet, and
+//!   `plugins_registry/`; never `pki/`), the plugin dir read-only, and the state dir on the host
+//!   (node records must outlive the pod). flexd registers with kubelet itself: no registrar
+//!   sidecar. It talks to no API server: no token, no permissions. Its metrics and health
+//!   endpoint is on the node's loopback, where kubelet probes it (`host: 127.0.0.1`), unless the
+//!   operator exposes it for scraping. Root filesystem read-only, `/tmp` an emptyDir.
 //! - **Controller**: only when some driver has a controller side (it attaches, or it
 //!   provisions). A Deployment running `flexd serve --mode controller` beside one set of CSI
 //!   sidecars per driver, talking over `<csi-dir>/<csi-name>/csi.sock` in a shared emptyDir.
@@ -22,8 +25,14 @@
 //!     node), and a provisioned volume's options live only there. One replica with the
 //!     Recreate strategy, because the claim is ReadWriteOnce and two controllers must never
 //!     attach the same volume.
-//!   - Privileged, with `/dev`: attach and detach are the driver's own code, which FlexVolume
-//!     drivers expect to run as root on a host, as they did in the controller manager.
+//!   - Root, as FlexVolume drivers expect (they ran in the controller manager), but privileged
+//!     with the host's `/dev` only when the operator says a driver's attach sets up devices
+//!     (the builtin loop driver does); otherwise no capability but CHOWN (to give its sockets
+//!     to the sidecars' group), no escalation, a read-only root filesystem.
+//!   - No ServiceAccount token in flexd's containers: it is projected into the sidecars alone,
+//!     so driver code running as root never holds the sidecars' cluster-wide permissions.
+//!   - The sidecars run as uid and gid 65532 with no capability, no escalation and a read-only
+//!     root filesystem; flexd's CSI sockets are 0660 with that group (`--socket-group`).
 //! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver) and a
 //!   `--timeout` beyond flexd's call-out timeout ([`sidecar_timeout`]): csi-attacher
 //!   for a driver that attaches; csi-provisioner for one that provisions; csi-resizer for an
@@ -48,7 +57,12 @@
 //!   ownership alone, and so must kubelet: `File` would make kubelet chown it, since no
 //!   VOLUME_MOUNT_GROUP is advertised); `podInfoOnMount` (flexd passes pod information to
 //!   mount); `Persistent` volumes, and inline `Ephemeral` ones for drivers that do not attach
-//!   (an inline volume has no attach step); `requiresRepublish` off.
+//!   (an inline volume has no attach step) that the operator names with `--inline-volumes`:
+//!   an inline volume lets any pod author hand any options to a root driver on the host, which
+//!   Pod Security's `restricted` profile does not stop (it forbids `flexVolume:`, not `csi:`);
+//!   `requiresRepublish` off.
+//! - **Namespace** labelled for Pod Security `privileged`, said rather than left to the
+//!   cluster's default; every pod with the runtime's default seccomp profile.
 
 use std::path::PathBuf;
 
@@ -97,6 +111,11 @@ pub struct DriverProfile {
     pub expand: bool,
     /// The driver takes the pod's fsGroup (`fsGroupPolicy`).
     pub fs_group: bool,
+    /// The operator offers its volumes inline in pods (`Ephemeral`; never when it attaches).
+    pub inline: bool,
+    /// Its attach and detach set up devices: the controller's flexd runs privileged, with the
+    /// host's `/dev` (the operator's choice; the builtin loop driver's).
+    pub privileged_controller: bool,
 }
 
 impl DriverProfile {
@@ -108,6 +127,8 @@ impl DriverProfile {
             provision: capabilities.provision,
             expand: capabilities.requires_fs_resize,
             fs_group: capabilities.fs_group,
+            inline: false,
+            privileged_controller: false,
         })
     }
 
@@ -133,6 +154,8 @@ pub struct Settings {
     pub namespace: String,
     pub image: String,
     pub kubelet_dir: PathBuf,
+    /// The nodes' plugin dir (kubelet's `--volume-plugin-dir`), which is not necessarily the
+    /// one `flexd manifests` read the drivers from.
     pub plugin_dir: PathBuf,
     /// The node's state dir, on the host.
     pub state_dir: PathBuf,
@@ -144,6 +167,9 @@ pub struct Settings {
     pub resizer_image: String,
     /// The controller state claim's StorageClass; `None`: the cluster's default.
     pub state_storage_class: Option<String>,
+    /// The node's metrics on every address of the node, for scraping from the network; by
+    /// default only on its loopback.
+    pub expose_metrics: bool,
 }
 
 /// The sidecar images `flexd manifests` uses unless told otherwise: the versions the e2e cluster
@@ -186,6 +212,19 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
         Object::Namespace(Box::new(Namespace {
             metadata: ObjectMeta {
                 name: Some(ns.to_owned()),
+                // Said, not left to the cluster's default: the node plugin is privileged, and
+                // nothing else belongs in this namespace.
+                labels: Some(
+                    ["enforce", "audit", "warn"]
+                        .iter()
+                        .map(|mode| {
+                            (
+                                format!("pod-security.kubernetes.io/{mode}"),
+                                "privileged".to_owned(),
+                            )
+                        })
+                        .collect(),
+                ),
                 ..Default::default()
             },
             ..Default::default()
@@ -199,8 +238,9 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
         .cloned()
         .collect();
     if !controlled.is_empty() {
+        // Its token is projected into the sidecars alone (objects::api_access).
         objects.push(Object::ServiceAccount(Box::new(service_account(
-            CONTROLLER, ns, true,
+            CONTROLLER, ns, false,
         ))));
         let mut kinds: Vec<Sidecar> = controlled.iter().flat_map(Sidecar::for_driver).collect();
         kinds.sort();

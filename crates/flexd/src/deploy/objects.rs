@@ -9,10 +9,13 @@ use k8s_openapi::api::apps::v1::{
     DeploymentStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities as LinuxCapabilities, ConfigMapProjection, Container, ContainerPort,
+    DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Toleration, Volume,
+    VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
 use k8s_openapi::api::rbac::v1::{RoleRef, Subject};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
@@ -73,12 +76,14 @@ pub(super) fn mount(
     }
 }
 
-/// `/healthz` answers 503 when the driver watcher died or an endpoint stopped serving.
-pub(super) fn health_probe(period: i32) -> Probe {
+/// `/healthz` answers 503 when the driver watcher died or an endpoint stopped serving. On the
+/// host network kubelet probes the node's loopback, where flexd listens by default.
+pub(super) fn health_probe(period: i32, host: Option<&str>) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some("/healthz".to_owned()),
             port: IntOrString::String("metrics".to_owned()),
+            host: host.map(str::to_owned),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -117,26 +122,140 @@ pub(super) fn host_dirs(settings: &Settings) -> (Vec<Volume>, Vec<VolumeMount>) 
         .unzip()
 }
 
-pub(super) fn flexd_container(args: Vec<String>, mounts: Vec<VolumeMount>) -> Container {
+/// A container that needs no privilege: no capability (but those named), no escalation, a
+/// read-only root filesystem; `user`: a non-root uid and gid to run as.
+pub(super) fn unprivileged(user: Option<i64>, add: &[&str]) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(LinuxCapabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: (!add.is_empty()).then(|| add.iter().map(|c| (*c).to_owned()).collect()),
+        }),
+        run_as_non_root: user.map(|_| true),
+        run_as_user: user,
+        run_as_group: user,
+        ..Default::default()
+    }
+}
+
+/// flexd runs drivers as root, as kubelet and the controller manager did. `privileged`: they
+/// mount filesystems or set up devices (every node; a controller only where the operator
+/// says its drivers attach devices, as the loop driver does). Otherwise it keeps CHOWN
+/// alone, to give its sockets to the sidecars' group. Its root filesystem is read-only
+/// either way; drivers get a writable `/tmp`.
+pub(super) fn flexd_security(privileged: bool) -> SecurityContext {
+    if privileged {
+        SecurityContext {
+            privileged: Some(true),
+            read_only_root_filesystem: Some(true),
+            ..Default::default()
+        }
+    } else {
+        unprivileged(None, &["CHOWN"])
+    }
+}
+
+/// The pods' own settings: the runtime's default seccomp profile (a privileged container runs
+/// without one whatever this says).
+pub(super) fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A writable `/tmp` on a read-only root filesystem.
+pub(super) fn tmp_volume() -> (Volume, VolumeMount) {
+    (
+        Volume {
+            name: "tmp".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+        mount("tmp", "/tmp", None, false),
+    )
+}
+
+pub(super) fn flexd_container(
+    args: Vec<String>,
+    mounts: Vec<VolumeMount>,
+    privileged: bool,
+    probe_host: Option<&str>,
+) -> Container {
     Container {
         name: "flexd".to_owned(),
         args: Some(args),
-        // Drivers mount filesystems and set up devices: flexd runs them as root.
-        security_context: Some(SecurityContext {
-            privileged: Some(true),
-            ..Default::default()
-        }),
+        security_context: Some(flexd_security(privileged)),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".to_owned()),
             container_port: METRICS_PORT,
             ..Default::default()
         }]),
-        liveness_probe: Some(health_probe(10)),
-        readiness_probe: Some(health_probe(5)),
+        liveness_probe: Some(health_probe(10, probe_host)),
+        readiness_probe: Some(health_probe(5, probe_host)),
         resources: Some(resources("10m", "32Mi", "256Mi")),
         volume_mounts: Some(mounts),
         ..Default::default()
     }
+}
+
+/// Where client-go looks for in-cluster credentials.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The ServiceAccount token, CA and namespace kubelet would mount into every container,
+/// projected by hand so that only the sidecars, which talk to the API server, get them: flexd
+/// and the drivers it runs as root never hold the sidecars' cluster-wide permissions.
+pub(super) fn api_access() -> (Volume, VolumeMount) {
+    let name = "kube-api-access";
+    (
+        Volume {
+            name: name.to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                default_mode: Some(0o644),
+                sources: Some(vec![
+                    VolumeProjection {
+                        service_account_token: Some(ServiceAccountTokenProjection {
+                            expiration_seconds: Some(3607),
+                            path: "token".to_owned(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        config_map: Some(ConfigMapProjection {
+                            name: "kube-root-ca.crt".to_owned(),
+                            items: Some(vec![KeyToPath {
+                                key: "ca.crt".to_owned(),
+                                path: "ca.crt".to_owned(),
+                                ..Default::default()
+                            }]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        downward_api: Some(DownwardAPIProjection {
+                            items: Some(vec![DownwardAPIVolumeFile {
+                                path: "namespace".to_owned(),
+                                field_ref: Some(ObjectFieldSelector {
+                                    api_version: Some("v1".to_owned()),
+                                    field_path: "metadata.namespace".to_owned(),
+                                }),
+                                ..Default::default()
+                            }]),
+                        }),
+                        ..Default::default()
+                    },
+                ]),
+            }),
+            ..Default::default()
+        },
+        mount(name, SERVICE_ACCOUNT_DIR, None, true),
+    )
 }
 
 pub(super) fn pod_template(app: &str, spec: PodSpec) -> PodTemplateSpec {
@@ -156,10 +275,25 @@ pub(super) fn selector(app: &str) -> LabelSelector {
     }
 }
 
-/// The node DaemonSet's `flexd` arguments.
 /// The host's mount namespace as seen from a pod with `hostPID: true`.
 pub const HOST_MOUNT_NAMESPACE: &str = "/proc/1/ns/mnt";
 
+/// The uid and gid the CSI sidecars run as (the distroless images' `nonroot`), and the group
+/// the controller's flexd gives its CSI sockets to (`--socket-group`).
+pub const SIDECAR_USER: i64 = 65532;
+
+/// Where the node's flexd serves `/metrics` and `/healthz`: the node's loopback (kubelet's
+/// probes), or every address when the operator asked to scrape it from the network.
+fn node_metrics_address(settings: &Settings) -> String {
+    let host = if settings.expose_metrics {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
+    format!("{host}:{METRICS_PORT}")
+}
+
+/// The node DaemonSet's `flexd` arguments.
 pub fn node_args(settings: &Settings) -> Vec<String> {
     let kubelet = &settings.kubelet_dir;
     vec![
@@ -176,33 +310,45 @@ pub fn node_args(settings: &Settings) -> Vec<String> {
             "--registration-dir={}",
             path(&kubelet.join("plugins_registry"))
         ),
-        format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
+        format!("--metrics-address={}", node_metrics_address(settings)),
     ]
 }
 
 pub(super) fn node_daemonset(settings: &Settings) -> DaemonSet {
-    let kubelet = path(&settings.kubelet_dir);
+    let kubelet = &settings.kubelet_dir;
+    let [pods, plugins, registry] =
+        ["pods", "plugins", "plugins_registry"].map(|dir| path(&kubelet.join(dir)));
     let plugin_dir = path(&settings.plugin_dir);
     let state_dir = path(&settings.state_dir);
+    let (tmp, tmp_mount) = tmp_volume();
+    // Only what flexd uses of kubelet's dir (never its pki/ or its config): the pods' volume
+    // dirs, where volumes are published, and the plugins dir (CSI sockets and staging paths),
+    // both with Bidirectional propagation so that mounts made here reach kubelet; and the
+    // registration dir. The plugin dir is read-only: the installer writes it, flexd reads it.
     let (mut volumes, mut mounts) = (
         vec![
             host_volume("plugin-dir", &plugin_dir, "DirectoryOrCreate"),
-            host_volume("kubelet-dir", &kubelet, "Directory"),
+            host_volume("kubelet-pods", &pods, "Directory"),
+            host_volume("kubelet-plugins", &plugins, "DirectoryOrCreate"),
+            host_volume("kubelet-registration", &registry, "DirectoryOrCreate"),
             host_volume("state-dir", &state_dir, "DirectoryOrCreate"),
             host_volume("dev", "/dev", "Directory"),
+            tmp,
         ],
         vec![
-            mount("plugin-dir", &plugin_dir, None, false),
-            // Mounts made for kubelet under its dir must propagate back to the host.
-            mount("kubelet-dir", &kubelet, Some("Bidirectional"), false),
+            mount("plugin-dir", &plugin_dir, None, true),
+            mount("kubelet-pods", &pods, Some("Bidirectional"), false),
+            mount("kubelet-plugins", &plugins, Some("Bidirectional"), false),
+            mount("kubelet-registration", &registry, None, false),
             mount("state-dir", &state_dir, Some("Bidirectional"), false),
             mount("dev", "/dev", None, false),
+            tmp_mount,
         ],
     );
     let (extra_volumes, extra_mounts) = host_dirs(settings);
     volumes.extend(extra_volumes);
     mounts.extend(extra_mounts);
-    let mut container = flexd_container(node_args(settings), mounts);
+    let mut container = flexd_container(node_args(settings), mounts, true, Some("127.0.0.1"));
     container.image = Some(settings.image.clone());
     container.env = Some(vec![EnvVar {
         name: "NODE_NAME".to_owned(),
@@ -239,6 +385,7 @@ pub(super) fn node_daemonset(settings: &Settings) -> DaemonSet {
                     // namespace they were made in: in the pod's, they would die with the pod
                     // and reach only what the pod network reaches.
                     host_network: Some(true),
+                    security_context: Some(pod_security()),
                     tolerations: Some(vec![Toleration {
                         operator: Some("Exists".to_owned()),
                         ..Default::default()
@@ -254,7 +401,8 @@ pub(super) fn node_daemonset(settings: &Settings) -> DaemonSet {
     }
 }
 
-/// The controller Deployment's `flexd` arguments.
+/// The controller Deployment's `flexd` arguments. It is not on the host network: its metrics
+/// port is on the pod's own address, where kubelet's probes reach it.
 pub fn controller_args(settings: &Settings) -> Vec<String> {
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
@@ -263,6 +411,7 @@ pub fn controller_args(settings: &Settings) -> Vec<String> {
         "serve".to_owned(),
         "--mode=controller".to_owned(),
         format!("--csi-dir={CONTROLLER_CSI_DIR}"),
+        format!("--socket-group={SIDECAR_USER}"),
         format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
     ]
 }
@@ -279,22 +428,25 @@ pub fn capabilities_args(settings: &Settings) -> Vec<String> {
         format!("--csi-dir={CAPABILITIES_CSI_DIR}"),
         // Nothing watches it: kubelet never learns of this flexd.
         format!("--registration-dir={CAPABILITIES_CSI_DIR}/registration"),
+        format!("--socket-group={SIDECAR_USER}"),
         format!("--metrics-address=0.0.0.0:{CAPABILITIES_PORT}"),
     ]
 }
 
-pub(super) fn capabilities_container(settings: &Settings) -> Container {
+pub(super) fn capabilities_container(settings: &Settings, tmp: &VolumeMount) -> Container {
     let mut container = flexd_container(
         capabilities_args(settings),
         vec![
             mount("plugin-dir", &path(&settings.plugin_dir), None, true),
             mount("capabilities-dir", CAPABILITIES_CSI_DIR, None, false),
+            tmp.clone(),
         ],
+        // It runs drivers' init only.
+        false,
+        None,
     );
     container.name = "flexd-capabilities".to_owned();
     container.image = Some(settings.image.clone());
-    // It runs drivers' init only.
-    container.security_context = None;
     container.resources = Some(resources("5m", "16Mi", "128Mi"));
     let port = "caps-metrics";
     if let Some(ports) = &mut container.ports {
@@ -317,6 +469,10 @@ pub(super) fn capabilities_container(settings: &Settings) -> Container {
 
 pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfile]) -> Deployment {
     let plugin_dir = path(&settings.plugin_dir);
+    // Privileged, with the host's /dev, only when a driver's attach sets up devices here.
+    let privileged = drivers.iter().any(|d| d.privileged_controller);
+    let (tmp, tmp_mount) = tmp_volume();
+    let (api, api_mount) = api_access();
     let (mut volumes, mut mounts) = (
         vec![
             // Installed on every node by the installer DaemonSet; flexd only reads it.
@@ -334,26 +490,31 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                 }),
                 ..Default::default()
             },
-            host_volume("dev", "/dev", "Directory"),
+            tmp,
+            api,
         ],
         vec![
             mount("plugin-dir", &plugin_dir, None, true),
             mount("socket-dir", CONTROLLER_CSI_DIR, None, false),
             mount("state", CONTROLLER_STATE_DIR, None, false),
-            mount("dev", "/dev", None, false),
+            tmp_mount.clone(),
         ],
     );
+    if privileged {
+        volumes.push(host_volume("dev", "/dev", "Directory"));
+        mounts.push(mount("dev", "/dev", None, false));
+    }
     let (extra_volumes, extra_mounts) = host_dirs(settings);
     volumes.extend(extra_volumes);
     mounts.extend(extra_mounts);
-    let mut flexd = flexd_container(controller_args(settings), mounts);
+    let mut flexd = flexd_container(controller_args(settings), mounts, privileged, None);
     flexd.image = Some(settings.image.clone());
     let mut containers = vec![flexd];
     let resizing = drivers
         .iter()
         .any(|d| Sidecar::for_driver(d).contains(&Sidecar::Resizer));
     if resizing {
-        containers.push(capabilities_container(settings));
+        containers.push(capabilities_container(settings, &tmp_mount));
         volumes.push(Volume {
             name: "capabilities-dir".to_owned(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -376,7 +537,9 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                     format!("--timeout={}s", sidecar_timeout().as_secs()),
                 ]),
                 resources: Some(resources("10m", "32Mi", "128Mi")),
-                volume_mounts: Some(vec![mount(volume, dir, None, false)]),
+                // Not root: flexd's sockets let the sidecars' group in.
+                security_context: Some(unprivileged(Some(SIDECAR_USER), &[])),
+                volume_mounts: Some(vec![mount(volume, dir, None, false), api_mount.clone()]),
                 ..Default::default()
             });
         }
@@ -395,7 +558,10 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                 CONTROLLER,
                 PodSpec {
                     service_account_name: Some(CONTROLLER.to_owned()),
+                    // Only the sidecars get the token (api_access): not flexd, not drivers.
+                    automount_service_account_token: Some(false),
                     priority_class_name: Some("system-cluster-critical".to_owned()),
+                    security_context: Some(pod_security()),
                     containers,
                     volumes: Some(volumes),
                     ..Default::default()
@@ -428,7 +594,9 @@ pub(super) fn state_claim(settings: &Settings) -> PersistentVolumeClaim {
 
 pub(super) fn csi_driver(driver: &DriverProfile) -> CSIDriver {
     let mut modes = vec!["Persistent".to_owned()];
-    if !driver.attach {
+    // Inline volumes let any pod author hand options to a root driver on the host; only
+    // where the operator asked (and never for a driver that attaches: no attach step).
+    if driver.inline && !driver.attach {
         modes.push("Ephemeral".to_owned());
     }
     let mut metadata = meta(&driver.csi_name, None);

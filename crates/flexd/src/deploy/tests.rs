@@ -14,6 +14,7 @@ fn settings() -> Settings {
         provisioner_image: DEFAULT_PROVISIONER_IMAGE.to_owned(),
         resizer_image: DEFAULT_RESIZER_IMAGE.to_owned(),
         state_storage_class: None,
+        expose_metrics: false,
     }
 }
 
@@ -38,7 +39,7 @@ fn csi_drivers(objects: &[Object]) -> Vec<&CSIDriver> {
 }
 
 #[test]
-fn a_node_only_driver_gets_no_controller_and_may_be_inline() {
+fn a_node_only_driver_gets_no_controller_and_is_inline_only_when_the_operator_asks() {
     let objects = render(&settings(), &[driver("acme/tmpfs", false, true, false)]).unwrap();
     assert!(!objects.iter().any(|o| matches!(
         o,
@@ -47,9 +48,213 @@ fn a_node_only_driver_gets_no_controller_and_may_be_inline() {
     let spec = &csi_drivers(&objects)[0].spec;
     assert_eq!(spec.attach_required, Some(false));
     assert_eq!(spec.fs_group_policy.as_deref(), Some("None"));
+    // Finding: every node-only driver took inline volumes from any pod author.
     assert_eq!(
         spec.volume_lifecycle_modes.as_deref(),
+        Some(&["Persistent".to_owned()][..])
+    );
+    let inline = DriverProfile {
+        inline: true,
+        ..driver("acme/tmpfs", false, true, false)
+    };
+    let objects = render(&settings(), &[inline]).unwrap();
+    assert_eq!(
+        csi_drivers(&objects)[0]
+            .spec
+            .volume_lifecycle_modes
+            .as_deref(),
         Some(&["Persistent".to_owned(), "Ephemeral".to_owned()][..])
+    );
+}
+
+fn deployment(objects: &[Object]) -> &Deployment {
+    objects
+        .iter()
+        .find_map(|o| match o {
+            Object::Deployment(d) => Some(&**d),
+            _ => None,
+        })
+        .unwrap()
+}
+
+fn daemonset(objects: &[Object]) -> &DaemonSet {
+    objects
+        .iter()
+        .find_map(|o| match o {
+            Object::DaemonSet(d) => Some(&**d),
+            _ => None,
+        })
+        .unwrap()
+}
+
+fn pod_of(
+    spec: Option<&k8s_openapi::api::core::v1::PodTemplateSpec>,
+) -> &k8s_openapi::api::core::v1::PodSpec {
+    spec.and_then(|t| t.spec.as_ref()).unwrap()
+}
+
+/// Finding: the controller pod mounted its ServiceAccount token into every container, so
+/// flexd and driver code running as root could patch PersistentVolumes cluster-wide.
+#[test]
+fn only_the_sidecars_hold_the_controller_token() {
+    let objects = render(&settings(), &[driver("acme/a", true, true, true)]).unwrap();
+    let account = objects
+        .iter()
+        .find_map(|o| match o {
+            Object::ServiceAccount(a) if a.metadata.name.as_deref() == Some(CONTROLLER) => Some(a),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(account.automount_service_account_token, Some(false));
+    let pod = pod_of(deployment(&objects).spec.as_ref().map(|s| &s.template));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    for container in &pod.containers {
+        let has_token = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount");
+        assert_eq!(
+            has_token,
+            container.name.starts_with("csi-"),
+            "{}",
+            container.name
+        );
+    }
+}
+
+/// Finding 6: sidecars and flexd-capabilities ran as root with default capabilities and no
+/// seccomp profile; the controller's flexd was privileged for every driver.
+#[test]
+fn the_controller_is_unprivileged_unless_a_driver_needs_devices() {
+    let objects = render(&settings(), &[driver("acme/a", true, true, true)]).unwrap();
+    let pod = pod_of(deployment(&objects).spec.as_ref().map(|s| &s.template));
+    assert_eq!(
+        pod.security_context
+            .as_ref()
+            .and_then(|c| c.seccomp_profile.as_ref())
+            .map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    assert!(!pod.volumes.iter().flatten().any(|v| v.name == "dev"));
+    for container in &pod.containers {
+        let security = container.security_context.as_ref().unwrap();
+        assert_ne!(security.privileged, Some(true), "{}", container.name);
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        let capabilities = security.capabilities.as_ref().unwrap();
+        assert_eq!(capabilities.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+        if container.name.starts_with("csi-") {
+            assert_eq!(security.run_as_non_root, Some(true));
+            assert_eq!(security.run_as_user, Some(objects::SIDECAR_USER));
+            assert_eq!(capabilities.add, None);
+        } else {
+            assert_eq!(capabilities.add.as_deref(), Some(&["CHOWN".to_owned()][..]));
+            assert!(container
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a == &format!("--socket-group={}", objects::SIDECAR_USER)));
+        }
+    }
+    let devices = DriverProfile {
+        privileged_controller: true,
+        ..driver("acme/a", true, true, true)
+    };
+    let objects = render(&settings(), &[devices]).unwrap();
+    let pod = pod_of(deployment(&objects).spec.as_ref().map(|s| &s.template));
+    let flexd = pod.containers.iter().find(|c| c.name == "flexd").unwrap();
+    assert_eq!(
+        flexd.security_context.as_ref().unwrap().privileged,
+        Some(true)
+    );
+    assert!(flexd
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/dev"));
+    let capabilities = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "flexd-capabilities")
+        .unwrap();
+    assert_ne!(
+        capabilities.security_context.as_ref().unwrap().privileged,
+        Some(true),
+        "it runs drivers' init only"
+    );
+}
+
+/// Findings 1 and 6: the node's metrics were on every interface of every node, and the node
+/// pod mounted all of kubelet's dir (its pki/ included) and the plugin dir read-write.
+#[test]
+fn the_node_pod_gets_only_what_it_uses() {
+    let objects = render(&settings(), &[driver("acme/tmpfs", false, true, false)]).unwrap();
+    let pod = pod_of(daemonset(&objects).spec.as_ref().map(|s| &s.template));
+    let flexd = &pod.containers[0];
+    assert!(flexd
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == "--metrics-address=127.0.0.1:9808"));
+    for probe in [&flexd.liveness_probe, &flexd.readiness_probe] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
+        assert_eq!(get.host.as_deref(), Some("127.0.0.1"));
+    }
+    let host_paths: Vec<&str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.as_str()))
+        .collect();
+    assert!(!host_paths.contains(&"/var/lib/kubelet"), "{host_paths:?}");
+    for needed in [
+        "/var/lib/kubelet/pods",
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+    ] {
+        assert!(host_paths.contains(&needed), "{needed} in {host_paths:?}");
+    }
+    let plugin_dir = flexd
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/plugins")
+        .unwrap();
+    assert_eq!(plugin_dir.read_only, Some(true));
+    let security = flexd.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert!(flexd
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/tmp"));
+
+    let exposed = Settings {
+        expose_metrics: true,
+        ..settings()
+    };
+    let objects = render(&exposed, &[driver("acme/tmpfs", false, true, false)]).unwrap();
+    let pod = pod_of(daemonset(&objects).spec.as_ref().map(|s| &s.template));
+    assert!(pod.containers[0]
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == "--metrics-address=0.0.0.0:9808"));
+}
+
+#[test]
+fn the_namespace_says_its_pod_security_level() {
+    let objects = render(&settings(), &[driver("acme/tmpfs", false, true, false)]).unwrap();
+    let Object::Namespace(namespace) = &objects[0] else {
+        panic!("the namespace first")
+    };
+    let labels = namespace.metadata.labels.as_ref().unwrap();
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("privileged")
     );
 }
 
