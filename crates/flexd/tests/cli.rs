@@ -79,6 +79,76 @@ fn drivers_prints_a_table_for_humans() {
     assert_eq!(&row[..3], ["acme/tmpfs", "ready", "no"]);
 }
 
+/// A driver someone other than root could write is listed as failed, saying why, and never
+/// run; the others are still ready (docs/discovery.md#trust).
+#[test]
+fn drivers_lists_drivers_anyone_could_write_as_failed_with_the_reason() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Sandbox::with_examples(&[
+        ("tmpfs/tmpfs", "acme~tmpfs"),
+        ("tmpfs/tmpfs", "acme~open"),
+        ("tmpfs/tmpfs", "acme~opendir"),
+    ]);
+    let p = &s.plugin();
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    chmod(&p.join("acme~open/open"), 0o777);
+    chmod(&p.join("acme~opendir"), 0o777);
+    let mut refused = vec![
+        (
+            "acme/open",
+            "acme~open/open: writable by group and others (mode 777)",
+        ),
+        (
+            "acme/opendir",
+            "acme~opendir: writable by group and others (mode 777)",
+        ),
+    ];
+    if test_support::is_root() {
+        std::fs::create_dir(p.join("acme~theirs")).unwrap();
+        std::fs::copy(
+            test_support::driver_source("tmpfs/tmpfs"),
+            p.join("acme~theirs/theirs"),
+        )
+        .unwrap();
+        std::os::unix::fs::chown(p.join("acme~theirs/theirs"), Some(12345), None).unwrap();
+        refused.push((
+            "acme/theirs",
+            "acme~theirs/theirs: owned by uid 12345, not root",
+        ));
+    }
+
+    let out = flexd(p, &["drivers", "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let list = stdout_json(&out);
+    let list = list.as_array().unwrap();
+    let by_name = |n: &str| list.iter().find(|d| d["name"] == n).unwrap();
+    assert_eq!(list.len(), 1 + refused.len(), "{list:?}");
+    assert_eq!(by_name("acme/tmpfs")["status"], "ready");
+    for (name, why) in &refused {
+        let d = by_name(name);
+        assert_eq!(d["status"], "failed", "{d}");
+        assert_eq!(d["capabilities"], Value::Null);
+        assert!(json_says(&d["error"], why), "{d}");
+        assert!(json_says(&d["error"], "chown root and chmod go-w"), "{d}");
+    }
+
+    // The table says the same.
+    let out = flexd(p, &["drivers"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().to_owned()
+    };
+    assert_eq!(row("acme/tmpfs"), "ready", "{text}");
+    for (name, why) in &refused {
+        assert_eq!(row(name), "failed", "{text}");
+        assert!(text.contains(why), "{text}");
+    }
+}
+
 #[test]
 fn drivers_fails_clearly_on_a_missing_plugin_dir() {
     let out = flexd(Path::new("/nonexistent/flexd-plugins"), &["drivers"]);

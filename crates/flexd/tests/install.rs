@@ -316,6 +316,106 @@ fn bad_sources_and_names_are_refused_and_the_live_driver_is_untouched() {
     assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
 }
 
+/// A driver from a sloppy image (everything 0777) is installed writable by its owner only, so
+/// discovery trusts it (docs/discovery.md#trust), whatever the installer's umask; the plugin
+/// dir install creates is not writable by others either.
+#[test]
+fn a_driver_anyone_could_write_is_installed_writable_by_root_only_and_is_ready() {
+    use std::os::unix::process::CommandExt;
+    let s = Sandbox::new();
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let src = s.dir("src");
+    let file = src.join("file");
+    write_driver(&file, "file");
+    chmod(&file, 0o777);
+    let dir = src.join("dir");
+    write_driver_dir(&dir, "dir");
+    for (path, m) in [
+        (dir.as_path(), 0o777),
+        (&dir.join("drv"), 0o777),
+        (&dir.join("lib"), 0o777),
+        (&dir.join("lib/helper.txt"), 0o666),
+    ] {
+        chmod(path, m);
+    }
+    let plugin = s.path("new/exec");
+    let install = |driver: &str, source: &Path| {
+        let mut command = test_support::flexd_command(&plugin);
+        command.args(["install", "--driver", driver, source.to_str().unwrap()]);
+        // SAFETY: umask is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                rustix::process::umask(rustix::fs::Mode::empty());
+                Ok(())
+            });
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{driver}: {out:?}");
+    };
+    install("acme/file", &file);
+    install("acme/drv", &dir);
+
+    for (path, want) in [
+        (s.path("new"), 0o755),
+        (plugin.clone(), 0o755),
+        (plugin.join("acme~file"), 0o755),
+        (plugin.join("acme~file/file"), 0o755),
+        (plugin.join("acme~drv"), 0o755),
+        (plugin.join("acme~drv/drv"), 0o755),
+        (plugin.join("acme~drv/lib"), 0o755),
+        (plugin.join("acme~drv/lib/helper.txt"), 0o644),
+    ] {
+        assert_eq!(mode(&path), want, "{}", path.display());
+    }
+    let out = flexd(&plugin, &["drivers", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let statuses: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["name"].as_str().unwrap(), d["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("acme/drv", "ready"), ("acme/file", "ready")],
+        "{list}"
+    );
+}
+
+/// Installing into a plugin dir others may write fails with discovery's reason, before the
+/// driver is put in place: discovery would refuse it.
+#[test]
+fn install_into_a_plugin_dir_anyone_could_write_is_refused() {
+    let s = Sandbox::new();
+    let (_, good) = good_source(&s);
+    let dir = s.dir("src/dir");
+    write_driver_dir(&dir, "dir");
+    let p = s.plugin();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (driver, source) in [("acme/file", &good), ("acme/drv", &dir)] {
+        let out = flexd(
+            &p,
+            &["install", "--driver", driver, source.to_str().unwrap()],
+        );
+        assert_eq!(out.status.code(), Some(1), "{driver}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "{}: writable by group and others (mode 777)",
+                p.display()
+            )) && err.contains("discovery would refuse it"),
+            "{driver}: {err}"
+        );
+        let exe = p
+            .join(driver.replace('/', "~"))
+            .join(driver.rsplit('/').next().unwrap());
+        assert!(!exe.exists(), "{driver} was installed");
+    }
+}
+
 #[test]
 fn uninstall_removes_the_driver_and_refuses_an_absent_one() {
     let (s, src, _) = good_driver_installed();

@@ -100,6 +100,60 @@ fn watch_creates_a_missing_plugin_dir_and_reports_failures() {
     assert!(json_says(&e["error"], "missing"), "{e}");
 }
 
+/// A driver, or its directory, made writable by others while flexd watches is reported failed
+/// with the reason at once, and ready again once fixed (docs/discovery.md#trust).
+#[test]
+fn watch_reports_a_driver_anyone_could_write_as_failed_until_it_is_fixed() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Sandbox::new();
+    let plugin = s.plugin();
+    let src = tempfile::tempdir().unwrap();
+    let source = driver_source(src.path(), "drv", false);
+    std::fs::create_dir(plugin.join("acme~drv")).unwrap();
+    std::fs::copy(&source, plugin.join("acme~drv/drv")).unwrap();
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let watch = Watch::start(&plugin, "300ms");
+    let event = |kind: &str| {
+        let e = watch.next();
+        assert_eq!(
+            (e["event"].as_str(), e["driver"].as_str()),
+            (Some(kind), Some("acme/drv")),
+            "{e}"
+        );
+        e
+    };
+    event("add");
+    for (path, why) in [
+        (
+            plugin.join("acme~drv/drv"),
+            "acme~drv/drv: writable by others (mode 757)",
+        ),
+        (
+            plugin.join("acme~drv"),
+            "acme~drv: writable by others (mode 757)",
+        ),
+    ] {
+        chmod(&path, 0o757);
+        let e = event("failed");
+        assert!(json_says(&e["error"], why), "{e}");
+        assert!(json_says(&e["error"], "chown root and chmod go-w"), "{e}");
+        chmod(&path, 0o755);
+        event("add");
+    }
+    // An untrusted driver present at start is reported failed too.
+    drop(watch);
+    chmod(&plugin.join("acme~drv/drv"), 0o777);
+    let watch = Watch::start(&plugin, "300ms");
+    let e = watch.next();
+    assert_eq!(e["event"], "failed", "{e}");
+    assert!(
+        json_says(&e["error"], "writable by group and others (mode 777)"),
+        "{e}"
+    );
+}
+
 /// A driver whose every volume is a tmpfs holding a file `version` with `version`'s text: a
 /// mount proves which version of the driver did it.
 fn versioned_driver(dir: &Path, version: &str) -> PathBuf {

@@ -15,7 +15,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{RenameFlags, CWD};
@@ -95,7 +95,11 @@ pub fn install(
         path: source.to_owned(),
         source: e,
     })?;
-    fs::create_dir_all(plugin_dir).map_err(io_err("create plugin dir", plugin_dir))?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(plugin_dir)
+        .map_err(io_err("create plugin dir", plugin_dir))?;
     if meta.is_file() {
         install_file(plugin_dir, name, source, &meta)
     } else if meta.is_dir() {
@@ -116,7 +120,15 @@ fn check_executable(path: &Path, meta: &fs::Metadata) -> Result<u32, InstallErro
         });
     }
     // Never carry setuid/setgid bits from an image into the host's plugin dir.
-    Ok(mode & 0o777)
+    Ok(installed_mode(mode))
+}
+
+/// The mode a file or directory copied from `mode` is installed with: no setuid, setgid or
+/// sticky bit, and writable by nobody but its owner, whatever the source's modes (a sloppy
+/// image's 0777) or the umask. Discovery refuses what others may write
+/// (docs/discovery.md#trust); exec and read bits are kept.
+fn installed_mode(mode: u32) -> u32 {
+    mode & 0o777 & !0o022
 }
 
 fn install_file(
@@ -133,6 +145,12 @@ fn install_file(
     let staged = dir.join(format!(".{exe}"));
     let replaced = path.exists();
     let placed = copy_file_synced(source, &staged, mode)
+        .and_then(|()| {
+            // Discovery's trust rule, before the live driver is touched: the staged file is
+            // ours and installed_mode, so only a directory on its way (the plugin dir, an
+            // ancestor, the driver dir) can fail it.
+            crate::layout::check_trusted(&staged).map_err(InstallError::Refused)
+        })
         .and_then(|()| fs::rename(&staged, &path).map_err(io_err("rename into place", &path)));
     if let Err(e) = placed {
         // A full disk: the old version stays in place, and no partial copy is left behind.
@@ -265,12 +283,14 @@ fn ensure_real_dir(dir: &Path) -> Result<(), InstallError> {
         Ok(_) => Err(InstallError::TargetNotADirectory {
             path: dir.to_owned(),
         }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => match fs::create_dir(dir) {
-            Ok(()) => Ok(()),
-            // Another installer made it meanwhile.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => ensure_real_dir(dir),
-            Err(e) => Err(io_err("create driver dir", dir)(e)),
-        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match fs::DirBuilder::new().mode(0o755).create(dir) {
+                Ok(()) => Ok(()),
+                // Another installer made it meanwhile.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => ensure_real_dir(dir),
+                Err(e) => Err(io_err("create driver dir", dir)(e)),
+            }
+        }
         Err(e) => Err(io_err("inspect", dir)(e)),
     }
 }
@@ -308,7 +328,7 @@ fn copy_tree_synced(source: &Path, dest: &Path) -> Result<(), InstallError> {
     fs::create_dir(dest).map_err(io_err("create", dest))?;
     fs::set_permissions(
         dest,
-        fs::Permissions::from_mode(meta.permissions().mode() & 0o777),
+        fs::Permissions::from_mode(installed_mode(meta.permissions().mode())),
     )
     .map_err(io_err("chmod", dest))?;
     for entry in fs::read_dir(source).map_err(src_err)? {
@@ -337,9 +357,8 @@ fn copy_tree_synced(source: &Path, dest: &Path) -> Result<(), InstallError> {
                     source: e,
                 })?
                 .permissions()
-                .mode()
-                & 0o777;
-            copy_file_synced(&from, &to, mode)?;
+                .mode();
+            copy_file_synced(&from, &to, installed_mode(mode))?;
         } else {
             return Err(InstallError::SourceKind { path: from });
         }

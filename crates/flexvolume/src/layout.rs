@@ -6,7 +6,7 @@
 //! operator allowed symlinks, so a writable subdirectory can never make us run `/tmp/evil`.
 
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -59,6 +59,10 @@ pub enum LayoutError {
         target: PathBuf,
         plugin_dir: PathBuf,
     },
+    /// The executable, or a directory looked up on the way to it, could be written by someone
+    /// other than root (or flexd's own user): see docs/discovery.md#trust.
+    #[error("{path}: {reason}; refused: anyone who can write it could run code as root (chown root and chmod go-w)")]
+    Untrusted { path: PathBuf, reason: String },
     #[error("{path}: {message}")]
     Io { path: PathBuf, message: String },
 }
@@ -157,7 +161,16 @@ pub fn check_staged(
         .map_err(|e| LayoutError::io(plugin_dir, &e))?;
     let dir_name = name.dir_name();
     let dir = plugin_dir.join(&dir_name);
-    let rename = |path: PathBuf| match path.strip_prefix(staged) {
+    // Resolved paths (an escape's target, an untrusted directory) start with the staged dir's
+    // real path, which differs from `staged` when the plugin dir was named through a symlink.
+    let staged_resolved = staged
+        .file_name()
+        .map(|name| canonical_root.join(name))
+        .unwrap_or_else(|| staged.to_owned());
+    let rename = |path: PathBuf| match path
+        .strip_prefix(staged)
+        .or_else(|_| path.strip_prefix(&staged_resolved))
+    {
         Ok(rest) => dir.join(rest),
         Err(_) => path,
     };
@@ -199,6 +212,10 @@ pub fn check_staged(
                 path: rename(path),
                 target: rename(target),
                 plugin_dir,
+            },
+            LayoutError::Untrusted { path, reason } => LayoutError::Untrusted {
+                path: rename(path),
+                reason,
             },
             LayoutError::Io { path, message } => LayoutError::Io {
                 path: rename(path),
@@ -277,9 +294,207 @@ fn check_entry(
             });
         }
     }
+    check_trusted(&path)?;
     Ok(InstalledDriver {
         name,
         dir: dir.to_owned(),
         path,
     })
+}
+
+/// Why an inode flexd would execute, or look a name up in on the way to it, is not to be
+/// trusted; `None` if it is (docs/discovery.md#trust). Only root, or the user flexd runs as,
+/// may own it, and nobody else may write it: whoever can write the executable or any directory
+/// on its path can make flexd run their code. A directory with the sticky bit (as /tmp) may be
+/// writable by all: in it nobody can rename or remove an entry they do not own.
+pub fn distrust(uid: u32, mode: u32, is_dir: bool, euid: u32) -> Option<String> {
+    if uid != 0 && uid != euid {
+        return Some(if euid == 0 {
+            format!("owned by uid {uid}, not root")
+        } else {
+            format!("owned by uid {uid}, neither root nor flexd's uid {euid}")
+        });
+    }
+    let sticky = is_dir && mode & 0o1000 != 0;
+    let writers = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        _ if sticky => return None,
+        (true, true) => "group and others",
+        (true, false) => "group",
+        (false, true) => "others",
+        (false, false) => return None,
+    };
+    Some(format!("writable by {writers} (mode {:o})", mode & 0o7777))
+}
+
+/// Refuses `path` unless it, and every directory the kernel looks a name up in to resolve it
+/// (from `/`, through every symlink on the way, to the executable's own directory), pass
+/// [`distrust`]. So the plugin dir and its ancestors are checked, and with `--allow-symlinks`
+/// both where a symlink lies and where it leads.
+pub fn check_trusted(path: &Path) -> Result<(), LayoutError> {
+    let euid = rustix::process::geteuid().as_raw();
+    let (resolved, dirs) = resolve(path).map_err(|e| LayoutError::io(path, &e))?;
+    let judge = |at: &Path, is_dir: bool| -> Result<(), LayoutError> {
+        let meta = std::fs::symlink_metadata(at).map_err(|e| LayoutError::io(at, &e))?;
+        match distrust(meta.uid(), meta.mode(), is_dir, euid) {
+            Some(reason) => Err(LayoutError::Untrusted {
+                path: at.to_owned(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    };
+    for dir in &dirs {
+        judge(dir, true)?;
+    }
+    judge(&resolved, false)
+}
+
+/// Resolves `path` as the kernel does, symlink by symlink: the real path it leads to, and
+/// every directory a name was looked up in on the way, outermost first, each once.
+fn resolve(path: &Path) -> io::Result<(PathBuf, Vec<PathBuf>)> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    /// The kernel's limit on symlinks followed in one lookup.
+    const MAX_SYMLINKS: usize = 40;
+    enum Step {
+        Root,
+        Parent,
+        Name(OsString),
+    }
+    // The steps still to take, the next one last; a symlink's target takes its place.
+    fn push(pending: &mut Vec<Step>, path: &Path) {
+        let steps = path.components().filter_map(|c| match c {
+            Component::RootDir => Some(Step::Root),
+            Component::ParentDir => Some(Step::Parent),
+            Component::Normal(name) => Some(Step::Name(name.to_owned())),
+            Component::CurDir | Component::Prefix(_) => None,
+        });
+        let at = pending.len();
+        pending.extend(steps);
+        pending[at..].reverse();
+    }
+    let mut pending = Vec::new();
+    push(&mut pending, &std::path::absolute(path)?);
+    let mut current = PathBuf::from("/");
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut followed = 0;
+    while let Some(step) = pending.pop() {
+        match step {
+            Step::Root => current = PathBuf::from("/"),
+            Step::Parent => {
+                current.pop();
+            }
+            Step::Name(name) => {
+                if !dirs.contains(&current) {
+                    dirs.push(current.clone());
+                }
+                let next = current.join(name);
+                if std::fs::symlink_metadata(&next)?.file_type().is_symlink() {
+                    followed += 1;
+                    if followed > MAX_SYMLINKS {
+                        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                    }
+                    push(&mut pending, &std::fs::read_link(&next)?);
+                } else {
+                    current = next;
+                }
+            }
+        }
+    }
+    Ok((current, dirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROOT: u32 = 0;
+    const ME: u32 = 1000;
+
+    #[test]
+    fn only_root_or_flexd_s_own_user_may_own_what_it_runs() {
+        assert_eq!(distrust(ROOT, 0o100755, false, ROOT), None);
+        assert_eq!(
+            distrust(ME, 0o100755, false, ROOT).as_deref(),
+            Some("owned by uid 1000, not root")
+        );
+        // A developer running flexd as themselves, on their own files.
+        assert_eq!(distrust(ME, 0o100755, false, ME), None);
+        assert_eq!(distrust(ROOT, 0o40755, true, ME), None);
+        assert_eq!(
+            distrust(1001, 0o40755, true, ME).as_deref(),
+            Some("owned by uid 1001, neither root nor flexd's uid 1000")
+        );
+    }
+
+    #[test]
+    fn nobody_else_may_write_it_but_in_a_sticky_directory() {
+        for (mode, is_dir, want) in [
+            (0o100755, false, None),
+            (0o100555, false, None),
+            (0o102755, false, None),
+            (0o100700, false, None),
+            (0o100775, false, Some("writable by group (mode 775)")),
+            (0o100757, false, Some("writable by others (mode 757)")),
+            (
+                0o100777,
+                false,
+                Some("writable by group and others (mode 777)"),
+            ),
+            (
+                0o104777,
+                false,
+                Some("writable by group and others (mode 4777)"),
+            ),
+            // The sticky bit means nothing on a file.
+            (
+                0o101777,
+                false,
+                Some("writable by group and others (mode 1777)"),
+            ),
+            (0o40755, true, None),
+            (
+                0o40777,
+                true,
+                Some("writable by group and others (mode 777)"),
+            ),
+            (0o42775, true, Some("writable by group (mode 2775)")),
+            (0o41777, true, None),
+            (0o41775, true, None),
+        ] {
+            assert_eq!(
+                distrust(ROOT, mode, is_dir, ROOT).as_deref(),
+                want,
+                "{mode:o}"
+            );
+        }
+        // The sticky bit does not excuse a directory owned by someone else.
+        assert!(distrust(ME, 0o41777, true, ROOT).is_some());
+    }
+
+    #[test]
+    fn resolving_names_every_directory_looked_in_through_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path().canonicalize().unwrap();
+        for d in ["plugins/acme~x", "real/bin", "elsewhere"] {
+            std::fs::create_dir_all(t.join(d)).unwrap();
+        }
+        std::fs::write(t.join("real/bin/x"), "").unwrap();
+        // plugins/acme~x/x -> ../../elsewhere/hop -> real/bin/x (relative to elsewhere/..)
+        std::os::unix::fs::symlink("../../elsewhere/hop", t.join("plugins/acme~x/x")).unwrap();
+        std::os::unix::fs::symlink("../real/./bin/x", t.join("elsewhere/hop")).unwrap();
+        let (resolved, dirs) = resolve(&t.join("plugins/acme~x/x")).unwrap();
+        assert_eq!(resolved, t.join("real/bin/x"));
+        let mut want: Vec<PathBuf> = t.ancestors().map(Path::to_owned).collect();
+        want.reverse();
+        want.extend(
+            ["plugins", "plugins/acme~x", "elsewhere", "real", "real/bin"].map(|d| t.join(d)),
+        );
+        assert_eq!(dirs, want);
+
+        std::os::unix::fs::symlink("loop", t.join("loop")).unwrap();
+        let err = resolve(&t.join("loop")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        assert!(resolve(&t.join("missing/x")).is_err());
+    }
 }

@@ -680,3 +680,224 @@ fn a_driver_that_closes_stdout_early_is_still_heard_on_stderr() {
     let reply = runner::call(&RunnerConfig::default(), &exe, &CallOut::init()).unwrap();
     assert_eq!(reply.message, "late, on stderr");
 }
+
+/// Sets the permission bits of `path` exactly (the umask plays no part).
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A plugin dir with `good~x`, a driver with nothing wrong with it, and the hidden marker
+/// the untrusted drivers a test puts there touch if they are run.
+fn plugin_with_a_good_driver() -> (tempfile::TempDir, PathBuf) {
+    let plugin = tempfile::tempdir().unwrap();
+    let marker = plugin.path().join(".ran");
+    std::fs::create_dir(plugin.path().join("good~x")).unwrap();
+    tripwire(&plugin.path().join("good~x/x"), &trusted_ran(plugin.path()));
+    (plugin, marker)
+}
+
+/// The marker that trusted drivers touch: they are run, and must not set off the tripwire.
+fn trusted_ran(plugin: &Path) -> PathBuf {
+    plugin.join(".trusted-ran")
+}
+
+/// A driver dir `dir_name` in `plugin` whose executable `x` is a tripwire; its path.
+fn tripwire_driver(plugin: &Path, dir_name: &str, marker: &Path) -> PathBuf {
+    let dir = plugin.join(dir_name);
+    std::fs::create_dir(&dir).unwrap();
+    let exe = dir.join("x");
+    tripwire(&exe, marker);
+    exe
+}
+
+/// Asserts that every entry but the listed good ones was refused as untrusted, with a reason
+/// that names `why`, and that probing the plugin dir runs none of the untrusted ones.
+fn assert_only_trusted_run(
+    plugin: &Path,
+    policy: LayoutPolicy,
+    good: &[&str],
+    refused: &[(&str, &str)],
+) {
+    let entries = layout::scan(plugin, policy).unwrap();
+    assert_eq!(entries.len(), good.len() + refused.len());
+    for e in &entries {
+        match refused.iter().find(|(name, _)| *name == e.dir_name) {
+            Some((name, why)) => {
+                let err = e.outcome.clone().expect_err(name);
+                assert!(
+                    matches!(err, LayoutError::Untrusted { .. }),
+                    "{name}: {err:?}"
+                );
+                let message = err.to_string();
+                assert!(
+                    message.contains(why) && message.contains("chown root and chmod go-w"),
+                    "{name}: {message}"
+                );
+                assert!(message.len() <= MAX_ERROR_LEN);
+            }
+            None => assert!(
+                good.contains(&e.dir_name.as_str()) && e.outcome.is_ok(),
+                "{}: {:?}",
+                e.dir_name,
+                e.outcome
+            ),
+        }
+    }
+    let probed = prober::probe_all(plugin, policy, &RunnerConfig::default(), 8).unwrap();
+    let ready: Vec<&str> = probed
+        .iter()
+        .filter(|p| p.result.is_ok())
+        .map(|p| p.dir.file_name().unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(ready, good, "only the trusted drivers were run");
+}
+
+/// A driver, or a directory on the way to it, that someone other than root (or flexd's own
+/// user) may write is never run: whoever can write it could run code as root.
+#[test]
+fn drivers_anyone_may_write_are_refused_and_never_executed() {
+    let (plugin, marker) = plugin_with_a_good_driver();
+    let p = plugin.path();
+    let outside = tempfile::tempdir().unwrap();
+    let o = outside.path();
+
+    chmod(&tripwire_driver(p, "world~x", &marker), 0o777);
+    chmod(&tripwire_driver(p, "group~x", &marker), 0o775);
+    chmod(&tripwire_driver(p, "others~x", &marker), 0o757);
+    tripwire_driver(p, "opendir~x", &marker);
+    chmod(&p.join("opendir~x"), 0o777);
+    tripwire_driver(p, "groupdir~x", &marker);
+    chmod(&p.join("groupdir~x"), 0o775);
+    // With --allow-symlinks, where a symlink leads is held to the same rule: a target in a
+    // directory anyone may write is refused...
+    std::fs::create_dir(o.join("open")).unwrap();
+    tripwire(&o.join("open/x"), &marker);
+    chmod(&o.join("open"), 0o777);
+    std::fs::create_dir(p.join("openlink~x")).unwrap();
+    std::os::unix::fs::symlink(o.join("open/x"), p.join("openlink~x/x")).unwrap();
+    // ...and so is a driver dir that is a symlink to one.
+    std::os::unix::fs::symlink(o.join("open"), p.join("opendirlink~x")).unwrap();
+    // A directory with the sticky bit (as /tmp) may be writable by all: nobody can rename or
+    // remove an entry in it they do not own.
+    std::fs::create_dir(o.join("sticky")).unwrap();
+    let trusted = trusted_ran(p);
+    tripwire_driver(&o.join("sticky"), "d", &trusted);
+    chmod(&o.join("sticky"), 0o1777);
+    std::os::unix::fs::symlink(o.join("sticky/d"), p.join("sticky~x")).unwrap();
+    // Setgid, or no write bit for anyone, is fine.
+    chmod(&tripwire_driver(p, "setgid~x", &trusted), 0o2755);
+    chmod(&tripwire_driver(p, "readonly~x", &trusted), 0o555);
+
+    let allow = LayoutPolicy {
+        allow_symlinks: true,
+    };
+    assert_only_trusted_run(
+        p,
+        allow,
+        &["good~x", "readonly~x", "setgid~x", "sticky~x"],
+        &[
+            ("world~x", "writable by group and others (mode 777)"),
+            ("group~x", "writable by group (mode 775)"),
+            ("others~x", "writable by others (mode 757)"),
+            (
+                "opendir~x",
+                "opendir~x: writable by group and others (mode 777)",
+            ),
+            ("groupdir~x", "groupdir~x: writable by group (mode 775)"),
+            (
+                "openlink~x",
+                "open: writable by group and others (mode 777)",
+            ),
+            (
+                "opendirlink~x",
+                "open: writable by group and others (mode 777)",
+            ),
+        ],
+    );
+    assert!(!marker.exists(), "an untrusted driver was executed");
+
+    // Without --allow-symlinks, a symlink leading out keeps its own error.
+    let entries = layout::scan(p, LayoutPolicy::default()).unwrap();
+    let openlink = entries.iter().find(|e| e.dir_name == "openlink~x").unwrap();
+    assert!(
+        matches!(openlink.outcome, Err(LayoutError::Escapes { .. })),
+        "{:?}",
+        openlink.outcome
+    );
+}
+
+/// A plugin dir anyone may write (or one below such a directory) makes every driver in it
+/// untrusted: whoever can write it can swap any driver dir.
+#[test]
+fn every_driver_in_a_plugin_dir_anyone_may_write_is_refused() {
+    let (plugin, marker) = plugin_with_a_good_driver();
+    tripwire_driver(plugin.path(), "acme~x", &marker);
+    let plugin_dir = plugin.path().canonicalize().unwrap();
+    chmod(&plugin_dir, 0o777);
+    let why = format!("{}: writable by group and others", plugin_dir.display());
+    assert_only_trusted_run(
+        &plugin_dir,
+        LayoutPolicy::default(),
+        &[],
+        &[("acme~x", why.as_str()), ("good~x", why.as_str())],
+    );
+
+    // One level down: the plugin dir is fine, its parent is not.
+    let parent = tempfile::tempdir().unwrap();
+    let parent_dir = parent.path().canonicalize().unwrap();
+    let inner = parent_dir.join("exec");
+    std::fs::create_dir(&inner).unwrap();
+    tripwire_driver(&inner, "good~x", &marker);
+    chmod(&parent_dir, 0o775);
+    let why = format!("{}: writable by group (mode 775)", parent_dir.display());
+    assert_only_trusted_run(
+        &inner,
+        LayoutPolicy::default(),
+        &[],
+        &[("good~x", why.as_str())],
+    );
+    assert!(!marker.exists(), "an untrusted driver was executed");
+    // locate (`flexd call`, `flexd check`) refuses it too.
+    let name = flexvolume::DriverName::from_dir_name("good~x").unwrap();
+    let err = layout::locate(&inner, &name, LayoutPolicy::default()).unwrap_err();
+    assert!(matches!(err, LayoutError::Untrusted { .. }), "{err:?}");
+}
+
+/// Drivers, and directories on the way to them, owned by someone else than root are refused,
+/// however their modes look.
+#[test]
+fn drivers_owned_by_another_user_are_refused_and_never_executed() {
+    test_support::require_root!("needs root to chown files to another user");
+    const STRANGER: u32 = 12345;
+    let chown = |path: &Path| std::os::unix::fs::chown(path, Some(STRANGER), None).unwrap();
+    let (plugin, marker) = plugin_with_a_good_driver();
+    let p = plugin.path();
+    let outside = tempfile::tempdir().unwrap();
+    let o = outside.path();
+
+    chown(&tripwire_driver(p, "theirs~x", &marker));
+    tripwire_driver(p, "theirdir~x", &marker);
+    chown(&p.join("theirdir~x"));
+    // The sticky bit does not help a directory owned by someone else: they can do anything in it.
+    std::fs::create_dir(o.join("sticky")).unwrap();
+    tripwire_driver(&o.join("sticky"), "d", &marker);
+    chmod(&o.join("sticky"), 0o1777);
+    chown(&o.join("sticky"));
+    std::os::unix::fs::symlink(o.join("sticky/d"), p.join("sticky~x")).unwrap();
+
+    let by_stranger = format!("owned by uid {STRANGER}, not root");
+    assert_only_trusted_run(
+        p,
+        LayoutPolicy {
+            allow_symlinks: true,
+        },
+        &["good~x"],
+        &[
+            ("theirs~x", format!("theirs~x/x: {by_stranger}").as_str()),
+            ("theirdir~x", &format!("theirdir~x: {by_stranger}")),
+            ("sticky~x", &format!("sticky: {by_stranger}")),
+        ],
+    );
+    assert!(!marker.exists(), "an untrusted driver was executed");
+}

@@ -126,9 +126,15 @@ impl WatchSet {
         }
     }
 
-    /// Creates the plugin dir if needed (docs/discovery.md#plugin-dir) and watches it.
+    /// Creates the plugin dir if needed (docs/discovery.md#plugin-dir) and watches it. Created
+    /// 0755 whatever the umask: discovery refuses a plugin dir others may write
+    /// (docs/discovery.md#trust).
     pub fn watch_root(&mut self) -> io::Result<()> {
-        std::fs::create_dir_all(&self.root)?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&self.root)?;
         match self.add(&self.root.clone()) {
             Ok(wd) => {
                 self.root_wd = Some(wd);
