@@ -238,3 +238,236 @@ fn a_driver_named_twice_is_bad_usage_naming_it() {
         assert!(out.stdout.is_empty());
     }
 }
+
+/// One line of `deploy/checkov-accepted.txt`: a check accepted on some objects, and why.
+struct Accepted {
+    check: String,
+    /// Object names (metadata.name); `None`: any object (`*`).
+    objects: Option<Vec<String>>,
+    reason: String,
+    /// `# expected to go: <why>`: accepted until the manifests' hardening fixes it.
+    expected_to_go: bool,
+}
+
+impl Accepted {
+    fn covers(&self, check: &str, object: &str) -> bool {
+        self.check == check
+            && self
+                .objects
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == object))
+    }
+}
+
+const ACCEPTED_LIST: &str = "deploy/checkov-accepted.txt";
+
+fn accepted_list() -> Vec<Accepted> {
+    let text = std::fs::read_to_string(test_support::repo_path(ACCEPTED_LIST)).unwrap();
+    let mut list = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (entry, comment) = match line.find(" #") {
+            Some(at) => (&line[..at], Some(line[at + 2..].trim())),
+            None => (line, None),
+        };
+        let words: Vec<&str> = entry.split_whitespace().collect();
+        let (check, objects) = (words[0], words.get(1).copied().unwrap_or(""));
+        let reason = words.get(2..).unwrap_or_default().join(" ");
+        let at = format!("{ACCEPTED_LIST}:{}", number + 1);
+        assert!(
+            check.starts_with("CKV") && !objects.is_empty() && !reason.is_empty(),
+            "{at}: not `CHECK_ID OBJECTS REASON`: {line}"
+        );
+        list.push(Accepted {
+            check: check.to_owned(),
+            objects: (objects != "*").then(|| objects.split(',').map(str::to_owned).collect()),
+            reason,
+            expected_to_go: comment.is_some_and(|c| c.starts_with("expected to go:")),
+        });
+    }
+    list
+}
+
+/// The name checkov gives an object's findings by: its resource is `Kind.namespace.name`
+/// (`default` for cluster-scoped objects), a graph check's Pod one `Pod.namespace.name.labels…`.
+fn object_name(resource: &str) -> &str {
+    resource.split('.').nth(2).unwrap_or(resource)
+}
+
+/// checkov's JSON report: one object per framework, a list of them for several, and only a
+/// summary (no `results`) when it found nothing to check.
+fn checkov_reports(json: &Value) -> Vec<&Value> {
+    match json {
+        Value::Array(reports) => reports.iter().collect(),
+        report => vec![report],
+    }
+}
+
+/// checkov (the linter, from PyPI) over `flexd manifests` for every driver shape: every finding
+/// is one `deploy/checkov-accepted.txt` accepts with a reason, and every line there is still
+/// needed by some shape's findings, so the list shrinks as the manifests improve.
+#[test]
+fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
+    match std::process::Command::new("checkov")
+        .arg("--version")
+        .output()
+    {
+        Ok(out) if out.status.success() => {}
+        _ => test_support::skip!(
+            "checkov not installed (python3 -m pip install checkov==3.3.30, as .ci/run does)"
+        ),
+    }
+    let accepted = accepted_list();
+    let plugin = tempfile::tempdir().unwrap();
+    // Not tempfile's default `.tmpXXXX`: checkov skips hidden directories, and found nothing.
+    let dir = tempfile::Builder::new()
+        .prefix("flexd-manifests-")
+        .tempdir()
+        .unwrap();
+    // The flexd image is the operator's own build (deploy/Dockerfile), deployed by digest; the
+    // sidecars' are flexd's defaults.
+    let image = format!("registry.example/flexd@sha256:{}", "0".repeat(64));
+    // (shape, file, driver argument)
+    let mut shapes: Vec<(String, String, String)> = Vec::new();
+    for attach in [false, true] {
+        for provision in [false, true] {
+            for resize in [false, true] {
+                shapes.push((
+                    format!("attach={attach} provision={provision} requiresFSResize={resize}"),
+                    format!("attach-{attach}.provision-{provision}.resize-{resize}.yaml"),
+                    format!(
+                        r#"acme/x={{"attach":{attach},"provision":{provision},"requiresFSResize":{resize}}}"#
+                    ),
+                ));
+            }
+        }
+    }
+    shapes.push((
+        "builtin loop driver".to_owned(),
+        "loop.yaml".to_owned(),
+        "flexd/loop".to_owned(),
+    ));
+    for (_, file, driver) in &shapes {
+        let yaml = stdout_ok(&flexd(
+            plugin.path(),
+            &["manifests", "--image", &image, "--driver", driver],
+        ));
+        std::fs::write(dir.path().join(file), yaml).unwrap();
+    }
+
+    // One run over all the files: checkov takes seconds to start. --soft-fail: exit status 0
+    // with findings, so any other status is checkov failing. --compact: no code blocks (MBs).
+    // --skip-download: no call to Prisma Cloud for guidelines (CI may have no such network).
+    let out = std::process::Command::new("checkov")
+        .arg("-d")
+        .arg(dir.path())
+        .args(["--framework", "kubernetes", "-o", "json", "--compact"])
+        .args(["--soft-fail", "--skip-download"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "checkov failed ({}): {}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("checkov's output is not JSON ({e}): {stdout}"));
+
+    // Per file: (passed, failed: (check, name, resource)).
+    type Findings = (usize, Vec<(String, String, String)>);
+    let mut by_file: std::collections::BTreeMap<String, Findings> = Default::default();
+    for report in checkov_reports(&json) {
+        let Some(results) = report.get("results") else {
+            continue; // a summary only: nothing checked
+        };
+        let errors = &results["parsing_errors"];
+        assert!(
+            errors.as_array().is_none_or(Vec::is_empty),
+            "checkov could not parse: {errors}"
+        );
+        for (key, failed) in [("passed_checks", false), ("failed_checks", true)] {
+            for check in results[key].as_array().into_iter().flatten() {
+                let path = check["file_path"].as_str().unwrap();
+                let file = path.rsplit('/').next().unwrap().to_owned();
+                let entry = by_file.entry(file).or_default();
+                if failed {
+                    entry.1.push(
+                        ["check_id", "check_name", "resource"]
+                            .map(|k| check[k].as_str().unwrap().to_owned())
+                            .into(),
+                    );
+                } else {
+                    entry.0 += 1;
+                }
+            }
+        }
+    }
+
+    let mut unaccepted = Vec::new();
+    let mut used = vec![Vec::<&str>::new(); accepted.len()];
+    let version = checkov_reports(&json)
+        .iter()
+        .find_map(|r| r["summary"]["checkov_version"].as_str())
+        .unwrap_or("?");
+    let mut summary = format!("checkov {version} over flexd manifests, per driver shape:\n");
+    for (shape, file, _) in &shapes {
+        let Some((passed, failed)) = by_file.get(file) else {
+            panic!("checkov reported nothing on {file} ({shape}): {stdout}");
+        };
+        let (mut covered, mut to_go) = (0, 0);
+        for (check, name, resource) in failed {
+            let object = object_name(resource);
+            let lines: Vec<usize> = (0..accepted.len())
+                .filter(|&i| accepted[i].covers(check, object))
+                .collect();
+            if lines.is_empty() {
+                unaccepted.push(format!(
+                    "{check} ({name}) fails on {resource} in shape {shape}"
+                ));
+                continue;
+            }
+            covered += 1;
+            if lines.iter().any(|&i| accepted[i].expected_to_go) {
+                to_go += 1;
+            }
+            for i in lines {
+                used[i].push(object);
+            }
+        }
+        summary.push_str(&format!(
+            "  {shape}: {passed} passed, {} failed, {covered} accepted ({to_go} expected to go)\n",
+            failed.len()
+        ));
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), summary.as_bytes());
+    assert!(
+        unaccepted.is_empty(),
+        "checkov findings not accepted in {ACCEPTED_LIST} (fix the manifests, or add the check \
+         with its objects and a reason):\n  {}",
+        unaccepted.join("\n  ")
+    );
+    // Every line, and every object it names, must still be needed.
+    let mut stale = Vec::new();
+    for (entry, used) in accepted.iter().zip(&used) {
+        match &entry.objects {
+            None if used.is_empty() => stale.push(format!("{} * ({})", entry.check, entry.reason)),
+            None => {}
+            Some(names) => {
+                for name in names.iter().filter(|n| !used.contains(&n.as_str())) {
+                    stale.push(format!("{} on {name} ({})", entry.check, entry.reason));
+                }
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "accepted in {ACCEPTED_LIST} but checkov no longer finds them in any driver shape: \
+         delete them there:\n  {}",
+        stale.join("\n  ")
+    );
+}
