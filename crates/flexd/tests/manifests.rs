@@ -327,9 +327,16 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         .prefix("flexd-manifests-")
         .tempdir()
         .unwrap();
-    // The flexd image is the operator's own build (deploy/Dockerfile), deployed by digest; the
-    // sidecars' are flexd's defaults.
-    let image = format!("registry.example/flexd@sha256:{}", "0".repeat(64));
+    // Every image pinned by digest, as a production operator deploys them: the flexd image is
+    // their own build (deploy/Dockerfile), the sidecars' the tested versions from their mirror.
+    let digest = format!("@sha256:{}", "0".repeat(64));
+    let image = format!("registry.example/flexd{digest}");
+    let sidecars = [
+        ("--attacher-image", "csi-attacher"),
+        ("--provisioner-image", "csi-provisioner"),
+        ("--resizer-image", "csi-resizer"),
+    ]
+    .map(|(flag, name)| (flag, format!("registry.example/sig-storage/{name}{digest}")));
     // (shape, file, driver argument)
     let mut shapes: Vec<(String, String, String)> = Vec::new();
     for attach in [false, true] {
@@ -351,10 +358,11 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         "flexd/loop".to_owned(),
     ));
     for (_, file, driver) in &shapes {
-        let yaml = stdout_ok(&flexd(
-            plugin.path(),
-            &["manifests", "--image", &image, "--driver", driver],
-        ));
+        let mut args = vec!["manifests", "--image", &image, "--driver", driver];
+        for (flag, image) in &sidecars {
+            args.extend([*flag, image.as_str()]);
+        }
+        let yaml = stdout_ok(&flexd(plugin.path(), &args));
         std::fs::write(dir.path().join(file), yaml).unwrap();
     }
 
