@@ -8,7 +8,8 @@
 #
 # Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
 # default scratch dir, so runs with different names coexist on one host; E2E_DIR (scratch dir,
-# default /var/tmp/$E2E_NAME), FLEXD (a flexd binary to use
+# default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to deploy),
+# FLEXD (a flexd binary to use
 # instead of `cargo build --release -p flexd`), E2E_KEEP=1 (no `down` at the end, to look around),
 # E2E_SCENARIOS (which scenarios, in order; default all). A failed run keeps its logs in
 # $E2E_DIR.logs.
@@ -35,7 +36,7 @@ repo=$(cd "$here/../.." && pwd)
 # different names share nothing but the cached kube binary and /run/containerd's (empty) dir.
 E2E_NAME=${E2E_NAME:-flexd-e2e}
 case $E2E_NAME in '' | */* | *[!A-Za-z0-9_.-]*) echo "E2E_NAME=$E2E_NAME: letters, digits, . _ - only" >&2; exit 2 ;; esac
-D=${E2E_DIR:-/var/tmp/$E2E_NAME}
+D=${E2E_DIR:-/var/lib/$E2E_NAME}
 NETNS=$E2E_NAME
 NODE_IP=10.77.0.1
 NODE=flexd-e2e
@@ -537,9 +538,22 @@ EOF
 
 # --- scenarios -----------------------------------------------------------------------------
 
+# The operator's choices for this cluster: its plugin dir, and inline volumes for the hostdir
+# drivers (the oracle's inline volume, the fault pods), which are offered only when asked for.
+operator_flags() {
+  local driver flags=(--image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" --node-plugin-dir "$D/plugins")
+  for driver in "$DRIVER" e2e/rec-hostdir; do
+    [ ! -d "$D/plugins/${driver/\//\~}" ] || flags+=(--inline-volumes "$driver")
+  done
+  # The recorder in front of the loop driver attaches loop devices as the loop driver does.
+  [ ! -d "$D/plugins/e2e~rec-loop" ] || flags+=(--privileged-controller e2e/rec-loop)
+  echo "${flags[@]}"
+}
+
 flexd_manifests() {
+  # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    --driver "$DRIVER" --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet"
+    --driver "$DRIVER" $(operator_flags)
 }
 
 healthz() { [ "$(innet curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9808/healthz)" = 200 ]; }
@@ -564,6 +578,10 @@ scenario_deploy() {
     and (.spec.volumeLifecycleModes | sort) == ["Ephemeral", "Persistent"]' <<<"$csidriver"
   wait_for 120 "CSINode $NODE to list $CSI_NAME" csinode_lists_driver
   wait_for 30 "flexd's /healthz" healthz
+  # The metrics and health port is on the node's loopback only, not on its address.
+  if innet curl -s -o /dev/null --max-time 5 "http://$NODE_IP:9808/healthz"; then
+    echo "flexd's metrics port answers on the node's address $NODE_IP"; return 1
+  fi
 }
 
 # A pod on the node (hostNetwork: no traffic leaves the cluster's netns) running SCRIPT with the
@@ -776,8 +794,9 @@ kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; 
 # 6. A driver installed by the installer DaemonSet (deploy/installer-daemonset.yaml, its image as
 #    deploy/Dockerfile's installer target) while everything runs: flexd registers it with kubelet
 #    (CSINode) with neither restarted; the operator re-applies `flexd manifests` for its CSIDriver
-#    (the node pod is unchanged by it); a pod reads its data; `flexd uninstall`, run in the node
-#    pod, refuses while the volume is mounted and removes it once unmounted; kubelet forgets it.
+#    (the node pod is unchanged by it); a pod reads its data; `flexd uninstall` refuses while the
+#    volume is mounted and removes it once unmounted; kubelet forgets it. The node pod cannot
+#    write the plugin dir: only the installer and the operator do.
 scenario_installer() {
   local before kubelet_before target
   before=$(flexd_pod_state)
@@ -805,8 +824,9 @@ scenario_installer() {
   # What the operator is told: re-apply `flexd manifests` (every installed driver) for the new
   # driver's CSIDriver; kubelet alone would wait for an attachment nobody makes.
   ! kubectl get csidriver $LATE_CSI_NAME
+  # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" >"$D/run/flexd-late.yaml"
+    $(operator_flags) >"$D/run/flexd-late.yaml"
   kubectl apply -f "$D/run/flexd-late.yaml"
   kubectl get csidriver $LATE_CSI_NAME -o json | jq -e '.spec.attachRequired == false'
   kubectl get csidriver $CSI_NAME
@@ -819,10 +839,10 @@ scenario_installer() {
   [ "$(cat "$D/volumes/e2e-late/pod")" = late ]
   target=$(volume_target "$(pod_uid e2e-late)" e2e-late)
   mounted "$target"
-  # flexd uninstall in the node pod: the plugin and state dirs at their host paths, writable, the
-  # node's own flexd, and no login on the node.
-  local uninstall=(kubectl -n $NAMESPACE exec "$(flexd_pod)" -c flexd -- flexd --plugin-dir "$D/plugins"
-    --state-dir "$D/flexd-state" uninstall --driver $LATE_DRIVER)
+  # flexd uninstall by the operator on the node: the plugin dir, and the state dir whose records
+  # say which volumes still use the driver.
+  local uninstall=("$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state"
+    uninstall --driver $LATE_DRIVER)
   if "${uninstall[@]}" >"$D/run/uninstall.out" 2>&1; then
     cat "$D/run/uninstall.out"; echo "flexd uninstall removed a driver in use"; return 1
   fi
@@ -833,6 +853,14 @@ scenario_installer() {
   wait_for 60 "$target to be unmounted" not_mounted "$target"
   wait_for 30 "flexd's record of $target to go" no_record "$target"
   kubectl -n kube-system delete daemonset flex-deploy --wait=true --timeout=120s
+  # The node pod reads the plugin dir and cannot change it: its mount is read-only.
+  if kubectl -n $NAMESPACE exec "$(flexd_pod)" -c flexd -- flexd --plugin-dir "$D/plugins" \
+    --state-dir "$D/flexd-state" uninstall --driver $LATE_DRIVER >"$D/run/uninstall-in-pod.out" 2>&1; then
+    cat "$D/run/uninstall-in-pod.out"; echo "the node pod could write the plugin dir"; return 1
+  fi
+  grep -q 'Read-only file system' "$D/run/uninstall-in-pod.out" ||
+    { cat "$D/run/uninstall-in-pod.out"; echo "the node pod's uninstall failed for another reason"; return 1; }
+  [ -x "$D/plugins/e2e~late/late" ]
   "${uninstall[@]}"
   [ ! -e "$D/plugins/e2e~late" ]
   wait_for 120 "CSINode $NODE to drop $LATE_CSI_NAME" csinode_lacks $LATE_CSI_NAME
@@ -1074,6 +1102,27 @@ storage_suite() {
 # flexd's manifests for every installed driver, with the sidecars built here, applied and rolled
 # out; the controller's state claim on a PV made for it (the cluster has no default
 # StorageClass).
+# The controller pod as hardened: no ServiceAccount token in flexd's container, the sidecars
+# as uid 65532 with no capability, flexd's CSI socket 0660 for their group.
+controller_hardened() {
+  local pod uid sidecar pid sock
+  pod=$(kubectl -n $NAMESPACE get pod -l app.kubernetes.io/name=flexd-controller \
+    -o jsonpath='{.items[0].metadata.name}')
+  if kubectl -n $NAMESPACE exec "$pod" -c flexd -- sh -c 'test -e /var/run/secrets/kubernetes.io/serviceaccount/token'; then
+    echo "the controller's flexd container holds a ServiceAccount token"; return 1
+  fi
+  for sidecar in csi-attacher csi-provisioner csi-resizer; do
+    pid=$(pgrep -x $sidecar | head -1)
+    [ -n "$pid" ] || { echo "no $sidecar process"; return 1; }
+    awk '/^Uid:/ {exit !($2 == 65532)}' /proc/$pid/status || { echo "$sidecar does not run as uid 65532"; return 1; }
+    awk '/^CapEff:/ {exit !($2 == "0000000000000000")}' /proc/$pid/status ||
+      { echo "$sidecar has capabilities: $(grep CapEff /proc/$pid/status)"; return 1; }
+  done
+  uid=$(kubectl -n $NAMESPACE get pod "$pod" -o jsonpath='{.metadata.uid}')
+  sock="$D/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/socket-dir/$LOOP_CSI_NAME/csi.sock"
+  [ "$(stat -c %a:%g "$sock")" = 660:65532 ] || { echo "$sock is $(stat -c %a:%g "$sock"), not 660:65532"; return 1; }
+}
+
 apply_all_manifests() {
   mkdir -p "$D/controller-state"
   kubectl apply -f - <<EOF
@@ -1088,8 +1137,9 @@ spec:
   claimRef: {namespace: $NAMESPACE, name: flexd-controller-state}
 EOF
   # flexd's manifests for every installed driver, with the sidecars built here.
+  # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    --image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" --attacher-image localhost/csi-attacher:e2e \
+    $(operator_flags) --attacher-image localhost/csi-attacher:e2e \
     --provisioner-image localhost/csi-provisioner:e2e --resizer-image localhost/csi-resizer:e2e \
     >"$D/run/flexd-storage.yaml"
   kubectl apply -f "$D/run/flexd-storage.yaml"
@@ -1106,6 +1156,7 @@ scenario_storage() {
   rm -f "$D/logs/scenario-storage.summary"
   "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
   apply_all_manifests
+  controller_hardened
   wait_for 120 "CSINode $NODE to list $LOOP_CSI_NAME" csinode_lists $LOOP_CSI_NAME
   storage_definition $LOOP_DRIVER >"$D/run/storage-loop.json"
   storage_definition "$DRIVER" '{"volume": "e2e-storage-inline"}' >"$D/run/storage-hostdir.json"
