@@ -1102,16 +1102,17 @@ storage_suite() {
 # flexd's manifests for every installed driver, with the sidecars built here, applied and rolled
 # out; the controller's state claim on a PV made for it (the cluster has no default
 # StorageClass).
-# The controller pod as hardened: no ServiceAccount token in flexd's container, the sidecars
-# as uid 65532 with no capability, flexd's CSI socket 0660 for their group.
+# The controller pod as hardened: no ServiceAccount token in flexd's container, the SIDECARS
+# as uid 65532 with no capability, flexd's CSI socket for CSI_NAME 0660 for their group.
+# controller_hardened CSI_NAME SIDECAR...
 controller_hardened() {
-  local pod uid sidecar pid sock
+  local csi_name=$1 pod uid sidecar pid sock; shift
   pod=$(kubectl -n $NAMESPACE get pod -l app.kubernetes.io/name=flexd-controller \
-    -o jsonpath='{.items[0].metadata.name}')
+    --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
   if kubectl -n $NAMESPACE exec "$pod" -c flexd -- sh -c 'test -e /var/run/secrets/kubernetes.io/serviceaccount/token'; then
     echo "the controller's flexd container holds a ServiceAccount token"; return 1
   fi
-  for sidecar in csi-attacher csi-provisioner csi-resizer; do
+  for sidecar in "$@"; do
     pid=$(pgrep -x $sidecar | head -1)
     [ -n "$pid" ] || { echo "no $sidecar process"; return 1; }
     awk '/^Uid:/ {exit !($2 == 65532)}' /proc/$pid/status || { echo "$sidecar does not run as uid 65532"; return 1; }
@@ -1119,11 +1120,12 @@ controller_hardened() {
       { echo "$sidecar has capabilities: $(grep CapEff /proc/$pid/status)"; return 1; }
   done
   uid=$(kubectl -n $NAMESPACE get pod "$pod" -o jsonpath='{.metadata.uid}')
-  sock="$D/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/socket-dir/$LOOP_CSI_NAME/csi.sock"
+  sock="$D/kubelet/pods/$uid/volumes/kubernetes.io~empty-dir/socket-dir/$csi_name/csi.sock"
   [ "$(stat -c %a:%g "$sock")" = 660:65532 ] || { echo "$sock is $(stat -c %a:%g "$sock"), not 660:65532"; return 1; }
 }
 
-apply_all_manifests() {
+# The controller's state claim's PV (the cluster has no default StorageClass).
+controller_state_pv() {
   mkdir -p "$D/controller-state"
   kubectl apply -f - <<EOF
 apiVersion: v1
@@ -1136,6 +1138,10 @@ spec:
   hostPath: {path: $D/controller-state, type: Directory}
   claimRef: {namespace: $NAMESPACE, name: flexd-controller-state}
 EOF
+}
+
+apply_all_manifests() {
+  controller_state_pv
   # flexd's manifests for every installed driver, with the sidecars built here.
   # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
@@ -1147,7 +1153,55 @@ EOF
   kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
 }
 
-# 10. Kubernetes' own storage e2e suite for external CSI drivers (from the same Kubernetes
+ATTACH_DRIVER=e2e/attach
+ATTACH_CSI_NAME=flexvolume-e2e--attach
+attachment_of() { # PV: its VolumeAttachment's attached status, or nothing
+  kubectl get volumeattachment -o json |
+    jq -r --arg pv "$1" '.items[] | select(.spec.source.persistentVolumeName == $pv) | .status.attached'
+}
+attached() { [ "$(attachment_of "$1")" = true ]; }
+no_attachment() { [ -z "$(attachment_of "$1")" ]; }
+
+# 10. The controller for a driver whose attach sets up no device (examples/drivers/attachable as
+#     e2e/attach): the manifests' controller runs unprivileged (root with CHOWN alone, no /dev, no
+#     token), its non-root csi-attacher attaches through the 0660 socket, a pod writes to the
+#     volume (attach, then on the node mountdevice and the default bind mount), and the volume is
+#     detached when the pod goes.
+scenario_controller() {
+  local pid target
+  "$D/bin/flexd" --plugin-dir "$D/plugins" install --driver $ATTACH_DRIVER \
+    "$repo/examples/drivers/attachable/attachable" >&2
+  controller_state_pv
+  # shellcheck disable=SC2046
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
+    --driver "$DRIVER" --driver $ATTACH_DRIVER $(operator_flags) \
+    --attacher-image localhost/csi-attacher:e2e >"$D/run/flexd-controller.yaml"
+  kubectl apply -f "$D/run/flexd-controller.yaml"
+  kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
+  wait_for 120 "CSINode $NODE to list $ATTACH_CSI_NAME" csinode_lists $ATTACH_CSI_NAME
+  controller_hardened $ATTACH_CSI_NAME csi-attacher
+  pid=$(pgrep -f -- '--mode=controller' | head -1)
+  [ -n "$pid" ] || { echo "no controller flexd"; return 1; }
+  # CAP_CHOWN alone (bit 0): not privileged.
+  awk '/^CapEff:/ {exit !($2 == "0000000000000001")}' /proc/$pid/status ||
+    { echo "the controller's flexd has $(grep CapEff /proc/$pid/status), not CHOWN alone"; return 1; }
+  PV_DRIVER=$ATTACH_CSI_NAME static_pv e2e-attach "attached"
+  pod e2e-attach 'echo attached-by-pod > /data/pod; cat /data/pod' \
+    "    persistentVolumeClaim: {claimName: e2e-attach}"
+  grep -qx attached-by-pod "$D/run/e2e-attach.log"
+  attached e2e-attach || { echo "no attached VolumeAttachment for e2e-attach"; return 1; }
+  target=$(volume_target "$(pod_uid e2e-attach)" e2e-attach)
+  mounted "$target"
+  delete_pod e2e-attach
+  wait_for 60 "$target to be unmounted" not_mounted "$target"
+  wait_for 120 "the VolumeAttachment of e2e-attach to go" no_attachment e2e-attach
+  kubectl delete pvc e2e-attach --wait=true --timeout=60s
+  kubectl delete pv e2e-attach --wait=true --timeout=60s
+  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" uninstall --driver $ATTACH_DRIVER >&2
+  kubectl delete csidriver $ATTACH_CSI_NAME
+}
+
+# 11. Kubernetes' own storage e2e suite for external CSI drivers (from the same Kubernetes
 #     version as the cluster) against the two shapes of driver flexd serves: the builtin loop
 #     driver (attach, provision, expansion; its controller side is the manifests' Deployment with
 #     the real csi-attacher, csi-provisioner and csi-resizer) and the node-only hostdir driver
@@ -1156,7 +1210,7 @@ scenario_storage() {
   rm -f "$D/logs/scenario-storage.summary"
   "$D/bin/flexd" --plugin-dir "$D/plugins" install --builtin loop --image-dir "$D/loop-images" >&2
   apply_all_manifests
-  controller_hardened
+  controller_hardened $LOOP_CSI_NAME csi-attacher csi-provisioner csi-resizer
   wait_for 120 "CSINode $NODE to list $LOOP_CSI_NAME" csinode_lists $LOOP_CSI_NAME
   storage_definition $LOOP_DRIVER >"$D/run/storage-loop.json"
   storage_definition "$DRIVER" '{"volume": "e2e-storage-inline"}' >"$D/run/storage-hostdir.json"
@@ -1198,7 +1252,7 @@ run_scenario() {
 }
 
 # E2E_SCENARIOS="deploy inline" runs those only (in that order; deploy first: the others need it).
-read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage discovery oracle}"
+read -r -a SCENARIOS <<<"${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node controller storage discovery oracle}"
 
 run_scenarios() {
   passed=0 failed=0
