@@ -130,13 +130,29 @@ pub fn remove_own_cgroups() -> usize {
         if let Some(starter) = starter {
             starter.retire();
         }
-        removed += usize::from(std::fs::remove_dir(&dir).is_ok());
+        removed += usize::from(remove_emptied(&dir));
     }
     for dir in cgroup::own_call_cgroups(&hierarchy.base) {
-        removed += usize::from(std::fs::remove_dir(&dir).is_ok());
+        removed += usize::from(remove_emptied(&dir));
     }
     tracing::debug!(removed, dir = %hierarchy.base.display(), "removed this process's call-out cgroups");
     removed
+}
+
+/// Removes a cgroup whose last task just ended. A joined spawner thread (v1) wakes its joiner
+/// before the kernel takes it out of its cgroup, so the cgroup may be busy for a moment after:
+/// seen on a loaded machine as a cgroup left behind at stop. Retried for up to a second.
+fn remove_emptied(dir: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return true,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Puts an empty cgroup in the pool, or removes it when the pool is full.
