@@ -53,6 +53,9 @@ LOOP_DRIVER=flexd/loop
 LOOP_CSI_NAME=flexvolume-flexd--loop
 # The CSI sidecars (tests/e2e/sidecars/, from the Go module proxy) as images of their own.
 SIDECARS=(csi-provisioner csi-attacher csi-resizer)
+# `flexd manifests`' flags for them: every one, since a driver's shape decides which it gets.
+SIDECAR_IMAGES=()
+for sidecar in "${SIDECARS[@]}"; do SIDECAR_IMAGES+=("--${sidecar#csi-}-image" "localhost/$sidecar:e2e"); done
 # The one Service pods use (in-cluster config of the sidecars), made reachable without kube-proxy.
 API_SERVICE_IP=10.0.0.1
 POD_SUBNET=10.88.0.0/24
@@ -1145,9 +1148,7 @@ apply_all_manifests() {
   # flexd's manifests for every installed driver, with the sidecars built here.
   # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    $(operator_flags) --attacher-image localhost/csi-attacher:e2e \
-    --provisioner-image localhost/csi-provisioner:e2e --resizer-image localhost/csi-resizer:e2e \
-    >"$D/run/flexd-storage.yaml"
+    $(operator_flags) "${SIDECAR_IMAGES[@]}" >"$D/run/flexd-storage.yaml"
   kubectl apply -f "$D/run/flexd-storage.yaml"
   kubectl -n $NAMESPACE rollout status daemonset/flexd-node --timeout=240s
   kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
@@ -1174,8 +1175,8 @@ scenario_controller() {
   controller_state_pv
   # shellcheck disable=SC2046
   "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    --driver "$DRIVER" --driver $ATTACH_DRIVER $(operator_flags) \
-    --attacher-image localhost/csi-attacher:e2e >"$D/run/flexd-controller.yaml"
+    --driver "$DRIVER" --driver $ATTACH_DRIVER $(operator_flags) "${SIDECAR_IMAGES[@]}" \
+    >"$D/run/flexd-controller.yaml"
   kubectl apply -f "$D/run/flexd-controller.yaml"
   kubectl -n $NAMESPACE rollout status deployment/flexd-controller --timeout=300s
   wait_for 120 "CSINode $NODE to list $ATTACH_CSI_NAME" csinode_lists $ATTACH_CSI_NAME
