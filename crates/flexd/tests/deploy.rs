@@ -628,16 +628,15 @@ fn the_nodes_plugin_dir_is_not_the_one_read_and_no_temporary_dir_is_deployed() {
 /// drivers the operator names, and never one that attaches.
 #[test]
 fn inline_volumes_only_for_the_drivers_the_operator_names() {
-    let plain = r#"acme/nfs={"attach":false}"#;
-    let attaching = r#"acme/block={"attach":true}"#;
-    let out = manifests(&[
+    let both = [
         "--plugin-dir",
         "/nonexistent",
         "--driver",
-        plain,
+        r#"acme/nfs={"attach":false}"#,
         "--driver",
-        attaching,
-    ]);
+        r#"acme/block={"attach":true}"#,
+    ];
+    let out = manifests(&both);
     assert!(
         out.status.success(),
         "{}",
@@ -654,16 +653,7 @@ fn inline_volumes_only_for_the_drivers_the_operator_names() {
         ("acme/block", "the driver attaches"),
         ("acme/other", "not one of the drivers deployed"),
     ] {
-        let out = manifests(&[
-            "--plugin-dir",
-            "/nonexistent",
-            "--driver",
-            plain,
-            "--driver",
-            attaching,
-            "--inline-volumes",
-            name,
-        ]);
+        let out = manifests(&[&both[..], &["--inline-volumes", name]].concat());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.code() == Some(2) && stderr.contains(says),
