@@ -1093,3 +1093,49 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     paths
 }
+
+/// A socket path may hold 107 bytes. The VM suite's long scratch paths found the temporary name
+/// a socket is made under before its rename longer than the socket's own, so a driver whose
+/// registration socket fit was not served at all. Here: the longest CSI name (63 characters),
+/// or the one that makes the registration socket's path exactly 107 bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_is_served_with_its_registration_socket_at_the_longest_path() {
+    const LONGEST: usize = 107;
+    let sandbox = test_support::Sandbox::new();
+    let registry = sandbox.path("plugins_registry");
+    // `<registry>/flexvolume-acme--aaa…-reg.sock`
+    let fixed = registry.as_os_str().len() + "/flexvolume-acme--".len() + "-reg.sock".len();
+    let longest_name = 63 - "flexvolume-acme--".len();
+    let Some(letters) = LONGEST
+        .checked_sub(fixed)
+        .map(|room| room.min(longest_name))
+        .filter(|n| *n > 0)
+    else {
+        test_support::skip!(format!(
+            "the sandbox's path ({} bytes) leaves no room for a socket name",
+            registry.as_os_str().len()
+        ));
+    };
+    let name = "a".repeat(letters);
+    test_support::install_example(&sandbox.plugin(), "tmpfs/tmpfs", &format!("acme~{name}"));
+    let server = Server::serve(sandbox, "node", &[]);
+    let csi_name = format!("flexvolume-acme--{name}");
+    let registration = registry.join(format!("{csi_name}-reg.sock"));
+    assert!(registration.as_os_str().len() <= LONGEST);
+    eprintln!(
+        "registration socket path: {} bytes",
+        registration.as_os_str().len()
+    );
+    wait_for(&registration);
+    let socket = server.socket(&csi_name);
+    let mut identity = identity_client(&socket).await;
+    assert_eq!(plugin_info(&mut identity).await.name, csi_name);
+    let mut reg =
+        registration::registration_client::RegistrationClient::new(connect(&registration).await);
+    let info = reg
+        .get_info(registration::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, csi_name);
+}

@@ -72,13 +72,13 @@ impl SocketAccess {
 
 /// Binds a Unix socket at `path`, replacing a stale socket file (never any other kind of
 /// file), with the permissions `access` gives whatever the umask. The socket is made
-/// under a hidden temporary name and renamed into place once its mode and group are set, so
+/// under a hidden temporary name (`.<pid in hex>`) and renamed into place once its mode and group are set, so
 /// nobody can connect through wider permissions in between, and kubelet's plugin watcher, which
 /// ignores dot-names, sees only the finished socket. `own_dir`: the socket's directory is
 /// flexd's own (`<csi-dir>/<csi-name>`) and gets the same access (0700 or 0750).
 fn bind(path: &Path, access: SocketAccess, own_dir: bool) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::DirBuilderExt as _;
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let (Some(dir), Some(_)) = (path.parent(), path.file_name()) else {
         anyhow::bail!("{} is not a socket path", path.display());
     };
     std::fs::DirBuilder::new()
@@ -98,11 +98,10 @@ fn bind(path: &Path, access: SocketAccess, own_dir: bool) -> anyhow::Result<Unix
         ),
         Err(_) => {}
     }
-    let temp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // Never longer than the socket's own name (`csi.sock`, `<csi-name>-reg.sock`): a socket's
+    // path holds at most 107 bytes, and a longer temporary name failed a bind that the final
+    // path allowed (the VM suite's long scratch paths). One socket at a time per process.
+    let temp = dir.join(format!(".{:x}", std::process::id()));
     let _ = std::fs::remove_file(&temp);
     let listener =
         listen_owner_only(&temp).with_context(|| format!("cannot listen on {}", path.display()))?;
