@@ -311,6 +311,10 @@ fn checkov_reports(json: &Value) -> Vec<&Value> {
 /// needed by some shape's findings, so the list shrinks as the manifests improve.
 #[test]
 fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
+    if std::env::var_os("FLEXD_IN_VM").is_some() {
+        // It reads YAML, not the kernel; Python under the VM's emulated CPU took minutes.
+        test_support::skip!("checkov runs on the host (.ci/run's cargo test), not in the VM suite");
+    }
     match std::process::Command::new("checkov")
         .arg("--version")
         .output()
