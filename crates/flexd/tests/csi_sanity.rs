@@ -11,7 +11,7 @@
 //!   suite documents for node-only plugins (kubernetes-csi/csi-test#208);
 //! - no `CREATE_DELETE_VOLUME`: the specs that call CreateVolume without asking whether the
 //!   plugin offers it (kubernetes-csi/csi-test#214, open) are skipped by name
-//!   ([`NEEDS_CREATE_VOLUME`]; the README lists them).
+//!   ([`NEEDS_CREATE_VOLUME`]; docs/testing.md lists them).
 //!
 //! The suite is built from the Go module proxy by `tests/e2e/tools.sh` (cached per machine), or
 //! named by `CSI_SANITY`. Without Go, or without root (the suite mounts), these tests say loudly

@@ -2,7 +2,7 @@
 //! what each driver can do ([`DriverProfile`]) and where things live ([`Settings`]) to objects,
 //! so `flexd manifests`, `deploy/flexd.yaml` and the tests agree by construction.
 //!
-//! The choices, and why (the README's "Deploy to a cluster" says the same to operators):
+//! The choices, and why (docs/operator-guide.md, "What gets deployed", says the same to operators):
 //! - **Node**: a DaemonSet running `flexd serve --mode node`, privileged (drivers mount and set
 //!   up devices), with only the parts of kubelet's dir it uses (`pods/` and `plugins/` with
 //!   Bidirectional propagation, since mounts made in the pod must reach kubelet, and
@@ -312,7 +312,7 @@ pub fn to_yaml(
         ));
     }
     out.push_str(&format!(
-        "# in namespace {}. Why each piece is there: README, \"Deploy to a cluster\".\n",
+        "# in namespace {}. Why each piece is there: docs/operator-guide.md#what-gets-deployed\n",
         settings.namespace
     ));
     for object in objects {

@@ -4,7 +4,7 @@
 //! [`super::provision`]). A driver that does neither has no controller side
 //! ([`flexvolume::Capabilities::has_controller_side`]): its endpoint answers every Controller call
 //! `UNIMPLEMENTED`, exactly as an endpoint that does not serve the service, and its Identity
-//! does not advertise `CONTROLLER_SERVICE` (docs/lifecycle.md#controller-service).
+//! does not advertise `CONTROLLER_SERVICE` (docs/csi.md#controller-service).
 
 use std::sync::Arc;
 

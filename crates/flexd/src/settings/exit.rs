@@ -1,5 +1,5 @@
 //! Exit statuses, the same meaning in every command, and each command's line about them (its
-//! `--help` ends with it; the README's Commands table says the same).
+//! `--help` ends with it; docs/cli.md's exit status table says the same).
 //!
 //! 1 is any error (main maps every error to it) and 2 is clap's for a bad command line. 3 is a
 //! definite "no" that is not an error, so a script can branch on the answer without mistaking a
