@@ -4,7 +4,7 @@
 # "<label> <exit status> <passed> <failed> <ignored> <seconds>" lines to $1/results and each
 # binary's output to $1/logs/<label>.log.
 #
-# The flexvolume suites run one after the other in one cgroup, as flexd runs in a container or
+# The flexvolume-host suites run one after the other in one cgroup, as flexd runs in a container or
 # a service: alone in its cgroup, so it moves into its `flexd-daemon` leaf to cap drivers below
 # it, and each suite after the first is a flexd restarted in a cgroup an earlier one prepared.
 # The other suites start flexd processes beside the test harness, so they run in the root
@@ -66,7 +66,7 @@ while read -r label exe cwd; do
   mkdir -p "$(dirname "$log")"
   cgroup=
   case "$label" in
-    flexvolume/*)
+    flexvolume-host/*)
       cgroup=/sys/fs/cgroup/vm-flexvolume
       mkdir -p "$cgroup"
       ;;
@@ -87,7 +87,7 @@ while read -r label exe cwd; do
   grep -qE 'no process cap on this machine|drivers run without a process cap' "$log" &&
     fail_check "$label: the process cap was unavailable: $(grep -m1 -oE '(no process cap on this machine|reason=).*' "$log")"
   case "$label" in
-    flexvolume/hostile*)
+    flexvolume-host/hostile*)
       # The cap must have been exercised, not skipped: the fork bomb test ran its capped path,
       # and flexd, alone in its cgroup, moved into its leaf to enable pids below it.
       grep -q '^skipped: .*process cap\|^skipped: needs root' "$log" &&

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use flexvolume::{DriverName, VolumeSpec};
+use flexvolume_host::{DriverName, VolumeSpec};
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret, Volume};
 
 /// Secret key → raw value.

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use flexvolume::DriverName;
+use flexvolume_host::DriverName;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{

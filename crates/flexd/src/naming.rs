@@ -17,7 +17,7 @@
 //! whose CSI form would be longer than 63 characters or not a DNS-1123 subdomain (`a..b`, a
 //! trailing `.`, a label starting with an escape such as `a./b`) is not served through CSI; flexd reports it.
 
-use flexvolume::DriverName;
+use flexvolume_host::DriverName;
 
 pub const PREFIX: &str = "flexvolume-";
 pub const MAX_CSI_NAME_LEN: usize = 63;

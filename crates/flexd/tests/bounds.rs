@@ -584,7 +584,7 @@ async fn csi_refuses_the_unset_gid_as_volume_mount_group() {
 
 /// This process's call-out cgroups directory, or why there is none (then the test skips).
 fn callouts_dir() -> Result<PathBuf, String> {
-    flexvolume::runner::process_cap()
+    flexvolume_host::runner::process_cap()
         .map(Path::to_owned)
         .map_err(str::to_owned)
 }

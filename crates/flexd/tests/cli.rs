@@ -725,7 +725,7 @@ fn an_operation_waiting_for_a_lock_says_so_on_stderr() {
     // The target's lock, held here as another flexd would hold it (lock files of volumes
     // without a record are removed when released, so one must be held, not left behind).
     std::fs::create_dir_all(&target).unwrap();
-    let held = flexvolume::state::StateDir::new(&state)
+    let held = flexvolume_host::state::StateDir::new(&state)
         .lock(&target)
         .unwrap();
     let lock_file = std::fs::read_dir(state.join("locks"))

@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use flexvolume::runner::{self, RunnerConfig};
-use flexvolume::CallOut;
+use flexvolume_host::runner::{self, RunnerConfig};
+use flexvolume_host::CallOut;
 
 use test_support::{driver_script, fill_disk as fill, flexd, install_driver, mount_tmpfs, Sandbox};
 

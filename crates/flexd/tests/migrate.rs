@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 
 use flexd::migrate::{migrate, Migration, Reason};
-use flexvolume::DriverName;
+use flexvolume_host::DriverName;
 use serde_json::{json, Value};
 use test_support::serve::{controller_client, csi, node_client, Server};
 use test_support::{

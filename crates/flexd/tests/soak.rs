@@ -76,7 +76,7 @@ impl Watcher {
 /// The call-out cgroups of process `pid` (its process cap), and how many of them still hold a
 /// process other than `pid` itself (a spawner thread of `pid` lives in each on cgroup v1).
 fn callout_cgroups(pid: u32) -> (usize, usize) {
-    let Ok(base) = flexvolume::runner::process_cap() else {
+    let Ok(base) = flexvolume_host::runner::process_cap() else {
         return (0, 0);
     };
     let prefix = format!("call-{pid}-");

@@ -767,7 +767,7 @@ fn kill_9_at_random_points_of_200_operations_loses_nothing() {
         seed % n
     };
     let record_exists = |target: &Path| {
-        let state = flexvolume::state::StateDir::new(s.state());
+        let state = flexvolume_host::state::StateDir::new(s.state());
         state.load(target).map(|r| r.is_some()).unwrap_or(false)
     };
     let mut killed = 0;

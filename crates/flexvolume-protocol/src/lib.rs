@@ -1,7 +1,7 @@
 //! # flexvolume-protocol — the FlexVolume protocol as pure data
 //!
 //! What a FlexVolume host and a FlexVolume driver must agree on byte for byte, and nothing else:
-//! no process, no filesystem, no threads. The host runtime (`flexvolume`) and the driver SDK
+//! no process, no filesystem, no threads. The host runtime (`flexvolume-host`) and the driver SDK
 //! (`flexvolume-driver`) both build on it, so a driver author's build pulls in none of the host
 //! machinery (inotify, rayon, tokio).
 //!

@@ -1,4 +1,4 @@
-//! What the integration tests and benches of flexvolume and flexd share, as one crate instead
+//! What the integration tests and benches of flexvolume-host and flexd share, as one crate instead
 //! of files included by `#[path]` (ripgrep's tests share one util the same way):
 //!
 //! - [`sandbox`]: a test's directories that never leak a mount, driver writers, root checks

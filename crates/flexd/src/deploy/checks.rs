@@ -6,7 +6,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use flexvolume::{Capabilities, DriverName};
+use flexvolume_host::{Capabilities, DriverName};
 
 /// Kubernetes' longest DNS-1123 label (namespace names).
 pub const MAX_LABEL_LEN: usize = 63;
@@ -157,7 +157,7 @@ fn capabilities_from_json(json: &str) -> Result<Capabilities, String> {
         return Err("not a JSON object".to_owned());
     }
     let reply = serde_json::json!({ "status": "Success", "capabilities": value });
-    flexvolume::protocol::find_reply(reply.to_string().as_bytes())
+    flexvolume_host::protocol::find_reply(reply.to_string().as_bytes())
         .and_then(|r| r.capabilities)
         .ok_or_else(|| "not a capabilities object".to_owned())
 }

@@ -66,7 +66,7 @@
 
 use std::path::PathBuf;
 
-use flexvolume::{Capabilities, DriverName};
+use flexvolume_host::{Capabilities, DriverName};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};

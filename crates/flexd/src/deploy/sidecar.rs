@@ -104,8 +104,8 @@ const RESIZER_RULES: &[Rule] = &[
 /// so it sees flexd's answer (DEADLINE_EXCEEDED naming the driver) rather than giving up first
 /// and retrying into a call still in flight (ABORTED). The sidecars' defaults are 10-15 s.
 pub fn sidecar_timeout() -> std::time::Duration {
-    flexvolume::runner::DEFAULT_TIMEOUT
-        + flexvolume::runner::DEFAULT_KILL_GRACE
+    flexvolume_host::runner::DEFAULT_TIMEOUT
+        + flexvolume_host::runner::DEFAULT_KILL_GRACE
         + std::time::Duration::from_secs(10)
 }
 

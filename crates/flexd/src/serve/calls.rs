@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use flexvolume::lifecycle::Lifecycle;
-use flexvolume::{Capabilities, DriverName, Plugin};
+use flexvolume_host::lifecycle::Lifecycle;
+use flexvolume_host::{Capabilities, DriverName, Plugin};
 use tonic::Status;
 
 use super::driver::ServedDriver;

@@ -25,9 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use flexvolume::protocol::CallOutKind;
-use flexvolume::runner::{CallObserver, CallOutcome};
-use flexvolume::DriverName;
+use flexvolume_host::protocol::CallOutKind;
+use flexvolume_host::runner::{CallObserver, CallOutcome};
+use flexvolume_host::DriverName;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -132,7 +132,7 @@ impl Metrics {
 
     /// Counts the record entries a listing skips, off the async runtime; a count still under
     /// way (the state dir's disk is slow) is not queued behind.
-    pub fn count_unusable_records(self: &Arc<Self>, state: &flexvolume::state::StateDir) {
+    pub fn count_unusable_records(self: &Arc<Self>, state: &flexvolume_host::state::StateDir) {
         use std::sync::atomic::Ordering;
         if self.counting_records.swap(true, Ordering::AcqRel) {
             return;
@@ -144,9 +144,9 @@ impl Metrics {
                 for record in records {
                     let index = match record {
                         Ok(_) => continue,
-                        Err(flexvolume::state::StateError::NotARecord { .. }) => 0,
-                        Err(flexvolume::state::StateError::Corrupt { .. }) => 1,
-                        Err(flexvolume::state::StateError::Io { .. }) => 2,
+                        Err(flexvolume_host::state::StateError::NotARecord { .. }) => 0,
+                        Err(flexvolume_host::state::StateError::Corrupt { .. }) => 1,
+                        Err(flexvolume_host::state::StateError::Io { .. }) => 2,
                     };
                     counts[index].1 += 1;
                 }
@@ -187,7 +187,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         self.lingering
-            .set(flexvolume::runner::lingering().len() as i64);
+            .set(flexvolume_host::runner::lingering().len() as i64);
         let mut text = String::new();
         if let Ok(registry) = self.registry.lock() {
             let _ = prometheus_client::encoding::text::encode(&mut text, &registry);

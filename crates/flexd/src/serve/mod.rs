@@ -27,9 +27,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use flexvolume::lifecycle::Lifecycle;
-use flexvolume::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
-use flexvolume::{DriverName, Registry, Resolver, RunnerConfig};
+use flexvolume_host::lifecycle::Lifecycle;
+use flexvolume_host::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
+use flexvolume_host::{DriverName, Registry, Resolver, RunnerConfig};
 
 use crate::settings::Global;
 use driver::ServedDriver;
@@ -271,7 +271,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     let metrics = metrics::Metrics::new();
     let runner = RunnerConfig {
-        observer: Some(flexvolume::runner::Observer(metrics.clone())),
+        observer: Some(flexvolume_host::runner::Observer(metrics.clone())),
         ..global.runner_config()?
     };
     if let Some(namespace) = &runner.mount_namespace {
@@ -281,7 +281,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     if runner.max_processes.is_some() {
         // Detected now rather than at the first call-out, so the log says at start whether
         // drivers are capped (a warning with the reason is logged when they are not).
-        if let Ok(dir) = flexvolume::runner::process_cap() {
+        if let Ok(dir) = flexvolume_host::runner::process_cap() {
             tracing::info!(cgroup = %dir.display(), max_processes = runner.max_processes.map_or(0, |m| m.get()), "driver call-outs are process-capped");
         }
     }
@@ -378,7 +378,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         prober.stop();
         served.stop_all().await;
-        flexvolume::runner::remove_own_cgroups();
+        flexvolume_host::runner::remove_own_cgroups();
         metrics_task.abort();
         Ok::<_, anyhow::Error>(())
     })?;
@@ -405,7 +405,7 @@ mod tests {
             metrics: metrics::Metrics::new(),
             lifecycle: Arc::new(Lifecycle {
                 runner: runner.clone(),
-                state: flexvolume::state::StateDir::new(dir.join("state")),
+                state: flexvolume_host::state::StateDir::new(dir.join("state")),
                 node: "n".to_owned(),
             }),
             resolver: Arc::new(Resolver::new(Arc::new(Registry::new()), runner)),

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use flexvolume::lifecycle::{Expansion, MountRequest, StageRequest};
-use flexvolume::state::Role;
+use flexvolume_host::lifecycle::{Expansion, MountRequest, StageRequest};
+use flexvolume_host::state::Role;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};

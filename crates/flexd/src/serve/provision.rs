@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use flexvolume::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
-use flexvolume::DriverName;
+use flexvolume_host::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
+use flexvolume_host::DriverName;
 use tonic::{Request, Response, Status};
 
 use super::calls::VolumeCalls;

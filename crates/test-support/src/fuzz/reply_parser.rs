@@ -1,6 +1,6 @@
 //! The reply parser on arbitrary driver output: never panics, and whatever it returns is a
 //! reply it would find again in that reply's own JSON.
-use flexvolume::protocol::{self, CallOutKind, ExitStatus};
+use flexvolume_host::protocol::{self, CallOutKind, ExitStatus};
 
 /// Panics when an invariant breaks.
 pub fn check(data: &[u8]) {

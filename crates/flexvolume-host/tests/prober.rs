@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use flexvolume::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
-use flexvolume::LayoutPolicy;
+use flexvolume_host::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
+use flexvolume_host::LayoutPolicy;
 
 const INTERVAL: Duration = Duration::from_millis(300);
 const PATIENCE: Duration = Duration::from_secs(15);

@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flexvolume::layout::{self, LayoutPolicy};
-use flexvolume::options::Options;
-use flexvolume::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
-use flexvolume::runner::{self, CallError, RunnerConfig};
-use flexvolume::{DriverName, InstalledDriver, Plugin, PodInfo, VolumeSpec};
+use flexvolume_host::layout::{self, LayoutPolicy};
+use flexvolume_host::options::Options;
+use flexvolume_host::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
+use flexvolume_host::runner::{self, CallError, RunnerConfig};
+use flexvolume_host::{DriverName, InstalledDriver, Plugin, PodInfo, VolumeSpec};
 
 use test_support::{driver_source, is_dead, kill, read_pid};
 
@@ -52,7 +52,7 @@ fn mount_call(target: &str) -> CallOut {
     CallOut::from_raw(CallOutKind::Mount, vec![target.into(), "{}".into()]).unwrap()
 }
 
-fn init(quirk: &str) -> Result<flexvolume::Reply, CallError> {
+fn init(quirk: &str) -> Result<flexvolume_host::Reply, CallError> {
     let f = install(quirk);
     runner::call(&config(), &f.driver.path, &CallOut::init())
 }
@@ -62,7 +62,7 @@ fn init(quirk: &str) -> Result<flexvolume::Reply, CallError> {
 fn mount_writing_pid(
     quirk: &str,
     config: &RunnerConfig,
-) -> (Result<flexvolume::Reply, CallError>, i32) {
+) -> (Result<flexvolume_host::Reply, CallError>, i32) {
     let f = install(quirk);
     let pidfile = f.dir.path().join("pid");
     let result = runner::call(
@@ -128,8 +128,8 @@ fn not_supported_with_exit_one_is_remembered_per_plugin() {
         .is_unsupported(CallOutKind::Attach));
 }
 
-fn init_reply() -> flexvolume::Reply {
-    flexvolume::protocol::find_reply(br#"{"status":"Success"}"#).unwrap()
+fn init_reply() -> flexvolume_host::Reply {
+    flexvolume_host::protocol::find_reply(br#"{"status":"Success"}"#).unwrap()
 }
 
 #[test]
@@ -256,7 +256,10 @@ fn ten_mebibytes_of_output_are_capped_and_the_reply_still_read() {
     let f = install("big-output");
     let call = mount_call("first");
     let raw = runner::run(&config(), &f.driver.path, &call).unwrap();
-    assert_eq!(raw.stdout.len(), flexvolume::runner::DEFAULT_OUTPUT_CAP);
+    assert_eq!(
+        raw.stdout.len(),
+        flexvolume_host::runner::DEFAULT_OUTPUT_CAP
+    );
     let reply_line = r#"{"status":"Success","message":"reply before the flood","capabilities":{"attach":false}}"#;
     assert_eq!(
         raw.stdout.len() as u64 + raw.dropped.0,

@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flexvolume::layout::{self, LayoutError, LayoutPolicy};
-use flexvolume::prober;
-use flexvolume::protocol::{CallOut, CallOutKind, ProtocolError, Status};
-use flexvolume::runner::{self, CallError, RunnerConfig};
+use flexvolume_host::layout::{self, LayoutError, LayoutPolicy};
+use flexvolume_host::prober;
+use flexvolume_host::protocol::{CallOut, CallOutKind, ProtocolError, Status};
+use flexvolume_host::runner::{self, CallError, RunnerConfig};
 
 use test_support::{kill, proc_stat, read_pid, wait_dead as wait_gone, wait_until, write_exe};
 
@@ -25,7 +25,7 @@ enum Class {
     NoReply,
 }
 
-fn classify(result: &Result<flexvolume::Reply, CallError>) -> Class {
+fn classify(result: &Result<flexvolume_host::Reply, CallError>) -> Class {
     match result {
         Ok(r) => {
             assert_eq!(r.status, Status::Success);
@@ -69,7 +69,7 @@ fn emitter(dir: &Path) -> PathBuf {
     driver_in(dir, "emit", "#!/bin/sh\ncat \"$2\"\n")
 }
 
-fn emit(exe: &Path, file: &Path) -> Result<flexvolume::Reply, CallError> {
+fn emit(exe: &Path, file: &Path) -> Result<flexvolume_host::Reply, CallError> {
     let call = mount_call(file);
     let config = RunnerConfig::default().with_timeout_for_all(Duration::from_secs(60));
     runner::call(&config, exe, &call)
@@ -859,7 +859,7 @@ fn every_driver_in_a_plugin_dir_anyone_may_write_is_refused() {
     );
     assert!(!marker.exists(), "an untrusted driver was executed");
     // locate (`flexd call`, `flexd check`) refuses it too.
-    let name = flexvolume::DriverName::from_dir_name("good~x").unwrap();
+    let name = flexvolume_host::DriverName::from_dir_name("good~x").unwrap();
     let err = layout::locate(&inner, &name, LayoutPolicy::default()).unwrap_err();
     assert!(matches!(err, LayoutError::Untrusted { .. }), "{err:?}");
 }

@@ -1,4 +1,4 @@
-//! # flexvolume — a FlexVolume host runtime
+//! # flexvolume-host — the FlexVolume host library
 //!
 //! Kubernetes' FlexVolume drivers are executables in a plugin dir
 //! (`<plugin-dir>/<vendor~driver>/<driver>`), called with a call-out name (`init`, `attach`,

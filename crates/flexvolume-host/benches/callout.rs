@@ -2,15 +2,15 @@
 //! library (spawn in a process group, pidfd wait, capped capture, reply parsing) against N plain
 //! spawn-and-wait (`Command::output`) of the same binary, measured side by side in one run.
 //!
-//! Run: `bench/callout.sh` (or `cargo bench -p flexvolume --bench callout -- [N] [ROUNDS]`).
+//! Run: `bench/callout.sh` (or `cargo bench -p flexvolume-host --bench callout -- [N] [ROUNDS]`).
 //! Prints each round's ratio and the median; the target is a median ratio ≤ 1.10.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flexvolume::runner::{self, RunnerConfig};
-use flexvolume::CallOut;
+use flexvolume_host::runner::{self, RunnerConfig};
+use flexvolume_host::CallOut;
 
 fn through_library(exe: &Path, n: usize, config: &RunnerConfig) -> Duration {
     let call = CallOut::init();

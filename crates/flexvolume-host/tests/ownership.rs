@@ -5,7 +5,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
+use flexvolume_host::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
 
 const GID: u32 = 4321;
 
