@@ -433,7 +433,7 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
             ok(&h.join().unwrap());
         }
     });
-    let mounts = flexvolume_host::mount::mount_table()
+    let mounts = flexvolume_os::mount::mount_table()
         .unwrap()
         .into_iter()
         .filter(|m| m.mount_point == dir)

@@ -225,7 +225,7 @@ fn error_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> tonic::Co
 
 fn fs_type_at(path: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    flexvolume_host::mount::parse_mountinfo(&info)
+    flexvolume_os::mount::parse_mountinfo(&info)
         .into_iter()
         .rfind(|m| m.mount_point == path)
         .map(|m| m.fs_type)

@@ -267,7 +267,7 @@ fn the_seed_user_stories_end_to_end_with_volumes() {
         "{err}"
     );
     ok(&volume(&["unmount", "--target", c.to_str().unwrap()]));
-    assert!(!flexvolume_host::mount::is_mount_point(&c).unwrap());
+    assert!(!flexvolume_os::mount::is_mount_point(&c).unwrap());
     let out = volume(&["--output", "json", "list"]);
     ok(&out);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{RenameFlags, CWD};
 
 use crate::layout::{LayoutError, LayoutPolicy};
-use crate::name::DriverName;
+use flexvolume_protocol::name::DriverName;
 
 /// Why an installation or removal did not happen. The live driver is untouched in every case.
 #[derive(Debug, thiserror::Error)]

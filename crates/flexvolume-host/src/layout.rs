@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::name::{DriverName, NameError};
+use flexvolume_protocol::name::{DriverName, NameError};
 
 /// Default plugin dir of kubelet (`--volume-plugin-dir`).
 pub const DEFAULT_PLUGIN_DIR: &str = "/usr/libexec/kubernetes/kubelet-plugins/volume/exec";

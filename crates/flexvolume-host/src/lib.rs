@@ -5,10 +5,10 @@
 //! `mount`, …) and JSON arguments, answering one JSON object. This crate is everything kubelet
 //! and the controller manager do with them, as a library:
 //!
-//! - [`name`], [`protocol`], [`options`], [`spec`]: the protocol as pure data (driver names,
-//!   call-outs, replies, the options JSON byte-for-byte as kubelet builds it). They live in the
-//!   `flexvolume-protocol` crate, which the driver SDK shares, and are re-exported here under
-//!   their old paths;
+//! - the protocol as pure data (driver names, call-outs, replies, the options JSON
+//!   byte-for-byte as kubelet builds it) is the `flexvolume-protocol` crate's, which the driver
+//!   SDK shares; the types this API speaks are re-exported at the root ([`DriverName`],
+//!   [`CallOut`], [`Reply`], …);
 //! - [`runner`]: running a driver safely (no shell, timeouts, process groups, capped output);
 //! - [`layout`]: reading the plugin dir (an [`InstalledDriver`]); [`plugin`]: an initialised
 //!   driver;
@@ -17,19 +17,14 @@
 //!   removed driver included);
 //! - [`check`]: the conformance report for driver authors;
 //! - [`lifecycle`]: attach, mount and back, with Kubernetes' defaults; [`state`]: what survives a crash;
-//! - [`mount`]: the mount table and mount helpers, from the `flexvolume-os` crate (with the pids
-//!   cgroups the runner caps drivers in); [`install`]: putting drivers in place atomically.
+//! - [`install`]: putting drivers in place atomically. The mount table and mount helpers (and
+//!   the pids cgroups the runner caps drivers in) are the `flexvolume-os` crate's.
 //!
 //! Data flows one way: plugin dir → prober → registry → plugins → call-outs → driver processes.
 //! The contract is in the repository's `docs/` (protocol, discovery, lifecycle).
 //!
 //! "Driver" is used for several things; `docs/glossary.md` says which word means what
 //! (installed driver, plugin, served driver, the SDK's `Driver` trait).
-
-/// The mount helpers live in the `flexvolume-os` crate, which the loop driver shares; re-exported
-/// here under their old path.
-pub use flexvolume_os::mount;
-pub use flexvolume_protocol::{name, options, protocol, spec};
 
 pub mod check;
 pub mod install;
@@ -43,12 +38,15 @@ pub mod resolver;
 pub mod runner;
 pub mod state;
 
+/// The protocol types this library's API speaks, so its users name them without a second
+/// dependency; their modules (and the rest of the protocol) are `flexvolume_protocol`'s.
+pub use flexvolume_protocol::{
+    CallOut, CallOutKind, Capabilities, DriverName, ErrorCode, Options, PodInfo, Reply, Status,
+    VolumeSpec,
+};
+
 pub use layout::{InstalledDriver, LayoutPolicy};
-pub use name::DriverName;
-pub use options::Options;
 pub use plugin::Plugin;
-pub use protocol::{CallOut, CallOutKind, Capabilities, ErrorCode, Reply, Status};
 pub use registry::Registry;
 pub use resolver::Resolver;
 pub use runner::{CallError, RunnerConfig};
-pub use spec::{PodInfo, VolumeSpec};

@@ -1,7 +1,10 @@
 //! A plugin: a driver that answered `init`, with its capabilities and what it does not support.
 
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use flexvolume_protocol::{CallOut, CallOutKind, Capabilities, Reply};
+
 use crate::layout::InstalledDriver;
-use crate::protocol::{CallOut, CallOutSet, Capabilities, Reply};
 use crate::runner::{self, CallError, CallOutcome, RunnerConfig};
 
 /// A loaded driver. One instance per successful `init`: a re-probe makes a new one, which also
@@ -50,7 +53,7 @@ impl Plugin {
     }
 
     /// Whether the driver said `Not supported` to this call-out.
-    pub fn is_unsupported(&self, kind: crate::protocol::CallOutKind) -> bool {
+    pub fn is_unsupported(&self, kind: CallOutKind) -> bool {
         self.unsupported.contains(kind)
     }
 }
@@ -72,4 +75,41 @@ fn observed_call(
         );
     }
     result
+}
+
+/// A set of call-outs, those a driver answered `Not supported` to. Lock-free so a plugin shared
+/// by many operations can remember answers without a mutex. Runtime state, so it lives here and
+/// not in the pure protocol crate.
+#[derive(Debug, Default)]
+struct CallOutSet(AtomicU16);
+
+// One bit per call-out kind.
+const _: () = assert!(CallOutKind::ALL.len() <= u16::BITS as usize);
+
+impl CallOutSet {
+    fn bit(kind: CallOutKind) -> u16 {
+        1 << (kind as u16)
+    }
+
+    fn insert(&self, kind: CallOutKind) {
+        self.0.fetch_or(Self::bit(kind), Ordering::Relaxed);
+    }
+
+    fn contains(&self, kind: CallOutKind) -> bool {
+        self.0.load(Ordering::Relaxed) & Self::bit(kind) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_out_set_remembers() {
+        let set = CallOutSet::default();
+        set.insert(CallOutKind::Attach);
+        set.insert(CallOutKind::ExpandFs);
+        assert!(set.contains(CallOutKind::Attach) && set.contains(CallOutKind::ExpandFs));
+        assert!(!set.contains(CallOutKind::Init) && !set.contains(CallOutKind::Mount));
+    }
 }

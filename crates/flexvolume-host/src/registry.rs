@@ -25,11 +25,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::layout::{self, LayoutPolicy};
-use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::prober::{EventKind, ProbeEvent};
 use crate::runner::RunnerConfig;
-use crate::spec::VolumeSpec;
+use flexvolume_protocol::name::DriverName;
+use flexvolume_protocol::spec::VolumeSpec;
 
 /// Why no plugin can be used for a driver name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,7 +246,7 @@ mod tests {
             dir: Path::new(path).parent().unwrap().to_owned(),
             path: path.into(),
         };
-        let reply = crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
+        let reply = flexvolume_protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
         Arc::new(Plugin::from_init_reply(driver, &reply))
     }
 

@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use crate::layout::{InstalledDriver, LayoutPolicy};
 use crate::lifecycle::DriverResolver;
-use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::registry::{DriverState, LookupError, Registry};
 use crate::runner::RunnerConfig;
 use crate::state::{StateDir, VolumeRecord};
+use flexvolume_protocol::name::DriverName;
 
 /// Where a one-shot program finds the drivers it probes on demand.
 #[derive(Debug, Clone)]

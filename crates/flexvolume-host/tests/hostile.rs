@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use flexvolume_host::layout::{self, LayoutError, LayoutPolicy};
 use flexvolume_host::prober;
-use flexvolume_host::protocol::{CallOut, CallOutKind, ProtocolError, Status};
 use flexvolume_host::runner::{self, CallError, RunnerConfig};
+use flexvolume_protocol::{CallOut, CallOutKind, ProtocolError, Status};
 
 use test_support::{kill, proc_stat, read_pid, wait_dead as wait_gone, wait_until, write_exe};
 

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use flexvolume_host::layout::{self, LayoutPolicy};
-use flexvolume_host::options::Options;
-use flexvolume_host::protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
 use flexvolume_host::runner::{self, CallError, RunnerConfig};
 use flexvolume_host::{DriverName, InstalledDriver, Plugin, PodInfo, VolumeSpec};
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
 
 use test_support::{driver_source, is_dead, kill, read_pid};
 
@@ -129,7 +129,7 @@ fn not_supported_with_exit_one_is_remembered_per_plugin() {
 }
 
 fn init_reply() -> flexvolume_host::Reply {
-    flexvolume_host::protocol::find_reply(br#"{"status":"Success"}"#).unwrap()
+    flexvolume_protocol::find_reply(br#"{"status":"Success"}"#).unwrap()
 }
 
 #[test]

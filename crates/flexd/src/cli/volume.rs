@@ -115,9 +115,9 @@ pub struct ExpandArgs {
     pub size: u64,
 }
 
-/// `--size`: a Kubernetes quantity (see [`flexvolume_host::spec::parse_quantity`]).
+/// `--size`: a Kubernetes quantity (see [`flexvolume_protocol::spec::parse_quantity`]).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    flexvolume_host::spec::parse_quantity(text)
+    flexvolume_protocol::spec::parse_quantity(text)
         .ok_or_else(|| format!("{text:?} is not a size (write 1073741824, 512Mi or 1Gi)"))
 }
 

@@ -157,7 +157,7 @@ fn capabilities_from_json(json: &str) -> Result<Capabilities, String> {
         return Err("not a JSON object".to_owned());
     }
     let reply = serde_json::json!({ "status": "Success", "capabilities": value });
-    flexvolume_host::protocol::find_reply(reply.to_string().as_bytes())
+    flexvolume_protocol::find_reply(reply.to_string().as_bytes())
         .and_then(|r| r.capabilities)
         .ok_or_else(|| "not a capabilities object".to_owned())
 }

@@ -25,9 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use flexvolume_host::protocol::CallOutKind;
 use flexvolume_host::runner::{CallObserver, CallOutcome};
 use flexvolume_host::DriverName;
+use flexvolume_protocol::CallOutKind;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {

@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use flexvolume_host::options::is_host_key;
 use flexvolume_host::{DriverName, PodInfo, VolumeSpec};
+use flexvolume_protocol::options::is_host_key;
 use tonic::{Request, Status};
 
 use flexd::proto::csi::{self, volume_capability, VolumeCapability};
@@ -112,7 +112,7 @@ pub fn node_id(value: &str) -> Result<&str, Status> {
 /// the 128-byte limit from paths; the kernel's is the one that matters.)
 pub fn path<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
     let value = required(value, field)?;
-    flexvolume_host::mount::safe_path::check(std::path::Path::new(value))
+    flexvolume_os::mount::safe_path::check(std::path::Path::new(value))
         .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))?;
     Ok(value)
 }

@@ -5,11 +5,11 @@
 
 use flexd::errors::message_of;
 use flexvolume_host::lifecycle::{LifecycleError, ProvisionError};
-use flexvolume_host::mount::safe_path::PathError;
-use flexvolume_host::mount::MountError;
 use flexvolume_host::runner::CallError;
 use flexvolume_host::state::LookupError;
 use flexvolume_host::ErrorCode;
+use flexvolume_os::mount::safe_path::PathError;
+use flexvolume_os::mount::MountError;
 use tonic::{Code, Status};
 
 /// The CSI code for a lifecycle error.
@@ -164,7 +164,7 @@ mod tests {
             (
                 LifecycleError::Call(CallError::Timeout {
                     path: PathBuf::from("/d"),
-                    kind: flexvolume_host::protocol::CallOutKind::Mount,
+                    kind: flexvolume_protocol::CallOutKind::Mount,
                     after: std::time::Duration::from_secs(1),
                 }),
                 Code::DeadlineExceeded,
@@ -172,7 +172,7 @@ mod tests {
             (
                 LifecycleError::Call(CallError::Failure {
                     path: PathBuf::from("/d"),
-                    kind: flexvolume_host::protocol::CallOutKind::Mount,
+                    kind: flexvolume_protocol::CallOutKind::Mount,
                     message: "no such share".into(),
                     code: None,
                 }),
@@ -181,7 +181,7 @@ mod tests {
             (
                 LifecycleError::Call(CallError::Failure {
                     path: PathBuf::from("/d"),
-                    kind: flexvolume_host::protocol::CallOutKind::Attach,
+                    kind: flexvolume_protocol::CallOutKind::Attach,
                     message: "no such volume".into(),
                     code: Some(ErrorCode::NotFound),
                 }),
@@ -190,7 +190,7 @@ mod tests {
             (
                 LifecycleError::Call(CallError::Failure {
                     path: PathBuf::from("/d"),
-                    kind: flexvolume_host::protocol::CallOutKind::Provision,
+                    kind: flexvolume_protocol::CallOutKind::Provision,
                     message: "pool full".into(),
                     code: Some(ErrorCode::OutOfCapacity),
                 }),
@@ -231,7 +231,7 @@ mod tests {
             (
                 LifecycleError::Call(CallError::Arguments {
                     path: PathBuf::from("/d"),
-                    kind: flexvolume_host::protocol::CallOutKind::Mount,
+                    kind: flexvolume_protocol::CallOutKind::Mount,
                     reason: "too long".into(),
                 }),
                 Code::InvalidArgument,

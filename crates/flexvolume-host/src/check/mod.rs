@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::layout::InstalledDriver;
-use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::{self, CallOut, CallOutKind, Reply, Status};
 use crate::runner::{self, RunnerConfig};
-use crate::spec::VolumeSpec;
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::spec::VolumeSpec;
+use flexvolume_protocol::{CallOut, CallOutKind, Reply, Status};
 
 pub const INIT_CHECK: &str = "init answers Success with capabilities";
 pub const STRICT_JSON_CHECK: &str = "init output is strict JSON (kubelet-compatible)";
@@ -204,9 +204,15 @@ fn run_checked(
     match runner::run(config, &driver.path, call) {
         Ok(raw) => {
             let strict = is_strict_json(&raw.stdout);
-            let quote = |b: &[u8]| call.redact(&protocol::excerpt(b));
-            let reply = protocol::interpret(call.kind, raw.exit, &raw.stdout, &raw.stderr, quote)
-                .map_err(|e| e.to_string());
+            let quote = |b: &[u8]| call.redact(&flexvolume_protocol::excerpt(b));
+            let reply = flexvolume_protocol::interpret(
+                call.kind,
+                raw.exit,
+                &raw.stdout,
+                &raw.stderr,
+                quote,
+            )
+            .map_err(|e| e.to_string());
             (reply, strict, start.elapsed())
         }
         Err(e) => (Err(e.to_string()), false, start.elapsed()),
@@ -259,8 +265,8 @@ fn check_unknown_callout(report: &mut Report, config: &RunnerConfig, driver: &In
     let outcome = runner::run_argv(config, &driver.path, CallOutKind::Init, &argv);
     let elapsed = start.elapsed();
     let (verdict, detail) = match outcome {
-        Ok(raw) => match protocol::find_reply(&raw.stdout)
-            .or_else(|| protocol::find_reply(&raw.stderr))
+        Ok(raw) => match flexvolume_protocol::find_reply(&raw.stdout)
+            .or_else(|| flexvolume_protocol::find_reply(&raw.stderr))
         {
             Some(reply) if reply.status == Status::NotSupported => {
                 (Verdict::Pass, "Not supported".to_owned())

@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use super::{Report, Verdict, DELETE_CHECK, PROVISION_CHECK};
-use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::{CallOut, ErrorCode, Reply};
 use crate::runner::RunnerConfig;
-use crate::spec::VolumeSpec;
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::spec::VolumeSpec;
+use flexvolume_protocol::{CallOut, ErrorCode, Reply};
 
 /// What a driver answered, with the error code it named, if any.
 pub(super) fn answered(reply: &Reply) -> String {

@@ -11,14 +11,14 @@ use super::{
     UNMOUNT_AGAIN_CHECK, UNMOUNT_CHECK,
 };
 use crate::lifecycle::{DriverResolver, Lifecycle, LifecycleError, MountRequest};
-use crate::mount;
-use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::{CallOut, Reply, Status};
 use crate::runner::CallError;
 use crate::runner::RunnerConfig;
-use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{StateDir, VolumeRecord};
+use flexvolume_os::mount;
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::spec::{PodInfo, VolumeSpec};
+use flexvolume_protocol::{CallOut, Reply, Status};
 
 /// A scratch directory for the lifecycle checks; whatever is still mounted below it is
 /// unmounted (lazily) and the directory removed when dropped, even if a check failed midway.

@@ -4,12 +4,12 @@
 use std::path::Path;
 
 use super::{Lifecycle, LifecycleError};
-use crate::mount;
-use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::{CallOut, Reply};
 use crate::runner::CallError;
-use crate::spec::VolumeSpec;
+use flexvolume_os::mount;
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::spec::VolumeSpec;
+use flexvolume_protocol::{CallOut, Reply};
 
 impl Lifecycle {
     /// Attaches a volume to `node`, as the controller manager does; returns the device ("" when
@@ -152,7 +152,7 @@ pub fn get_volume_name(
 /// Unmounts the device mount dir (default: plain unmount) and removes it.
 pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(), LifecycleError> {
     unmount_device_keep_dir(lc, plugin, dir)?;
-    crate::mount::safe_path::remove_dir(dir)?;
+    flexvolume_os::mount::safe_path::remove_dir(dir)?;
     Ok(())
 }
 

@@ -11,7 +11,7 @@ impl Lifecycle {
     /// Where the attach record of a volume on a node is kept (a name, never a mount point).
     pub(super) fn attachment_key(
         &self,
-        driver: &crate::name::DriverName,
+        driver: &flexvolume_protocol::name::DriverName,
         volume_id: &str,
         node: &str,
     ) -> Result<std::path::PathBuf, LifecycleError> {
@@ -31,7 +31,7 @@ impl Lifecycle {
     pub fn controller_publish(
         &self,
         plugin: &crate::plugin::Plugin,
-        spec: &crate::spec::VolumeSpec,
+        spec: &flexvolume_protocol::spec::VolumeSpec,
         node: &str,
     ) -> Result<super::AttachOutcome, LifecycleError> {
         let key = self.attachment_key(&spec.driver, &spec.volume_name, node)?;
@@ -60,7 +60,7 @@ impl Lifecycle {
             // The driver named the volume or the node unknown: nothing is attached, so there
             // is nothing for a detach to undo.
             Err(LifecycleError::Call(e))
-                if e.code() == Some(crate::protocol::ErrorCode::NotFound) =>
+                if e.code() == Some(flexvolume_protocol::ErrorCode::NotFound) =>
             {
                 lc.state.remove(&key)?;
                 return Err(e.into());

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use super::attacher::answer_or_else;
 use super::{Lifecycle, LifecycleError};
-use crate::mount;
-use crate::options::Options;
 use crate::plugin::Plugin;
-use crate::protocol::CallOut;
 use crate::state::VolumeRecord;
+use flexvolume_os::mount;
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::CallOut;
 
 /// What an expansion did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

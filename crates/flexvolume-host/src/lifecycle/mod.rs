@@ -18,7 +18,7 @@
 //! follows the record's role, and [`Lifecycle::reconcile`] squares records with the mount table
 //! after a crash.
 //!
-//! Every target and staging path is resolved by [`crate::mount::safe_path`] (no symlink
+//! Every target and staging path is resolved by [`flexvolume_os::mount::safe_path`] (no symlink
 //! followed anywhere, `..` refused) before anything is created, mounted or removed there, and a
 //! path belongs to one volume: a mount flexd did not make is never reported as a volume, a path
 //! recorded for one volume refuses another, and a repeat with other settings is refused.
@@ -36,13 +36,13 @@ mod unmounter;
 
 use std::path::{Path, PathBuf};
 
-use crate::mount::safe_path::PathError;
-use crate::mount::MountError;
-use crate::name::DriverName;
 use crate::plugin::Plugin;
 use crate::runner::{CallError, RunnerConfig};
-use crate::spec::{PodInfo, VolumeSpec};
 use crate::state::{Role, StateDir, StateError};
+use flexvolume_os::mount::safe_path::PathError;
+use flexvolume_os::mount::MountError;
+use flexvolume_protocol::name::DriverName;
+use flexvolume_protocol::spec::{PodInfo, VolumeSpec};
 
 pub use expander::{ExpandOutcome, Expansion};
 pub use provisioner::{ProvisionError, ProvisionOutcome, ProvisionRequest, ProvisionedVolume};
@@ -253,7 +253,7 @@ impl Lifecycle {
         f: impl FnOnce(&Lifecycle, &Plugin, &crate::state::VolumeRecord) -> Result<T, LifecycleError>,
     ) -> Result<T, LifecycleError> {
         // Records are keyed by the checked, normalized path (as every operation saves them).
-        let target = &crate::mount::safe_path::check(target)?;
+        let target = &flexvolume_os::mount::safe_path::check(target)?;
         let target_lock = self.state.lock(target)?;
         let lc = self.holding(&[&target_lock]);
         let record = self

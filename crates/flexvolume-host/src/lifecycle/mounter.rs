@@ -5,10 +5,10 @@ use std::path::Path;
 use super::attacher;
 use super::target::{self, Found};
 use super::{Lifecycle, LifecycleError, MountOutcome, MountRequest};
-use crate::mount::{self, safe_path};
-use crate::options::Options;
-use crate::protocol::CallOut;
 use crate::state::{Progress, Role, VolumeRecord};
+use flexvolume_os::mount::{self, safe_path};
+use flexvolume_protocol::options::Options;
+use flexvolume_protocol::CallOut;
 
 impl Lifecycle {
     /// Attach (when the driver attaches), mount the device, mount the target.

@@ -19,13 +19,13 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{Lifecycle, LifecycleError};
-use crate::name::DriverName;
-use crate::options::{is_host_key, Options};
 use crate::plugin::Plugin;
-use crate::protocol::{CallOut, ErrorCode};
 use crate::runner::CallError;
-use crate::spec::VolumeSpec;
 use crate::state::{Role, StateError};
+use flexvolume_protocol::name::DriverName;
+use flexvolume_protocol::options::{is_host_key, Options};
+use flexvolume_protocol::spec::VolumeSpec;
+use flexvolume_protocol::{CallOut, ErrorCode};
 
 /// Longest record file name built from a volume name; longer names are hashed.
 const MAX_FILE_NAME: usize = 200;
@@ -75,7 +75,7 @@ pub enum ProvisionError {
     },
     #[error("volume {name} is still in use ({what}); unpublish it first")]
     InUse { name: String, what: String },
-    /// A parameter under a key the host sets itself (see [`crate::options::is_host_key`]).
+    /// A parameter under a key the host sets itself (see [`flexvolume_protocol::options::is_host_key`]).
     #[error("parameter {key:?} is flexd's own option (the volume's name, size or fsType, the pod, a secret); a StorageClass cannot set it")]
     HostKey { key: String },
 }
@@ -399,7 +399,7 @@ mod tests {
         };
         let plugin = Plugin::from_init_reply(
             driver,
-            &crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap(),
+            &flexvolume_protocol::find_reply(br#"{"status":"Success"}"#).unwrap(),
         );
         let none = BTreeMap::new();
         assert!(volume

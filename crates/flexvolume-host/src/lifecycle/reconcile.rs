@@ -45,7 +45,10 @@ impl Lifecycle {
             let Some(record) = lc.state.load(&target)? else {
                 continue;
             };
-            match (record.progress, crate::mount::is_mount_point(&target)?) {
+            match (
+                record.progress,
+                flexvolume_os::mount::is_mount_point(&target)?,
+            ) {
                 (Progress::Mounted, true) => report.consistent += 1,
                 (Progress::Mounted, false) => {
                     tracing::warn!(target = %target.display(), "recorded as mounted but not mounted");

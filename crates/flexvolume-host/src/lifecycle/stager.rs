@@ -6,8 +6,8 @@
 use super::attacher;
 use super::target::{self, Found};
 use super::{Lifecycle, LifecycleError, StageOutcome, StageRequest};
-use crate::mount::safe_path;
 use crate::state::{Role, VolumeRecord};
+use flexvolume_os::mount::safe_path;
 
 impl Lifecycle {
     /// CSI NodeStage: waitforattach, then mountdevice onto the staging path.

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use super::{Lifecycle, LifecycleError};
-use crate::mount::{self, safe_path};
 use crate::plugin::Plugin;
-use crate::spec::VolumeSpec;
 use crate::state::{Progress, Role, VolumeRecord};
+use flexvolume_os::mount::{self, safe_path};
+use flexvolume_protocol::spec::VolumeSpec;
 
 /// What is at a path, found without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

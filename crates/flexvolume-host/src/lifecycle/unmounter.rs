@@ -6,11 +6,11 @@ use std::path::Path;
 use super::attacher;
 use super::target;
 use super::{Lifecycle, LifecycleError, UnmountOutcome};
-use crate::mount::safe_path;
-use crate::name::DriverName;
 use crate::plugin::Plugin;
-use crate::protocol::CallOut;
 use crate::state::{Role, VolumeRecord};
+use flexvolume_os::mount::safe_path;
+use flexvolume_protocol::name::DriverName;
+use flexvolume_protocol::CallOut;
 
 /// Finds the plugin to tear a volume down with: the installed driver when it is there (a
 /// replaced driver's new version is used), else the copy pinned at mount time.

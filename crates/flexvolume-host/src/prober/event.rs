@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::name::{DriverName, NameError};
 use crate::plugin::Plugin;
 use crate::prober::Probed;
+use flexvolume_protocol::name::{DriverName, NameError};
 
 /// What a plugin-dir entry stands for, decided once from its file name: a driver, or an entry
 /// whose name is not a driver name (reported so the operator sees it, never registered or
@@ -175,8 +175,8 @@ pub fn transition(
 mod tests {
     use super::*;
     use crate::layout::{InstalledDriver, LayoutError};
-    use crate::name::DriverName;
     use crate::prober::ProbeError;
+    use flexvolume_protocol::name::DriverName;
 
     fn ready() -> Probed {
         let driver = InstalledDriver {
@@ -184,7 +184,7 @@ mod tests {
             dir: "/p/v~d".into(),
             path: "/p/v~d/d".into(),
         };
-        let reply = crate::protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
+        let reply = flexvolume_protocol::find_reply(br#"{"status":"Success"}"#).unwrap();
         Probed {
             subject: Subject::of_dir_name("v~d"),
             name: "v/d".into(),

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 
-use crate::protocol::{self, CallOut, CallOutKind, ExitStatus, ProtocolError, Reply, Status};
+use flexvolume_protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Reply, Status};
 
 /// Kubernetes' timeout for waitforattach (volume manager's `waitForAttachTimeout`).
 pub const DEFAULT_WAIT_FOR_ATTACH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
@@ -83,7 +83,7 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
-    pub fn of(result: &Result<crate::protocol::Reply, CallError>) -> Self {
+    pub fn of(result: &Result<flexvolume_protocol::Reply, CallError>) -> Self {
         match result {
             Ok(_) => Self::Success,
             Err(CallError::Failure { .. }) => Self::Failure,
@@ -211,7 +211,7 @@ pub enum CallError {
         /// The driver's message, redacted.
         message: String,
         /// What went wrong, when the driver names it.
-        code: Option<protocol::ErrorCode>,
+        code: Option<flexvolume_protocol::ErrorCode>,
     },
     #[error("driver {path}: {kind} is not supported")]
     NotSupported { path: PathBuf, kind: CallOutKind },
@@ -230,7 +230,7 @@ impl CallError {
     }
 
     /// The code of a `Failure` the driver named.
-    pub fn code(&self) -> Option<protocol::ErrorCode> {
+    pub fn code(&self) -> Option<flexvolume_protocol::ErrorCode> {
         match self {
             Self::Failure { code, .. } => *code,
             _ => None,
@@ -244,13 +244,13 @@ impl CallError {
 /// `Ok` always means `Success`. The reply's message is redacted.
 pub fn call(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<Reply, CallError> {
     let raw = run(config, program, call)?;
-    let quote = |bytes: &[u8]| call.redact(&protocol::excerpt(bytes));
-    let reply = protocol::interpret(call.kind, raw.exit, &raw.stdout, &raw.stderr, quote).map_err(
-        |source| CallError::Protocol {
-            path: program.to_owned(),
-            source,
-        },
-    )?;
+    let quote = |bytes: &[u8]| call.redact(&flexvolume_protocol::excerpt(bytes));
+    let reply =
+        flexvolume_protocol::interpret(call.kind, raw.exit, &raw.stdout, &raw.stderr, quote)
+            .map_err(|source| CallError::Protocol {
+                path: program.to_owned(),
+                source,
+            })?;
     let path = || program.to_owned();
     match reply.status {
         Status::Success => Ok(Reply {

@@ -269,7 +269,7 @@ fn peers_of(mountinfo: &str, dir: &Path) -> Option<Peers> {
         let Some(mount_point) = fields.get(4) else {
             continue;
         };
-        let mount_point = PathBuf::from(crate::mount::unescape(mount_point));
+        let mount_point = PathBuf::from(flexvolume_os::mount::unescape(mount_point));
         if !dir.starts_with(&mount_point) {
             continue;
         }

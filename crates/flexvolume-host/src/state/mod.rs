@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::name::DriverName;
+use flexvolume_protocol::name::DriverName;
 
 mod cache;
 mod entry;

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{Role, StateDir, StateError, VolumeRecord};
-use crate::mount::safe_path::{self, PathError};
-use crate::name::DriverName;
+use flexvolume_os::mount::safe_path::{self, PathError};
+use flexvolume_protocol::name::DriverName;
 
 /// Why [`StateDir::volume_at`] has no record to answer with.
 #[derive(Debug, thiserror::Error)]

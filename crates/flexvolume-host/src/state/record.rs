@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::StateError;
-use crate::name::DriverName;
+use flexvolume_protocol::name::DriverName;
 
 /// How far a volume's setup got (the record's `stage` on disk; not CSI's NodeStage, which is
 /// [`Role::Stage`]).
@@ -77,8 +77,11 @@ pub struct VolumeRecord {
 
 impl VolumeRecord {
     /// The volume's spec as it was mounted, without secrets (they are never stored).
-    pub fn spec(&self) -> Result<crate::spec::VolumeSpec, StateError> {
-        let mut spec = crate::spec::VolumeSpec::new(self.volume_name.clone(), self.driver.clone());
+    pub fn spec(&self) -> Result<flexvolume_protocol::spec::VolumeSpec, StateError> {
+        let mut spec = flexvolume_protocol::spec::VolumeSpec::new(
+            self.volume_name.clone(),
+            self.driver.clone(),
+        );
         spec.fs_type = self.fs_type.clone();
         spec.read_only = self.read_only;
         spec.options = self.options.clone();

@@ -2,8 +2,8 @@
 //! manifests, and the options JSON a driver receives. Never panics; an accepted spec names a
 //! valid driver; an error about a Secret never quotes the input's content.
 use flexd::manifest;
-use flexvolume_host::name::DriverName;
-use flexvolume_host::options::Options;
+use flexvolume_protocol::name::DriverName;
+use flexvolume_protocol::options::Options;
 
 /// Panics when an invariant breaks.
 pub fn check(data: &[u8]) {

@@ -209,12 +209,3 @@ fn call_out_names_round_trip_and_arity_is_checked() {
     let err = CallOut::from_raw(CallOutKind::Mount, vec!["/t".into()]).unwrap_err();
     assert!(err.to_string().contains("mount <target-dir> <json>"));
 }
-
-#[test]
-fn call_out_set_remembers() {
-    let set = CallOutSet::default();
-    set.insert(CallOutKind::Attach);
-    set.insert(CallOutKind::ExpandFs);
-    assert!(set.contains(CallOutKind::Attach) && set.contains(CallOutKind::ExpandFs));
-    assert!(!set.contains(CallOutKind::Init) && !set.contains(CallOutKind::Mount));
-}
