@@ -1,6 +1,9 @@
 //! Argument checks before exec: what the kernel would refuse is refused first.
 
 use super::*;
+use crate::runner::spawn;
+use crate::runner::{run_argv, RunnerConfig};
+use flexvolume_protocol::ExitStatus;
 
 #[test]
 fn argv_the_kernel_would_refuse_is_refused_before_exec() {
