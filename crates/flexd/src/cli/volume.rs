@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use flexvolume_host::lifecycle::{Expansion, Lifecycle, MountRequest};
 use flexvolume_host::{DriverName, Plugin, PodInfo, Resolver, VolumeSpec};
 
-use flexd::manifest::SecretValues;
+use flexd::user_manifest::SecretValues;
 
 use crate::settings::{exit, Global, OutputFormat};
 
@@ -132,14 +132,14 @@ pub struct UnmountArgs {
 fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    flexd::manifest::volume_spec(&text).map_err(|e| anyhow::anyhow!("{} {e}", path.display()))
+    flexd::user_manifest::volume_spec(&text).map_err(|e| anyhow::anyhow!("{} {e}", path.display()))
 }
 
 /// A Secret manifest's name and values. Errors name the file and the problem, never a value.
 fn secret_from_file(path: &Path) -> anyhow::Result<(Option<String>, SecretValues)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    flexd::manifest::secret(&text)
+    flexd::user_manifest::secret(&text)
         .map_err(|e| anyhow::anyhow!("secret file {} {e}", path.display()))
 }
 

@@ -10,15 +10,16 @@ pub mod calls;
 pub mod controller;
 pub mod driver;
 pub mod endpoint;
+pub mod grpc_code;
+pub mod health;
+pub mod http_listener;
 pub mod identity;
 pub mod locks;
 pub mod metrics;
-pub mod metrics_server;
 pub mod node;
 pub mod provision;
 pub mod registration;
 pub mod request;
-pub mod status;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -77,6 +78,7 @@ pub struct Served {
     /// The prober's events stopped: installs, updates and removals are no longer seen.
     watcher_stopped: bool,
     metrics: Arc<metrics::Metrics>,
+    health: Arc<health::Health>,
     lifecycle: Arc<Lifecycle>,
     resolver: Arc<Resolver>,
 }
@@ -224,7 +226,7 @@ impl Served {
     }
 
     fn check_health(&self) {
-        self.metrics.set_problems(self.problems());
+        self.health.set_problems(self.problems());
         self.metrics.count_unusable_records(&self.lifecycle.state);
     }
 
@@ -270,6 +272,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     let metrics = metrics::Metrics::new();
+    let health = Arc::new(health::Health::default());
     let runner = RunnerConfig {
         observer: Some(flexvolume_host::runner::Observer(metrics.clone())),
         ..global.runner_config()?
@@ -315,7 +318,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
     runtime.block_on(async move {
-        let listener = metrics_server::bind(args.metrics_address).await?;
+        let listener = http_listener::bind(args.metrics_address).await?;
         // Before serving: what a crash left half done. It may wait for a driver the crash left
         // running (the record's lock), so it runs beside the service, which takes the same locks.
         let reconciling = lifecycle.clone();
@@ -336,6 +339,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             unserved: BTreeMap::new(),
             watcher_stopped: false,
             metrics: metrics.clone(),
+            health: health.clone(),
             lifecycle,
             resolver,
         };
@@ -346,7 +350,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         served.remove_stale_sockets();
         served.check_health();
         // Health and metrics answer once the drivers present at start are served.
-        let metrics_task = tokio::spawn(metrics_server::serve(listener, metrics));
+        let metrics_task = tokio::spawn(http_listener::serve(listener, metrics, health));
 
         let (live_tx, mut live) = tokio::sync::mpsc::unbounded_channel();
         std::thread::spawn(move || {
@@ -357,8 +361,8 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         });
         let mut stop = tokio::task::spawn_blocking(move || termination.wait());
-        let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
-        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut health_check = tokio::time::interval(std::time::Duration::from_secs(1));
+        health_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 signal = &mut stop => {
@@ -373,7 +377,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
                         served.watcher_stopped = true;
                     }
                 },
-                _ = health.tick() => served.check_health(),
+                _ = health_check.tick() => served.check_health(),
             }
         }
         prober.stop();
@@ -403,6 +407,7 @@ mod tests {
             unserved: BTreeMap::new(),
             watcher_stopped: false,
             metrics: metrics::Metrics::new(),
+            health: Arc::default(),
             lifecycle: Arc::new(Lifecycle {
                 runner: runner.clone(),
                 state: flexvolume_host::state::StateDir::new(dir.join("state")),

@@ -17,12 +17,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper::Request;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use super::metrics::{respond, Metrics};
+use super::health::Health;
+use super::metrics::Metrics;
 
 /// Connections open at once, at most. A kubelet probes with one at a time per probe, and a
 /// Prometheus scraper keeps one; 64 leaves room for several of each.
@@ -99,7 +102,7 @@ impl Throttled {
 }
 
 /// Serves `/metrics` and `/healthz` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
     let open = Arc::new(Mutex::new(Open::default()));
     let mut failures = Throttled::new();
     let mut evictions = Throttled::new();
@@ -133,13 +136,17 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 );
             }
         }
-        let (metrics, open) = (metrics.clone(), open.clone());
+        let (metrics, health, open) = (metrics.clone(), health.clone(), open.clone());
         tokio::spawn(async move {
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let metrics = metrics.clone();
+                    let (metrics, health) = (metrics.clone(), health.clone());
                     async move {
-                        Ok::<_, std::convert::Infallible>(respond(request.uri().path(), &metrics))
+                        Ok::<_, std::convert::Infallible>(respond(
+                            request.uri().path(),
+                            &metrics,
+                            &health,
+                        ))
                     }
                 });
             let connection = hyper::server::conn::http1::Builder::new()
@@ -159,9 +166,49 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     }
 }
 
+/// The answer to one request's path.
+fn respond(path: &str, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
+        "/healthz" => {
+            let (status, body) = health.report();
+            (status, "text/plain", body)
+        }
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_owned(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn healthz_answers_with_the_health_report() {
+        let (metrics, health) = (Metrics::new(), Health::default());
+        assert_eq!(
+            respond("/healthz", &metrics, &health).status(),
+            StatusCode::OK
+        );
+        health.set_problems(vec!["the driver watcher stopped".to_owned()]);
+        let response = respond("/healthz", &metrics, &health);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 
     #[test]
     fn at_the_cap_the_oldest_connection_is_closed() {

@@ -1,4 +1,5 @@
-//! Library errors as CSI status codes: the one place this mapping lives.
+//! Library errors as gRPC (CSI) status codes: the one place this mapping lives. "Status" alone
+//! means a driver's health elsewhere in flexd; here it is always the gRPC status.
 //!
 //! Messages are the errors' own text, which never holds a secret: driver messages are redacted
 //! by the runner, and nothing here prints a spec's secret values.
@@ -13,7 +14,7 @@ use flexvolume_os::mount::MountError;
 use tonic::{Code, Status};
 
 /// The CSI code for a lifecycle error.
-pub fn code_of(error: &LifecycleError) -> Code {
+pub fn lifecycle_code(error: &LifecycleError) -> Code {
     match error {
         // The request itself is unusable: a malformed path or name, paths that overlap (a
         // target inside a staging path or flexd's state dir), arguments no exec can carry.
@@ -78,7 +79,7 @@ fn path_code(error: &PathError) -> Code {
 }
 
 pub fn from_lifecycle(error: &LifecycleError) -> Status {
-    Status::new(code_of(error), message_of(error))
+    Status::new(lifecycle_code(error), message_of(error))
 }
 
 pub fn from_provision(error: &ProvisionError) -> Status {
@@ -105,18 +106,18 @@ pub fn from_lookup(error: &LookupError) -> Status {
 }
 
 /// An error a volume call can end in, as its CSI status.
-pub trait ToStatus {
-    fn to_status(&self) -> Status;
+pub trait ToGrpcStatus {
+    fn to_grpc_status(&self) -> Status;
 }
 
-impl ToStatus for LifecycleError {
-    fn to_status(&self) -> Status {
+impl ToGrpcStatus for LifecycleError {
+    fn to_grpc_status(&self) -> Status {
         from_lifecycle(self)
     }
 }
 
-impl ToStatus for ProvisionError {
-    fn to_status(&self) -> Status {
+impl ToGrpcStatus for ProvisionError {
+    fn to_grpc_status(&self) -> Status {
         from_provision(self)
     }
 }

@@ -1,5 +1,6 @@
 //! Kubernetes manifests users already have, read as volume specs and secrets: a
-//! PersistentVolume or pod Volume with a `flexVolume` source, and a Secret.
+//! PersistentVolume or pod Volume with a `flexVolume` source, and a Secret (`flexd volume
+//! --file`, `--secret-file`). Not the manifests flexd deploys with: those are `deploy`'s.
 //!
 //! Pure text in, typed values or a clear error out (no files), so the fuzzer and the CLI share
 //! one parser. Errors about a Secret never quote its content.
@@ -13,7 +14,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Secret, Volume};
 pub type SecretValues = BTreeMap<String, Vec<u8>>;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ManifestError {
+pub enum UserManifestError {
     #[error("is not YAML or JSON: {0}")]
     NotYaml(String),
     #[error("is not a valid PersistentVolume: {0}")]
@@ -40,31 +41,31 @@ pub enum ManifestError {
 
 /// The flexVolume source of a PersistentVolume or pod Volume, as a spec, with the name of the
 /// Secret it refers to.
-pub fn volume_spec(text: &str) -> Result<(VolumeSpec, Option<String>), ManifestError> {
+pub fn volume_spec(text: &str) -> Result<(VolumeSpec, Option<String>), UserManifestError> {
     let value: serde_json::Value =
-        serde_yaml_ng::from_str(text).map_err(|e| ManifestError::NotYaml(e.to_string()))?;
+        serde_yaml_ng::from_str(text).map_err(|e| UserManifestError::NotYaml(e.to_string()))?;
     let is_pv = value.get("kind").and_then(|k| k.as_str()) == Some("PersistentVolume");
     let (volume_name, flex, secret_ref) = if is_pv {
         let pv: PersistentVolume = serde_json::from_value(value)
-            .map_err(|e| ManifestError::InvalidPersistentVolume(e.to_string()))?;
-        let name = pv.metadata.name.ok_or(ManifestError::NoName)?;
+            .map_err(|e| UserManifestError::InvalidPersistentVolume(e.to_string()))?;
+        let name = pv.metadata.name.ok_or(UserManifestError::NoName)?;
         let flex = pv
             .spec
             .and_then(|s| s.flex_volume)
-            .ok_or(ManifestError::NoPersistentFlexVolume)?;
+            .ok_or(UserManifestError::NoPersistentFlexVolume)?;
         let secret_ref = flex.secret_ref.as_ref().and_then(|s| s.name.clone());
         let flex = (flex.driver, flex.fs_type, flex.read_only, flex.options);
         (name, flex, secret_ref)
     } else {
-        let volume: Volume =
-            serde_json::from_value(value).map_err(|e| ManifestError::NotAVolume(e.to_string()))?;
-        let flex = volume.flex_volume.ok_or(ManifestError::NoFlexVolume)?;
+        let volume: Volume = serde_json::from_value(value)
+            .map_err(|e| UserManifestError::NotAVolume(e.to_string()))?;
+        let flex = volume.flex_volume.ok_or(UserManifestError::NoFlexVolume)?;
         let secret_ref = flex.secret_ref.as_ref().map(|s| s.name.clone());
         let flex = (flex.driver, flex.fs_type, flex.read_only, flex.options);
         (volume.name, flex, secret_ref)
     };
     let (driver, fs_type, read_only, options) = flex;
-    let name = DriverName::parse(&driver).map_err(|e| ManifestError::Driver {
+    let name = DriverName::parse(&driver).map_err(|e| UserManifestError::Driver {
         reason: e.to_string(),
         driver,
     })?;
@@ -76,14 +77,15 @@ pub fn volume_spec(text: &str) -> Result<(VolumeSpec, Option<String>), ManifestE
 }
 
 /// A Secret manifest's name and values (`data`, base64, and `stringData`).
-pub fn secret(text: &str) -> Result<(Option<String>, SecretValues), ManifestError> {
+pub fn secret(text: &str) -> Result<(Option<String>, SecretValues), UserManifestError> {
     // The parsers' messages could quote a value: only say what is wrong.
     let value: serde_json::Value =
-        serde_yaml_ng::from_str(text).map_err(|_| ManifestError::SecretNotYaml)?;
+        serde_yaml_ng::from_str(text).map_err(|_| UserManifestError::SecretNotYaml)?;
     if value.get("kind").and_then(|k| k.as_str()) != Some("Secret") {
-        return Err(ManifestError::NotASecret);
+        return Err(UserManifestError::NotASecret);
     }
-    let secret: Secret = serde_json::from_value(value).map_err(|_| ManifestError::InvalidSecret)?;
+    let secret: Secret =
+        serde_json::from_value(value).map_err(|_| UserManifestError::InvalidSecret)?;
     let mut values: SecretValues = secret
         .data
         .unwrap_or_default()
@@ -94,7 +96,7 @@ pub fn secret(text: &str) -> Result<(Option<String>, SecretValues), ManifestErro
         values.insert(key, value.into_bytes());
     }
     if values.is_empty() {
-        return Err(ManifestError::EmptySecret);
+        return Err(UserManifestError::EmptySecret);
     }
     Ok((secret.metadata.name, values))
 }
