@@ -163,7 +163,7 @@ fn the_installer_daemonset_mounts_the_host_plugin_dir_at_flexmnt() {
         "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
     );
     // Finding 6: it added capabilities it does not need and mounted a token. Root's uid writes
-    // the root-owned plugin dir without any capability (tests/install.rs shows it).
+    // the root-owned plugin dir without any capability (tests/integration/install.rs shows it).
     assert_eq!(pod.automount_service_account_token, Some(false));
     let security = pod.containers[0].security_context.as_ref().unwrap();
     let capabilities = security.capabilities.as_ref().unwrap();

@@ -4,7 +4,7 @@
 //! directory contents, no mount is left, and the watcher's fds, inotify watches and RSS did
 //! not grow past a bound.
 //!
-//! Bounded for the normal suite (20 s); `FLEXD_SOAK_SECS=600 cargo test -p flexd --test soak`
+//! Bounded for the normal suite (20 s); `FLEXD_SOAK_SECS=600 cargo test -p flexd --test integration -- soak::`
 //! runs longer. `FLEXD_SOAK_SEED` replays a run (the seed is printed).
 
 use std::cell::RefCell;
