@@ -22,7 +22,7 @@ pub mod registration;
 pub mod request;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -265,6 +265,19 @@ impl Served {
     }
 }
 
+/// On a first run the plugin dir is empty and nothing is served, which looks like a start that
+/// went wrong: say so, and what to do next. Drivers installed later are served as they appear
+/// (the prober watches the dir), so no restart is needed.
+fn warn_no_drivers(plugin_dir: &Path) {
+    tracing::warn!(
+        plugin_dir = %plugin_dir.display(),
+        "the plugin dir has no drivers, so nothing is served yet: install one with \
+         `flexd install --driver VENDOR/NAME PATH`, or the loop driver shipped with flexd with \
+         `flexd install --builtin loop` (with the same --plugin-dir); flexd serves each driver \
+         as it is installed, without a restart"
+    );
+}
+
 pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let termination = crate::settings::signals::Termination::catch()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -317,6 +330,9 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
+    if initial.is_empty() {
+        warn_no_drivers(&global.plugin_dir);
+    }
     runtime.block_on(async move {
         let listener = http_listener::bind(args.metrics_address).await?;
         // Before serving: what a crash left half done. It may wait for a driver the crash left

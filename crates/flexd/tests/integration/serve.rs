@@ -1139,3 +1139,53 @@ async fn a_driver_is_served_with_its_registration_socket_at_the_longest_path() {
         .into_inner();
     assert_eq!(info.name, csi_name);
 }
+
+/// A first run on an empty plugin dir serves nothing: flexd says so at warn level, with how to
+/// install a driver, instead of only its start-up lines.
+#[test]
+fn an_empty_plugin_dir_is_warned_about_with_how_to_install_a_driver() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    let root = tempfile::tempdir().unwrap();
+    let plugin_dir = root.path().join("exec");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let mut serve = test_support::serve_command(&plugin_dir, root.path(), "node")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("flexd serve starts");
+    let stderr = serve.stderr.take().expect("piped stderr");
+    let (lines, said) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Generous: a loaded machine may take long to start flexd.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut log = Vec::new();
+    let warning = loop {
+        match said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("the plugin dir has no drivers") => break Some(line),
+            Ok(line) => log.push(line),
+            Err(_) => break None,
+        }
+    };
+    test_support::terminate(&mut serve);
+    let warning =
+        warning.unwrap_or_else(|| panic!("no warning about the empty plugin dir in: {log:#?}"));
+    for text in [
+        "WARN",
+        "flexd install --driver VENDOR/NAME PATH",
+        "flexd install --builtin loop",
+        "as it is installed, without a restart",
+        &plugin_dir.display().to_string(),
+    ] {
+        assert!(warning.contains(text), "no {text:?} in: {warning}");
+    }
+}
