@@ -82,8 +82,11 @@ mod sidecar;
 #[cfg(test)]
 mod tests;
 
-use objects::*;
 pub use objects::{capabilities_args, controller_args, node_args, HOST_MOUNT_NAMESPACE};
+use objects::{
+    controller_deployment, controller_subject, csi_driver, meta, node_daemonset, role_ref,
+    service_account, state_claim, CONTROLLER, NODE,
+};
 use sidecar::rule;
 pub use sidecar::{sidecar_timeout, Sidecar};
 

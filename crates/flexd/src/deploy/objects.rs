@@ -23,8 +23,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::sidecar::Sidecar;
-use super::*;
+use super::sidecar::{sidecar_timeout, Sidecar};
+use super::{
+    DriverProfile, Settings, CAPABILITIES_CSI_DIR, CAPABILITIES_PORT, CONTROLLER_CSI_DIR,
+    CONTROLLER_STATE_DIR, METRICS_PORT,
+};
 
 pub(super) const NODE: &str = "flexd-node";
 pub(super) const CONTROLLER: &str = "flexd-controller";

@@ -43,7 +43,11 @@ pub fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
     };
     let (mut document, mut document_started, mut depth) = (1, false, 0usize);
     while let Some(token) = scanner.next_token() {
-        use yaml_token_type_t::*;
+        use yaml_token_type_t::{
+            YAML_DOCUMENT_START_TOKEN, YAML_FLOW_MAPPING_END_TOKEN, YAML_FLOW_MAPPING_START_TOKEN,
+            YAML_FLOW_SEQUENCE_END_TOKEN, YAML_FLOW_SEQUENCE_START_TOKEN, YAML_STREAM_END_TOKEN,
+            YAML_STREAM_START_TOKEN,
+        };
         match token.kind {
             YAML_STREAM_END_TOKEN => break,
             YAML_STREAM_START_TOKEN => {}

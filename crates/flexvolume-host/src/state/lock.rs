@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::*;
+use super::{entry, id_of, io_err, StateDir, StateError};
 
 /// An exclusive lock, released when dropped and every driver process that inherited it (see
 /// [`crate::runner::RunnerConfig::held_locks`]) has exited, or when they all die.

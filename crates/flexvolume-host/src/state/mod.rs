@@ -24,7 +24,7 @@ mod pins;
 mod query;
 mod record;
 mod watch;
-use cache::*;
+use cache::{unique_mtime, FileIdentity, Parsed, RecordCache, Watching};
 use entry::OpenError;
 pub(crate) use entry::{create_fresh, create_private_dir_all, open_dir};
 pub use entry::{EntryKind, MAX_RECORD_BYTES};

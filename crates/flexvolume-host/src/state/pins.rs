@@ -1,12 +1,14 @@
 //! Pinned copies of driver executables: taken at setup so a volume can be torn down after its
 //! driver is removed, collected once nothing references them.
 
-use std::collections::HashMap;
-use std::fs;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::*;
+use super::cache::FileIdentity;
+use super::{entry, hash_file, io_err, locked, StateDir, StateError};
 
 /// The stable hash of an executable's content, read again only when the file changed.
 pub(super) fn content_hash(executable: &Path) -> Result<u64, StateError> {
