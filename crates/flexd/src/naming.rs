@@ -19,8 +19,8 @@
 
 use flexvolume_host::DriverName;
 
-pub const PREFIX: &str = "flexvolume-";
-pub const MAX_CSI_NAME_LEN: usize = 63;
+pub(crate) const PREFIX: &str = "flexvolume-";
+pub(crate) const MAX_CSI_NAME_LEN: usize = 63;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CsiNameError {

@@ -9,9 +9,9 @@ use std::path::{Component, Path, PathBuf};
 use flexvolume_host::{Capabilities, DriverName};
 
 /// Kubernetes' longest DNS-1123 label (namespace names).
-pub const MAX_LABEL_LEN: usize = 63;
+pub(crate) const MAX_LABEL_LEN: usize = 63;
 /// Kubernetes' longest DNS-1123 subdomain (StorageClass names).
-pub const MAX_SUBDOMAIN_LEN: usize = 253;
+pub(crate) const MAX_SUBDOMAIN_LEN: usize = 253;
 
 /// A namespace name: a DNS-1123 label.
 pub fn dns_label(text: &str) -> Result<String, String> {

@@ -17,11 +17,11 @@ use unsafe_libyaml::{
 };
 
 /// serde_yaml_ng's recursion limit: a document nested deeper is refused by the parse anyway.
-pub const MAX_NESTING: usize = 128;
+pub(crate) const MAX_NESTING: usize = 128;
 
 /// Where flow collections first nest deeper than the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooDeep {
+pub(crate) struct TooDeep {
     /// 1-based, as `migrate` counts documents.
     pub document: usize,
     /// 1-based.
@@ -32,7 +32,7 @@ pub struct TooDeep {
 
 /// `Err` at the first flow collection opened more than `limit` deep. A syntax error ends the
 /// scan with `Ok`: the parse that follows reports it, and meets no deeper nesting before it.
-pub fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
+pub(crate) fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
     // Nesting deeper than the limit takes more opening brackets than that: block-style YAML
     // (kubectl's) has few, and is not scanned twice.
     if text.bytes().filter(|b| matches!(b, b'{' | b'[')).count() <= limit {
