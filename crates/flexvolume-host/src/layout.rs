@@ -89,7 +89,7 @@ pub struct Entry {
 }
 
 /// Whether the prober must ignore this file name.
-pub fn is_hidden(file_name: &std::ffi::OsStr) -> bool {
+pub(crate) fn is_hidden(file_name: &std::ffi::OsStr) -> bool {
     file_name.as_encoded_bytes().first() == Some(&b'.')
 }
 
@@ -150,7 +150,7 @@ pub fn locate(
 /// the rules discovery applies once it is renamed to `name`'s directory, so that an installer
 /// refuses exactly what discovery would refuse, for the same reason. Errors name the final
 /// paths, as discovery will.
-pub fn check_staged(
+pub(crate) fn check_staged(
     plugin_dir: &Path,
     staged: &Path,
     name: &DriverName,
@@ -307,7 +307,7 @@ fn check_entry(
 /// may own it, and nobody else may write it: whoever can write the executable or any directory
 /// on its path can make flexd run their code. A directory with the sticky bit (as /tmp) may be
 /// writable by all: in it nobody can rename or remove an entry they do not own.
-pub fn distrust(uid: u32, mode: u32, is_dir: bool, euid: u32) -> Option<String> {
+pub(crate) fn distrust(uid: u32, mode: u32, is_dir: bool, euid: u32) -> Option<String> {
     if uid != 0 && uid != euid {
         return Some(if euid == 0 {
             format!("owned by uid {uid}, not root")
@@ -330,7 +330,7 @@ pub fn distrust(uid: u32, mode: u32, is_dir: bool, euid: u32) -> Option<String> 
 /// (from `/`, through every symlink on the way, to the executable's own directory), pass
 /// [`distrust`]. So the plugin dir and its ancestors are checked, and with `--allow-symlinks`
 /// both where a symlink lies and where it leads.
-pub fn check_trusted(path: &Path) -> Result<(), LayoutError> {
+pub(crate) fn check_trusted(path: &Path) -> Result<(), LayoutError> {
     let euid = rustix::process::geteuid().as_raw();
     let (resolved, dirs) = resolve(path).map_err(|e| LayoutError::io(path, &e))?;
     let judge = |at: &Path, is_dir: bool| -> Result<(), LayoutError> {

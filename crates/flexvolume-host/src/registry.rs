@@ -152,7 +152,7 @@ impl Registry {
 
     /// Probes one driver now (its layout and `init`) and records the outcome, as a prober event
     /// would. For one-shot programs that need one driver, not the whole plugin dir.
-    pub fn probe_one(
+    pub(crate) fn probe_one(
         &self,
         plugin_dir: &Path,
         name: &DriverName,

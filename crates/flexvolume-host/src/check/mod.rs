@@ -22,17 +22,21 @@ use flexvolume_protocol::options::Options;
 use flexvolume_protocol::spec::VolumeSpec;
 use flexvolume_protocol::{CallOut, CallOutKind, Reply, Status};
 
-pub const INIT_CHECK: &str = "init answers Success with capabilities";
-pub const STRICT_JSON_CHECK: &str = "init output is strict JSON (kubelet-compatible)";
-pub const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
-pub const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
-pub const PROVISION_CHECK: &str = "provision creates a volume (provision: true)";
-pub const DELETE_CHECK: &str = "delete removes the provisioned volume, and again (idempotent)";
-pub const MOUNT_CHECK: &str = "mount through the whole flow (attach path too) on a scratch target";
-pub const ISATTACHED_CHECK: &str = "isattached answers attached (or Not supported) while attached";
-pub const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
-pub const UNMOUNT_CHECK: &str = "unmount (unmountdevice, detach) leaves nothing mounted";
-pub const UNMOUNT_AGAIN_CHECK: &str = "unmount of an unmounted target answers Success (idempotent)";
+pub(crate) const INIT_CHECK: &str = "init answers Success with capabilities";
+pub(crate) const STRICT_JSON_CHECK: &str = "init output is strict JSON (kubelet-compatible)";
+pub(crate) const UNKNOWN_CHECK: &str = "unknown call-out answers Not supported";
+pub(crate) const GETVOLUMENAME_CHECK: &str = "getvolumename answers valid JSON or Not supported";
+pub(crate) const PROVISION_CHECK: &str = "provision creates a volume (provision: true)";
+pub(crate) const DELETE_CHECK: &str =
+    "delete removes the provisioned volume, and again (idempotent)";
+pub(crate) const MOUNT_CHECK: &str =
+    "mount through the whole flow (attach path too) on a scratch target";
+pub(crate) const ISATTACHED_CHECK: &str =
+    "isattached answers attached (or Not supported) while attached";
+pub(crate) const MOUNT_AGAIN_CHECK: &str = "mount of a mounted target answers Success (idempotent)";
+pub(crate) const UNMOUNT_CHECK: &str = "unmount (unmountdevice, detach) leaves nothing mounted";
+pub(crate) const UNMOUNT_AGAIN_CHECK: &str =
+    "unmount of an unmounted target answers Success (idempotent)";
 const LIFECYCLE_CHECKS: [&str; 5] = [
     MOUNT_CHECK,
     ISATTACHED_CHECK,
@@ -42,7 +46,7 @@ const LIFECYCLE_CHECKS: [&str; 5] = [
 ];
 
 /// A call-out name no driver implements.
-pub const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
+pub(crate) const UNKNOWN_CALLOUT: &str = "flexd-check-unknown-callout";
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -83,7 +83,7 @@ fn answer_or<T>(
 
 /// Attaches the volume to this node and waits for its device. Defaults: attach → device "";
 /// waitforattach → the device attach gave.
-pub fn attach_and_wait(
+pub(crate) fn attach_and_wait(
     lc: &Lifecycle,
     plugin: &Plugin,
     spec: &VolumeSpec,
@@ -158,7 +158,7 @@ pub fn unmount_device(lc: &Lifecycle, plugin: &Plugin, dir: &Path) -> Result<(),
 
 /// Unmounts the device mount dir (default: plain unmount), leaving the directory: a CSI
 /// staging path belongs to the CO unless flexd created it.
-pub fn unmount_device_keep_dir(
+pub(crate) fn unmount_device_keep_dir(
     lc: &Lifecycle,
     plugin: &Plugin,
     dir: &Path,

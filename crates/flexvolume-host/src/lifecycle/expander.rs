@@ -25,7 +25,7 @@ pub struct ExpandOutcome {
 }
 
 /// The size of the filesystem mounted at `dir`, as the old size the call-outs receive.
-pub fn filesystem_bytes(dir: &Path) -> Result<u64, LifecycleError> {
+pub(crate) fn filesystem_bytes(dir: &Path) -> Result<u64, LifecycleError> {
     let stat = rustix::fs::statvfs(dir).map_err(|e| LifecycleError::Io {
         path: dir.to_owned(),
         source: e.into(),

@@ -201,7 +201,7 @@ pub struct UnmountOutcome {
 
 /// A volume name made safe as one path component: `/` becomes `~` (as kubelet does), anything
 /// but `[A-Za-z0-9._~-]` is %-escaped, and a leading `.` is escaped so `..` never appears.
-pub fn path_component(volume_name: &str) -> Result<String, LifecycleError> {
+pub(crate) fn path_component(volume_name: &str) -> Result<String, LifecycleError> {
     if volume_name.is_empty() {
         return Err(LifecycleError::VolumeName(volume_name.to_owned()));
     }
@@ -232,7 +232,7 @@ impl Lifecycle {
 
     /// The staging path of the whole node flow (`flexd volume mount`), where the device of a
     /// volume is mounted: `<state-dir>/devices/<vendor~driver>/<volume>`.
-    pub fn device_staging(
+    pub(crate) fn device_staging(
         &self,
         driver: &DriverName,
         volume_name: &str,

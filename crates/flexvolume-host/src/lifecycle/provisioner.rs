@@ -151,7 +151,7 @@ impl ProvisionedVolume {
 
 impl Lifecycle {
     /// Where the record of a provisioned volume lives.
-    pub fn provisioned_path(
+    pub(crate) fn provisioned_path(
         &self,
         driver: &DriverName,
         name: &str,

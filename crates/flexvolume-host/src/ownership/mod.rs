@@ -24,7 +24,7 @@ use std::time::Duration;
 pub use rules::{plan, root_is_right, wanted_mode, Plan, Policy};
 
 /// At most this many entry errors are kept (all are counted).
-pub const MAX_REPORTED_ERRORS: usize = 100;
+pub(crate) const MAX_REPORTED_ERRORS: usize = 100;
 
 /// One ownership pass to run.
 #[derive(Debug, Clone)]
@@ -51,10 +51,10 @@ pub const MAX_WALKERS: usize = 64;
 
 /// Walker threads per core at most: more than one per core still helps when the filesystem
 /// waits on a network or a slow disk (NFS, cold caches); four is enough to keep those busy.
-pub const WALKERS_PER_CORE: usize = 4;
+pub(crate) const WALKERS_PER_CORE: usize = 4;
 
 /// The most walkers any pass gets on this machine: `min(WALKERS_PER_CORE × cores, MAX_WALKERS)`.
-pub fn max_walkers() -> usize {
+pub(crate) fn max_walkers() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores * WALKERS_PER_CORE).clamp(1, MAX_WALKERS)
 }
@@ -62,7 +62,7 @@ pub fn max_walkers() -> usize {
 /// The walkers a pass asking for `requested` threads gets: 0 means one per core, and no
 /// request gets more than [`max_walkers`]. Clamped here, in the library, so that every caller
 /// (the CLI, SetUp, a future one) is bounded, not only those that validate their input.
-pub fn walkers_for(requested: usize) -> usize {
+pub(crate) fn walkers_for(requested: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match requested {
         0 => cores.min(MAX_WALKERS),

@@ -9,7 +9,7 @@ use super::Counters;
 
 /// Runs `work`, logging the entry count first after `first` and then every `every` until it
 /// returns.
-pub fn while_running<T>(
+pub(crate) fn while_running<T>(
     root: &Path,
     counters: &Counters,
     first: Duration,

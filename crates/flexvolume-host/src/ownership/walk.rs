@@ -18,7 +18,7 @@ use super::{
 };
 
 /// Called with (directory, entry name) before an entry is examined.
-pub type EntryHook = dyn Fn(BorrowedFd<'_>, &CStr) + Sync;
+pub(crate) type EntryHook = dyn Fn(BorrowedFd<'_>, &CStr) + Sync;
 
 /// `fchmodat2`'s number: new syscalls share one number on every architecture.
 const SYS_FCHMODAT2: libc::c_long = 452;

@@ -20,7 +20,7 @@ struct Slot {
 /// One slot per key seen in the last interval; quiet keys are forgotten, so memory is bounded
 /// by the number of directories that changed recently, not by the number of events.
 #[derive(Debug)]
-pub struct Coalescer<K> {
+pub(crate) struct Coalescer<K> {
     interval: Duration,
     slots: HashMap<K, Slot>,
 }
@@ -62,7 +62,7 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
 
     /// Keys whose trailing edge is due at `now`, each now counted as processed. Also forgets
     /// keys that have been quiet for a whole interval.
-    pub fn due(&mut self, now: Instant) -> Vec<K> {
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<K> {
         let interval = self.interval;
         let mut due = Vec::new();
         self.slots.retain(|key, slot| {
@@ -81,7 +81,7 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
 
     /// When the next trailing edge is due; `None` when nothing is pending (then the caller may
     /// sleep until the next filesystem event).
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.slots
             .values()
             .filter(|s| s.pending)
@@ -90,10 +90,12 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
     }
 
     /// How many keys are remembered (for tests of the memory bound).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }

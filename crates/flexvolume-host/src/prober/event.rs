@@ -25,12 +25,13 @@ pub enum Subject {
 
 impl Subject {
     /// The subject of the plugin-dir entry `dir_name` (`vendor~driver`).
-    pub fn of_dir_name(dir_name: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn of_dir_name(dir_name: &str) -> Self {
         Self::of_name(dir_name, DriverName::from_dir_name(dir_name))
     }
 
     /// The subject of a plugin-dir entry, from the name the layout read.
-    pub fn of_entry(entry: &crate::layout::Entry) -> Self {
+    pub(crate) fn of_entry(entry: &crate::layout::Entry) -> Self {
         Self::of_name(&entry.dir_name, entry.name.clone())
     }
 
@@ -95,7 +96,7 @@ pub struct ProbeEvent {
 
 /// What is known about a driver directory between changes.
 #[derive(Debug, Clone, Default)]
-pub enum Known {
+pub(crate) enum Known {
     #[default]
     Absent,
     Ready {
@@ -110,7 +111,7 @@ pub enum Known {
 
 /// The event for a re-probe (`None` = the entry is gone) given what was known, and the new
 /// knowledge. `None` event: nothing to say (absent before and after).
-pub fn transition(
+pub(crate) fn transition(
     dir_name: &str,
     before: &Known,
     found: Option<&Probed>,

@@ -44,7 +44,7 @@ pub struct Probed {
 }
 
 /// Turns one layout entry into a probed driver by running `init`.
-pub fn probe_entry(entry: Entry, config: &RunnerConfig) -> Probed {
+pub(crate) fn probe_entry(entry: Entry, config: &RunnerConfig) -> Probed {
     let subject = Subject::of_entry(&entry);
     let path = entry.outcome.as_ref().ok().map(|d| d.path.clone());
     let result = match entry.outcome {
@@ -74,7 +74,7 @@ pub fn probe_all(
 }
 
 /// `init`s a batch of entries on `parallelism` threads, keeping their order.
-pub fn probe_entries(
+pub(crate) fn probe_entries(
     entries: Vec<Entry>,
     config: &RunnerConfig,
     parallelism: usize,

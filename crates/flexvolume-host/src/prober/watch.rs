@@ -27,7 +27,7 @@ use crate::layout::is_hidden;
 
 /// What a batch of inotify events asks the prober to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Something changed in (or of) this top-level entry.
     Key(String),
     /// Events were lost (queue overflow): compare everything.
@@ -59,7 +59,7 @@ enum AddError {
     Other,
 }
 
-pub struct WatchSet {
+pub(crate) struct WatchSet {
     inotify: Inotify,
     root: PathBuf,
     root_wd: Option<WatchDescriptor>,
@@ -99,10 +99,6 @@ impl WatchSet {
         self.by_wd.len() + usize::from(self.root_wd.is_some())
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn add(&mut self, path: &Path) -> Result<WatchDescriptor, AddError> {
         if self.limit.is_some_and(|limit| self.len() >= limit) {
             return Err(AddError::Limit);
@@ -129,7 +125,7 @@ impl WatchSet {
     /// Creates the plugin dir if needed (docs/discovery.md#plugin-dir) and watches it. Created
     /// 0755 whatever the umask: discovery refuses a plugin dir others may write
     /// (docs/discovery.md#trust).
-    pub fn watch_root(&mut self) -> io::Result<()> {
+    pub(crate) fn watch_root(&mut self) -> io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -150,7 +146,7 @@ impl WatchSet {
     }
 
     /// The visible top-level entries of the plugin dir.
-    pub fn present_keys(&self) -> Vec<String> {
+    pub(crate) fn present_keys(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return Vec::new();
         };
@@ -165,7 +161,7 @@ impl WatchSet {
     /// Stops watching below one key (the plugin dir's own watch still sees the entry come and
     /// go). Used while the key's next probe is already scheduled: its events would say nothing
     /// new, and a storm of them would cost CPU for nothing.
-    pub fn unwatch_key(&mut self, key: &str) {
+    pub(crate) fn unwatch_key(&mut self, key: &str) {
         for wd in self.by_key.remove(key).unwrap_or_default() {
             if self.by_wd.get(&wd).is_some_and(|(owner, _)| owner == key) {
                 self.by_wd.remove(&wd);
@@ -175,7 +171,7 @@ impl WatchSet {
     }
 
     /// Re-creates the watches of one key from what is on disk now.
-    pub fn sync_key(&mut self, key: &str) {
+    pub(crate) fn sync_key(&mut self, key: &str) {
         self.unwatch_key(key);
         self.degraded.remove(key);
         let top = self.root.join(key);
@@ -279,7 +275,7 @@ impl WatchSet {
         }
     }
 
-    pub fn fingerprint(&self, key: &str) -> u64 {
+    pub(crate) fn fingerprint(&self, key: &str) -> u64 {
         fingerprint(&self.root, key)
     }
 }
@@ -287,7 +283,7 @@ impl WatchSet {
 /// A fingerprint of a key's directory tree (names, inodes, sizes, modes, mtimes): compared by
 /// degraded keys that cannot be watched, and to tell whether a change seen during a probe was
 /// already seen by it.
-pub fn fingerprint(root: &Path, key: &str) -> u64 {
+pub(crate) fn fingerprint(root: &Path, key: &str) -> u64 {
     {
         let mut hasher = DefaultHasher::new();
         let top = root.join(key);

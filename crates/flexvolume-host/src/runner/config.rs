@@ -63,7 +63,7 @@ impl Default for RunnerConfig {
 }
 
 impl RunnerConfig {
-    pub fn timeout_for(&self, kind: CallOutKind) -> Duration {
+    pub(crate) fn timeout_for(&self, kind: CallOutKind) -> Duration {
         self.overrides
             .get(&kind)
             .copied()

@@ -100,7 +100,7 @@ pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawO
 /// Runs the driver with an arbitrary argv (after the executable), under the timeout of `kind`.
 /// For tools that must send what the protocol does not define, such as `flexd check` asking an
 /// unknown call-out; everything else goes through [`run`].
-pub fn run_argv(
+pub(crate) fn run_argv(
     config: &RunnerConfig,
     program: &Path,
     kind: CallOutKind,

@@ -96,7 +96,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
 
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between Rust versions, and these
 /// names live on disk across upgrades).
-pub fn stable_hash(bytes: &[u8]) -> u64 {
+pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
     stable_hash_update(STABLE_HASH_START, bytes)
 }
 
@@ -195,7 +195,7 @@ impl StateDir {
         self.root.join("volumes")
     }
 
-    pub fn record_path(&self, target: &Path) -> PathBuf {
+    pub(crate) fn record_path(&self, target: &Path) -> PathBuf {
         self.volumes().join(format!("{}.json", id_of(target)))
     }
 
@@ -204,7 +204,7 @@ impl StateDir {
         self.volumes().join(format!("{}.mounted", id_of(target)))
     }
 
-    pub fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
+    pub(crate) fn save(&self, record: &VolumeRecord) -> Result<(), StateError> {
         if record.progress == Progress::Mounted {
             // Only the stage changed: the marker says it, the record stays as written.
             let on_disk = self.load_record(&record.target).ok().flatten();

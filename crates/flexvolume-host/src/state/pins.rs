@@ -49,7 +49,7 @@ impl StateDir {
     /// Removes pinned driver copies that no record references and that nobody pinned in the
     /// last `grace` (a mount pins, then writes its record). Returns how many went. Does nothing
     /// while any record is unreadable: what it references is unknown.
-    pub fn collect_pins(&self, grace: std::time::Duration) -> Result<usize, StateError> {
+    pub(crate) fn collect_pins(&self, grace: std::time::Duration) -> Result<usize, StateError> {
         let pins = self.root.join("pinned");
         let now = std::time::SystemTime::now();
         let pinned_lately = |version: &Path| {
