@@ -35,7 +35,9 @@ pub use sandbox::{
 };
 
 /// Raises this test process's soft open-file limit to its hard one: for tests that hold more
-/// connections than the default 1024 allows.
+/// connections than the default 1024 allows. The limit is the whole process's, shared with
+/// the tests running beside it; every flexd they start still gets the original one (see
+/// `cli::clean_flexd`).
 pub fn raise_open_files() {
     flexvolume_os::open_files::raise().expect("raise the open-file limit");
 }
