@@ -9,13 +9,13 @@ use super::error::CallError;
 
 /// The kernel's limit on one argv or environment string, NUL included (`MAX_ARG_STRLEN`: 32
 /// pages). The options JSON is one such string, so it bounds everything a mount carries.
-pub fn max_arg_strlen() -> usize {
+pub(crate) fn max_arg_strlen() -> usize {
     32 * rustix::param::page_size()
 }
 
 /// The kernel's limit on argv and environment together (`ARG_MAX`, a quarter of the stack
 /// limit); 128 KiB, the historic minimum, when it cannot be read.
-pub fn arg_max() -> usize {
+pub(crate) fn arg_max() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
     usize::try_from(n)

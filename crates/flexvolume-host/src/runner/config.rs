@@ -12,7 +12,7 @@ use super::namespace::MountNamespace;
 use super::observer::Observer;
 
 /// Kubernetes' timeout for waitforattach (volume manager's `waitForAttachTimeout`).
-pub const DEFAULT_WAIT_FOR_ATTACH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+pub(crate) const DEFAULT_WAIT_FOR_ATTACH_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// Ours for every other call-out; kubelet has none and hangs forever on a stuck driver.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2 * 60);
 /// Between SIGTERM and SIGKILL to the driver's process group.

@@ -23,11 +23,9 @@ mod observer;
 mod spawn;
 mod supervise;
 
-pub use argv::{arg_max, max_arg_strlen};
 pub use capped::{lingering, remove_own_cgroups};
 pub use config::{
     RunnerConfig, DEFAULT_KILL_GRACE, DEFAULT_MAX_PROCESSES, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT,
-    DEFAULT_WAIT_FOR_ATTACH_TIMEOUT,
 };
 pub use error::CallError;
 pub use flexvolume_os::cgroup::{process_cap, CALLOUTS_DIR};
