@@ -3,4 +3,4 @@
 # Usage: bench/callout.sh [N=1000] [ROUNDS=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo bench -q -p flexvolume --bench callout -- "${1:-1000}" "${2:-5}"
+cargo bench -q -p flexvolume-host --bench callout -- "${1:-1000}" "${2:-5}"

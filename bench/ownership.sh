@@ -11,7 +11,7 @@ rounds=${3:-3}
 command -v strace >/dev/null || { echo "needs strace (apt-get install strace)"; exit 1; }
 
 cargo build -q --release -p flexd
-cargo build -q --release -p flexvolume --example kubernetes_ownership_walk
+cargo build -q --release -p flexvolume-host --example kubernetes_ownership_walk
 flexd=target/release/flexd
 k8s=target/release/examples/kubernetes_ownership_walk
 

@@ -4,7 +4,7 @@
 # "<label> <exit status> <passed> <failed> <ignored> <seconds>" lines to $1/results and each
 # binary's output to $1/logs/<label>.log.
 #
-# The flexvolume suites run one after the other in one cgroup, as flexd runs in a container or
+# The flexvolume-host suites run one after the other in one cgroup, as flexd runs in a container or
 # a service: alone in its cgroup, so it moves into its `flexd-daemon` leaf to cap drivers below
 # it, and each suite after the first is a flexd restarted in a cgroup an earlier one prepared.
 # The other suites start flexd processes beside the test harness, so they run in the root
@@ -66,7 +66,7 @@ while read -r label exe cwd; do
   mkdir -p "$(dirname "$log")"
   cgroup=
   case "$label" in
-    flexvolume/*)
+    flexvolume-host/*)
       cgroup=/sys/fs/cgroup/vm-flexvolume
       mkdir -p "$cgroup"
       ;;
@@ -87,12 +87,13 @@ while read -r label exe cwd; do
   grep -qE 'no process cap on this machine|drivers run without a process cap' "$log" &&
     fail_check "$label: the process cap was unavailable: $(grep -m1 -oE '(no process cap on this machine|reason=).*' "$log")"
   case "$label" in
-    flexvolume/hostile*)
+    flexvolume-host/integration*)
+      # (The hostile module is in the library's one integration binary.)
       # The cap must have been exercised, not skipped: the fork bomb test ran its capped path,
       # and flexd, alone in its cgroup, moved into its leaf to enable pids below it.
       grep -q '^skipped: .*process cap\|^skipped: needs root' "$log" &&
         fail_check "hostile: the process cap tests skipped"
-      grep -q '^test a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout \.\.\. ok' "$log" ||
+      grep -q '^test hostile::a_fork_bomb_is_held_to_the_process_cap_and_killed_at_the_timeout \.\.\. ok' "$log" ||
         fail_check "hostile: the fork bomb test did not pass"
       [ -d "$cgroup/flexd-daemon" ] && [ -d "$cgroup/flexd-callouts" ] ||
         fail_check "hostile: flexd did not move into $cgroup/flexd-daemon with call-outs in $cgroup/flexd-callouts"

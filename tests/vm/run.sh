@@ -68,7 +68,7 @@ for line in open(sys.argv[1]):
         label = "%s/%s[%s]" % (package, m["target"]["name"], m["target"]["kind"][0])
         tests.append((label, exe, os.path.dirname(m["manifest_path"])))
 # The library's suites first: they are what the VM is for (the process cap on cgroup v2).
-tests.sort(key=lambda t: not t[0].startswith("flexvolume/"))
+tests.sort(key=lambda t: not t[0].startswith("flexvolume-host/"))
 with open(sys.argv[2], "w") as out:
     out.writelines("%s %s %s\n" % t for t in tests)
 with open(sys.argv[3], "w") as out:

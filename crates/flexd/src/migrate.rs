@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use flexvolume::DriverName;
+use flexvolume_host::DriverName;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{
@@ -33,7 +33,7 @@ mod yaml;
 
 pub use yaml::to_yaml;
 
-pub use nesting::MAX_NESTING;
+pub(crate) use nesting::MAX_NESTING;
 
 /// Volume-context keys flexd serve takes for kubelet's (pod information), never the driver's:
 /// an option under this prefix would not reach the driver after the migration.
@@ -41,17 +41,17 @@ pub const K8S_CONTEXT_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// What flexd serve accepts as a volume id (`serve/request.rs`, CSI's string limit): the
 /// migrated PV's name must fit, since it is the volume handle.
-pub const MAX_VOLUME_HANDLE_BYTES: usize = 128;
+pub(crate) const MAX_VOLUME_HANDLE_BYTES: usize = 128;
 /// What flexd serve accepts as a volume context, keys and values together (CSI's map limit).
-pub const MAX_CONTEXT_BYTES: usize = 4096;
+pub(crate) const MAX_CONTEXT_BYTES: usize = 4096;
 /// The most kubelet adds to the volume context (podInfoOnMount): the keys `pod.name`,
 /// `pod.namespace`, `pod.uid`, `serviceAccount.name` and `ephemeral` under
 /// `csi.storage.k8s.io/` (151 bytes) with their longest values (253 + 63 + 36 + 253 + 5).
-pub const MAX_POD_INFO_BYTES: usize = 151 + 253 + 63 + 36 + 253 + 5;
+pub(crate) const MAX_POD_INFO_BYTES: usize = 151 + 253 + 63 + 36 + 253 + 5;
 
 /// The annotation `kubectl apply` keeps the last applied object in: it still describes the
 /// FlexVolume object, so a later apply would diff against the wrong thing.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Why an object, or one of its volumes, cannot be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

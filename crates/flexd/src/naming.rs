@@ -17,10 +17,10 @@
 //! whose CSI form would be longer than 63 characters or not a DNS-1123 subdomain (`a..b`, a
 //! trailing `.`, a label starting with an escape such as `a./b`) is not served through CSI; flexd reports it.
 
-use flexvolume::DriverName;
+use flexvolume_host::DriverName;
 
-pub const PREFIX: &str = "flexvolume-";
-pub const MAX_CSI_NAME_LEN: usize = 63;
+pub(crate) const PREFIX: &str = "flexvolume-";
+pub(crate) const MAX_CSI_NAME_LEN: usize = 63;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CsiNameError {

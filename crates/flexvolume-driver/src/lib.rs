@@ -3,7 +3,7 @@
 //! FlexVolume drivers are usually shell scripts, and they break in the same ways: unquoted
 //! `$*`, `echo -ne`, usage text where JSON was expected, log lines mixed into the reply. This
 //! crate does the protocol part for you, with the very types the host runtime uses
-//! ([`flexvolume_protocol::protocol`], [`flexvolume_protocol::options`]) so both sides agree
+//! ([`flexvolume_protocol`]: call-outs, replies, [`flexvolume_protocol::options`]) so both sides agree
 //! byte for byte, and without the host runtime itself (no inotify, rayon or tokio in your build):
 //!
 //! - [`Driver`]: one method per call-out; every one but `init` answers `Not supported` unless
@@ -44,8 +44,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 pub use flexvolume_protocol::options::{self, Options, OptionsError};
-pub use flexvolume_protocol::protocol::{CallOutKind, Capabilities, ErrorCode, Reply, Status};
 pub use flexvolume_protocol::PodInfo;
+pub use flexvolume_protocol::{CallOutKind, Capabilities, ErrorCode, Reply, Status};
 
 mod request;
 mod volume_options;

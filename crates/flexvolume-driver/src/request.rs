@@ -4,7 +4,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::*;
+use flexvolume_protocol::CallOutKind;
+
+use crate::volume_options::{OptionsArgError, VolumeOptions};
 
 /// One call-out as kubelet invokes it, argv parsed (docs/protocol.md#call-outs).
 #[derive(Debug, Clone, PartialEq, Eq)]

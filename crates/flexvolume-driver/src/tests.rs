@@ -250,7 +250,7 @@ fn a_named_failure_carries_its_code_and_the_host_reads_it() {
         r#"{"status":"Failure","message":"no volume gone","code":"NotFound"}"#
     );
     assert_eq!(response.exit_code, 1);
-    let back = flexvolume_protocol::protocol::find_reply(response.to_json().as_bytes()).unwrap();
+    let back = flexvolume_protocol::find_reply(response.to_json().as_bytes()).unwrap();
     assert_eq!(back.code, Some(ErrorCode::NotFound));
     // A driver that does not provision says so, and the host falls back to static volumes.
     let call = CallOut::provision(&Options::for_provision(&spec, None));
@@ -277,8 +277,7 @@ fn every_call_out_parses_the_hosts_argv_and_answers_exact_bytes() {
             call.kind
         );
         // What the host's own parser reads from these bytes is the same reply.
-        let back =
-            flexvolume_protocol::protocol::find_reply(response.to_json().as_bytes()).unwrap();
+        let back = flexvolume_protocol::find_reply(response.to_json().as_bytes()).unwrap();
         assert_eq!(back, response.reply, "{}", call.kind);
     }
 }

@@ -1,7 +1,10 @@
 //! The options JSON a call-out receives, typed: the well-known `kubernetes.io/*` keys, and
 //! secrets base64-decoded behind a `Debug` that never shows them.
 
-use crate::*;
+use std::fmt;
+
+use flexvolume_protocol::options::{self, Options, OptionsError};
+use flexvolume_protocol::PodInfo;
 
 /// A secret value from the options. Its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]

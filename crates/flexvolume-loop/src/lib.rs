@@ -39,7 +39,6 @@ use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use flexvolume_os::mount;
 pub use image_dirs::{ImageDirs, ImageDirsError};
@@ -50,8 +49,8 @@ mod volume;
 use flexvolume_driver::{
     Capabilities, Driver, DriverError, DriverResult, Provisioned, ResultExt as _, VolumeOptions,
 };
-use volume::*;
 pub use volume::{image_holds_data, parse_size, Volume};
+use volume::{mounted_source, mounts_of, size_of, Foreign};
 
 /// Where images live unless the volume's `imageDir` option says otherwise.
 pub const DEFAULT_IMAGE_DIR: &str = "/var/lib/flexd-loop";

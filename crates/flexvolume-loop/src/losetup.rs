@@ -1,7 +1,11 @@
 //! Loop devices, through util-linux's `losetup`. Output is always captured: a driver's stdout
 //! is its reply.
 
-use super::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use flexvolume_driver::{DriverError, DriverResult, ResultExt as _};
 
 pub(crate) fn run(args: &[&std::ffi::OsStr]) -> DriverResult<String> {
     let out = Command::new("losetup")

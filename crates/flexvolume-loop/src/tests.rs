@@ -1,8 +1,10 @@
 //! The loop driver's pure parts: names, sizes, escapes, image dirs.
 
 use std::fs::File;
+use std::process::Command;
 
 use super::*;
+use crate::volume::same_file;
 
 fn options(json: &str) -> VolumeOptions {
     VolumeOptions::parse(json).unwrap()

@@ -1,13 +1,18 @@
 //! One volume (`<dir>/<name>.img` with its lock and marker beside it) and the checks and
 //! escapes its names and sizes go through.
 
-use flexvolume_os::mount;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::*;
+use flexvolume_driver::{DriverError, DriverResult, ResultExt as _, VolumeOptions};
+use flexvolume_os::mount;
+
+use crate::{
+    image_dirs, losetup, DEFAULT_IMAGE_DIR, DEFAULT_SIZE, IMAGE_DIR_OPTION, MAX_NAME_LEN,
+    SIZE_OPTION, VOLUME_ID_OPTION,
+};
 
 /// A file of the driver's own beside an image (a lock, a marker), opened for writing and
 /// created when absent; never through a symlink a caller planted at its name.

@@ -1,6 +1,6 @@
 //! # flexvolume-os — the Linux primitives under a FlexVolume host and its drivers
 //!
-//! What the host runtime (`flexvolume`) and a driver (`flexvolume-loop`) both do to the
+//! What the host runtime (`flexvolume-host`) and a driver (`flexvolume-loop`) both do to the
 //! operating system, with nothing of the host's machinery (discovery, the runner, threads):
 //!
 //! - [`mount`]: the mount table, bind mounts, unmounts, format-and-mount, filesystem growth;

@@ -42,6 +42,7 @@ fn built_exe(name: &str) -> PathBuf {
 /// `FLEXD_*` variables, `NODE_NAME`, `RUST_LOG`): a test says what it wants.
 pub fn clean_flexd() -> Command {
     let mut command = Command::new(flexd_exe());
+    start_with_the_original_open_files(&mut command);
     for (var, _) in std::env::vars_os() {
         let name = var.to_string_lossy();
         if name.starts_with("FLEXD_") || name == "NODE_NAME" || name == "RUST_LOG" {
@@ -49,6 +50,25 @@ pub fn clean_flexd() -> Command {
         }
     }
     command
+}
+
+/// The tests share one process, and one of them raises its open-file limit
+/// ([`crate::raise_open_files`]) for the connections it holds: every flexd still starts with the
+/// limit the tests were started with, whichever test runs beside it. Read now, not in the
+/// child: a raise after this call is not seen, one before it left the original behind.
+fn start_with_the_original_open_files(command: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    let limit = match flexvolume_os::open_files::original() {
+        Some((current, maximum)) => rustix::process::Rlimit { current, maximum },
+        None => rustix::process::getrlimit(rustix::process::Resource::Nofile),
+    };
+    // SAFETY: setrlimit is a system call, async-signal-safe, on a value moved in.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                .map_err(std::io::Error::from)
+        });
+    }
 }
 
 /// `flexd --plugin-dir <plugin_dir>` (see `clean_flexd`), to add arguments to.

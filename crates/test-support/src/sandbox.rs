@@ -1,5 +1,5 @@
 //! One sandbox that never leaks a mount, one way to write a driver, one root check that says
-//! visibly when a test did not run, one way to wait. Nothing here runs flexd: flexvolume's
+//! visibly when a test did not run, one way to wait. Nothing here runs flexd: flexvolume-host's
 //! tests use it without building the binary.
 
 use std::io::Write as _;

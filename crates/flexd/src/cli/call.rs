@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use flexvolume::runner::{self, CallError};
-use flexvolume::{layout, CallOut, CallOutKind, DriverName};
+use flexvolume_host::runner::{self, CallError};
+use flexvolume_host::{layout, CallOut, CallOutKind, DriverName};
 use serde::Serialize;
 
 use crate::settings::{Global, OutputFormat};

@@ -1,4 +1,4 @@
-//! `flexd check --driver DRIVER`: prints the conformance report of [`flexvolume::check`] (a table, or
+//! `flexd check --driver DRIVER`: prints the conformance report of [`flexvolume_host::check`] (a table, or
 //! JSON with `--output json`); the exit status is 0 only when every required check passed.
 
 use std::process::ExitCode;
@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use flexvolume::check::{Report, Verdict};
-use flexvolume::{layout, DriverName};
+use flexvolume_host::check::{Report, Verdict};
+use flexvolume_host::{layout, DriverName};
 
 use crate::settings::{Global, OutputFormat};
 
@@ -44,7 +44,7 @@ pub fn run(global: &Global, args: CheckArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("driver {name} is not usable"))?;
     let config = global.runner_config()?.with_timeout_for_all(args.timeout);
     let options = parse_options(&args.options)?;
-    let report = flexvolume::check::run(&driver, &config, options);
+    let report = flexvolume_host::check::run(&driver, &config, options);
     match global.output {
         OutputFormat::Json => super::print_json(&report)?,
         OutputFormat::Text => print_table(&report),

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use flexvolume::prober::{self, Probed, Subject};
-use flexvolume::Capabilities;
+use flexvolume_host::prober::{self, Probed, Subject};
+use flexvolume_host::Capabilities;
 use serde::Serialize;
 
 use crate::settings::{Global, OutputFormat};

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use flexvolume::install;
-use flexvolume::DriverName;
+use flexvolume_host::install;
+use flexvolume_host::DriverName;
 
 use crate::settings::{Global, OutputFormat};
 

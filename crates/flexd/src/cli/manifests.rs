@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _};
 use clap::error::ErrorKind;
 use clap::Args;
-use flexvolume::prober::{self, Probed, Subject};
-use flexvolume::{Capabilities, DriverName};
+use flexvolume_host::prober::{self, Probed, Subject};
+use flexvolume_host::{Capabilities, DriverName};
 
 use crate::builtin::Builtin;
 use crate::cli::usage_error;
@@ -37,7 +37,7 @@ pub struct ManifestsArgs {
     /// The nodes' plugin dir (kubelet's --volume-plugin-dir), mounted in flexd's pods. The
     /// global --plugin-dir is only where this command reads drivers from (a scratch dir is
     /// fine there); a temporary dir is never deployed.
-    #[arg(long, value_name = "PATH", value_parser = checks::node_path, default_value = flexvolume::layout::DEFAULT_PLUGIN_DIR)]
+    #[arg(long, value_name = "PATH", value_parser = checks::node_path, default_value = flexvolume_host::layout::DEFAULT_PLUGIN_DIR)]
     pub node_plugin_dir: PathBuf,
     /// A driver whose volumes pods may declare inline (a `csi:` volume in the pod, CSIDriver
     /// mode Ephemeral), repeatable; none by default: an inline volume lets any pod author pass

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use flexvolume::{DriverName, Resolver};
+use flexvolume_host::{DriverName, Resolver};
 
 use crate::settings::{Global, OutputFormat};
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
-use flexvolume::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
+use flexvolume_host::ownership::{self, Counters, OwnershipReport, OwnershipRequest, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::settings::{exit, logging, Global, OutputFormat};

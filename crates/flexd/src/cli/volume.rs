@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
-use flexvolume::lifecycle::{Expansion, Lifecycle, MountRequest};
-use flexvolume::{DriverName, Plugin, PodInfo, Resolver, VolumeSpec};
+use flexvolume_host::lifecycle::{Expansion, Lifecycle, MountRequest};
+use flexvolume_host::{DriverName, Plugin, PodInfo, Resolver, VolumeSpec};
 
-use flexd::manifest::SecretValues;
+use flexd::user_manifest::SecretValues;
 
 use crate::settings::{exit, Global, OutputFormat};
 
@@ -115,9 +115,9 @@ pub struct ExpandArgs {
     pub size: u64,
 }
 
-/// `--size`: a Kubernetes quantity (see [`flexvolume::spec::parse_quantity`]).
+/// `--size`: a Kubernetes quantity (see [`flexvolume_protocol::spec::parse_quantity`]).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    flexvolume::spec::parse_quantity(text)
+    flexvolume_protocol::spec::parse_quantity(text)
         .ok_or_else(|| format!("{text:?} is not a size (write 1073741824, 512Mi or 1Gi)"))
 }
 
@@ -132,14 +132,14 @@ pub struct UnmountArgs {
 fn spec_from_file(path: &Path) -> anyhow::Result<(VolumeSpec, Option<String>)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    flexd::manifest::volume_spec(&text).map_err(|e| anyhow::anyhow!("{} {e}", path.display()))
+    flexd::user_manifest::volume_spec(&text).map_err(|e| anyhow::anyhow!("{} {e}", path.display()))
 }
 
 /// A Secret manifest's name and values. Errors name the file and the problem, never a value.
 fn secret_from_file(path: &Path) -> anyhow::Result<(Option<String>, SecretValues)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    flexd::manifest::secret(&text)
+    flexd::user_manifest::secret(&text)
         .map_err(|e| anyhow::anyhow!("secret file {} {e}", path.display()))
 }
 
@@ -277,7 +277,7 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
                 pod: &pod,
                 fs_group: (mount
                     .fs_group
-                    .map(flexvolume::ownership::check_gid)
+                    .map(flexvolume_host::ownership::check_gid)
                     .transpose())
                 .context("bad --fs-group")?,
                 fs_group_policy: mount.fs_group_policy.into(),
@@ -438,8 +438,8 @@ pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
 
 /// What is wrong with an entry `volume list` cannot show as a record: `not-a-record` (with
 /// what it is instead: `fifo`, `symlink`, …), `corrupt` or `unreadable`.
-fn unusable_entry(e: &flexvolume::state::StateError) -> (&'static str, Option<&'static str>) {
-    use flexvolume::state::StateError;
+fn unusable_entry(e: &flexvolume_host::state::StateError) -> (&'static str, Option<&'static str>) {
+    use flexvolume_host::state::StateError;
     match e {
         StateError::NotARecord { kind, .. } => ("not-a-record", Some(kind.as_str())),
         StateError::Corrupt { .. } => ("corrupt", None),
@@ -447,7 +447,7 @@ fn unusable_entry(e: &flexvolume::state::StateError) -> (&'static str, Option<&'
     }
 }
 
-fn unusable_entry_json(e: &flexvolume::state::StateError) -> serde_json::Value {
+fn unusable_entry_json(e: &flexvolume_host::state::StateError) -> serde_json::Value {
     let (problem, kind) = unusable_entry(e);
     serde_json::json!({
         "entry": e.path(),

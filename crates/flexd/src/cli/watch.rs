@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use anyhow::Context as _;
 use clap::Args;
-use flexvolume::prober::{ProbeEvent, Prober, ProberConfig};
-use flexvolume::Capabilities;
+use flexvolume_host::prober::{ProbeEvent, Prober, ProberConfig};
+use flexvolume_host::Capabilities;
 use serde::Serialize;
 
 use crate::settings::{Global, OutputFormat};
@@ -20,7 +20,7 @@ pub struct WatchArgs {}
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,
-    event: flexvolume::prober::EventKind,
+    event: flexvolume_host::prober::EventKind,
     driver: &'a str,
     path: Option<String>,
     capabilities: Option<Capabilities>,
@@ -86,6 +86,6 @@ pub fn run(global: &Global, _args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
         out.flush()?;
     }
-    flexvolume::runner::remove_own_cgroups();
+    flexvolume_host::runner::remove_own_cgroups();
     Ok(ExitCode::SUCCESS)
 }

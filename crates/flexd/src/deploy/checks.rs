@@ -6,12 +6,12 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use flexvolume::{Capabilities, DriverName};
+use flexvolume_host::{Capabilities, DriverName};
 
 /// Kubernetes' longest DNS-1123 label (namespace names).
-pub const MAX_LABEL_LEN: usize = 63;
+pub(crate) const MAX_LABEL_LEN: usize = 63;
 /// Kubernetes' longest DNS-1123 subdomain (StorageClass names).
-pub const MAX_SUBDOMAIN_LEN: usize = 253;
+pub(crate) const MAX_SUBDOMAIN_LEN: usize = 253;
 
 /// A namespace name: a DNS-1123 label.
 pub fn dns_label(text: &str) -> Result<String, String> {
@@ -157,7 +157,7 @@ fn capabilities_from_json(json: &str) -> Result<Capabilities, String> {
         return Err("not a JSON object".to_owned());
     }
     let reply = serde_json::json!({ "status": "Success", "capabilities": value });
-    flexvolume::protocol::find_reply(reply.to_string().as_bytes())
+    flexvolume_protocol::find_reply(reply.to_string().as_bytes())
         .and_then(|r| r.capabilities)
         .ok_or_else(|| "not a capabilities object".to_owned())
 }

@@ -34,7 +34,7 @@
 //!   - The sidecars run as uid and gid 65532 with no capability, no escalation and a read-only
 //!     root filesystem; flexd's CSI sockets are 0660 with that group (`--socket-group`).
 //! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver) and a
-//!   `--timeout` beyond flexd's call-out timeout ([`sidecar_timeout`]): csi-attacher
+//!   `--timeout` beyond flexd's call-out timeout ([`sidecar::sidecar_timeout`]): csi-attacher
 //!   for a driver that attaches; csi-provisioner for one that provisions; csi-resizer for an
 //!   expanding driver (`requiresFSResize`) that has a controller side. flexd expands on the node
 //!   only (NodeExpandVolume), so csi-resizer runs its "trivial" resizer: it only checks, at
@@ -66,7 +66,7 @@
 
 use std::path::PathBuf;
 
-use flexvolume::{Capabilities, DriverName};
+use flexvolume_host::{Capabilities, DriverName};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -82,21 +82,23 @@ mod sidecar;
 #[cfg(test)]
 mod tests;
 
-use objects::*;
-pub use objects::{capabilities_args, controller_args, node_args, HOST_MOUNT_NAMESPACE};
+use objects::{
+    controller_deployment, controller_subject, csi_driver, meta, node_daemonset, role_ref,
+    service_account, state_claim, CONTROLLER, NODE,
+};
 use sidecar::rule;
-pub use sidecar::{sidecar_timeout, Sidecar};
+use sidecar::Sidecar;
 
 /// The port `/metrics` and `/healthz` are served on, in both pods.
-pub const METRICS_PORT: i32 = 9808;
+pub(crate) const METRICS_PORT: i32 = 9808;
 /// Where the controller pod shares its CSI sockets with the sidecars.
-pub const CONTROLLER_CSI_DIR: &str = "/csi";
+pub(crate) const CONTROLLER_CSI_DIR: &str = "/csi";
 /// Where the controller pod's capabilities-only flexd puts the resizers' sockets.
-pub const CAPABILITIES_CSI_DIR: &str = "/csi-capabilities";
+pub(crate) const CAPABILITIES_CSI_DIR: &str = "/csi-capabilities";
 /// That flexd's `/metrics` and `/healthz`.
-pub const CAPABILITIES_PORT: i32 = 9809;
+pub(crate) const CAPABILITIES_PORT: i32 = 9809;
 /// Where the controller pod keeps its state (the PersistentVolumeClaim).
-pub const CONTROLLER_STATE_DIR: &str = "/var/lib/flexd";
+pub(crate) const CONTROLLER_STATE_DIR: &str = "/var/lib/flexd";
 
 /// What the manifests need to know about one driver: what it can do, from its `init`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +136,7 @@ impl DriverProfile {
 
     /// Whether the driver needs the controller Deployment: the rule by which `flexd serve`
     /// offers it the Controller service ([`Capabilities::has_controller_side`]).
-    pub fn has_controller(&self) -> bool {
+    pub(crate) fn has_controller(&self) -> bool {
         Capabilities {
             attach: self.attach,
             provision: self.provision,

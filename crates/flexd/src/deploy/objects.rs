@@ -23,8 +23,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::sidecar::Sidecar;
-use super::*;
+use super::sidecar::{sidecar_timeout, Sidecar};
+use super::{
+    DriverProfile, Settings, CAPABILITIES_CSI_DIR, CAPABILITIES_PORT, CONTROLLER_CSI_DIR,
+    CONTROLLER_STATE_DIR, METRICS_PORT,
+};
 
 pub(super) const NODE: &str = "flexd-node";
 pub(super) const CONTROLLER: &str = "flexd-controller";
@@ -276,11 +279,11 @@ pub(super) fn selector(app: &str) -> LabelSelector {
 }
 
 /// The host's mount namespace as seen from a pod with `hostPID: true`.
-pub const HOST_MOUNT_NAMESPACE: &str = "/proc/1/ns/mnt";
+pub(crate) const HOST_MOUNT_NAMESPACE: &str = "/proc/1/ns/mnt";
 
 /// The uid and gid the CSI sidecars run as (the distroless images' `nonroot`), and the group
 /// the controller's flexd gives its CSI sockets to (`--socket-group`).
-pub const SIDECAR_USER: i64 = 65532;
+pub(crate) const SIDECAR_USER: i64 = 65532;
 
 /// Where the node's flexd serves `/metrics` and `/healthz`: the node's loopback (kubelet's
 /// probes), or every address when the operator asked to scrape it from the network.
@@ -294,7 +297,7 @@ fn node_metrics_address(settings: &Settings) -> String {
 }
 
 /// The node DaemonSet's `flexd` arguments.
-pub fn node_args(settings: &Settings) -> Vec<String> {
+pub(crate) fn node_args(settings: &Settings) -> Vec<String> {
     let kubelet = &settings.kubelet_dir;
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
@@ -403,7 +406,7 @@ pub(super) fn node_daemonset(settings: &Settings) -> DaemonSet {
 
 /// The controller Deployment's `flexd` arguments. It is not on the host network: its metrics
 /// port is on the pod's own address, where kubelet's probes reach it.
-pub fn controller_args(settings: &Settings) -> Vec<String> {
+pub(crate) fn controller_args(settings: &Settings) -> Vec<String> {
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
         format!("--state-dir={CONTROLLER_STATE_DIR}"),
@@ -418,7 +421,7 @@ pub fn controller_args(settings: &Settings) -> Vec<String> {
 
 /// The `flexd-capabilities` container's arguments: the resizers' socket (see the module doc).
 /// Its state is scratch: it serves no volume, so it never records one.
-pub fn capabilities_args(settings: &Settings) -> Vec<String> {
+pub(crate) fn capabilities_args(settings: &Settings) -> Vec<String> {
     vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
         format!("--state-dir={CAPABILITIES_CSI_DIR}/state"),

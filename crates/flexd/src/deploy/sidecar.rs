@@ -6,14 +6,14 @@ use super::{DriverProfile, Settings};
 
 /// The sidecars one driver gets, in container order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Sidecar {
+pub(crate) enum Sidecar {
     Attacher,
     Provisioner,
     Resizer,
 }
 
 impl Sidecar {
-    pub fn for_driver(driver: &DriverProfile) -> Vec<Sidecar> {
+    pub(crate) fn for_driver(driver: &DriverProfile) -> Vec<Sidecar> {
         let mut sidecars = Vec::new();
         if driver.attach {
             sidecars.push(Sidecar::Attacher);
@@ -103,9 +103,9 @@ const RESIZER_RULES: &[Rule] = &[
 /// How long a sidecar waits for flexd: longer than flexd's own call-out timeout and kill grace,
 /// so it sees flexd's answer (DEADLINE_EXCEEDED naming the driver) rather than giving up first
 /// and retrying into a call still in flight (ABORTED). The sidecars' defaults are 10-15 s.
-pub fn sidecar_timeout() -> std::time::Duration {
-    flexvolume::runner::DEFAULT_TIMEOUT
-        + flexvolume::runner::DEFAULT_KILL_GRACE
+pub(crate) fn sidecar_timeout() -> std::time::Duration {
+    flexvolume_host::runner::DEFAULT_TIMEOUT
+        + flexvolume_host::runner::DEFAULT_KILL_GRACE
         + std::time::Duration::from_secs(10)
 }
 

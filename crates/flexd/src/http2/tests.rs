@@ -2,8 +2,12 @@
 
 use std::io;
 
-use super::authority::*;
-use super::hpack::*;
+use super::authority::{
+    acceptable, write_frame, AuthorityFix, Violation, CONTINUATION, END_HEADERS, END_STREAM,
+    FRAME_HEADER, HEADERS, MAX_BLOCK_BYTES, MAX_BLOCK_FRAMES, MAX_DECODED_LIST, MAX_FRAME_SIZE,
+    PADDED,
+};
+use super::hpack::{encode, huffman_decode, Decoder, Field, HpackError, HUFFMAN};
 use super::*;
 
 fn field(n: &str, v: &str) -> Field {

@@ -17,11 +17,11 @@ use unsafe_libyaml::{
 };
 
 /// serde_yaml_ng's recursion limit: a document nested deeper is refused by the parse anyway.
-pub const MAX_NESTING: usize = 128;
+pub(crate) const MAX_NESTING: usize = 128;
 
 /// Where flow collections first nest deeper than the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooDeep {
+pub(crate) struct TooDeep {
     /// 1-based, as `migrate` counts documents.
     pub document: usize,
     /// 1-based.
@@ -32,7 +32,7 @@ pub struct TooDeep {
 
 /// `Err` at the first flow collection opened more than `limit` deep. A syntax error ends the
 /// scan with `Ok`: the parse that follows reports it, and meets no deeper nesting before it.
-pub fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
+pub(crate) fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
     // Nesting deeper than the limit takes more opening brackets than that: block-style YAML
     // (kubectl's) has few, and is not scanned twice.
     if text.bytes().filter(|b| matches!(b, b'{' | b'[')).count() <= limit {
@@ -43,7 +43,11 @@ pub fn check_flow_nesting(text: &str, limit: usize) -> Result<(), TooDeep> {
     };
     let (mut document, mut document_started, mut depth) = (1, false, 0usize);
     while let Some(token) = scanner.next_token() {
-        use yaml_token_type_t::*;
+        use yaml_token_type_t::{
+            YAML_DOCUMENT_START_TOKEN, YAML_FLOW_MAPPING_END_TOKEN, YAML_FLOW_MAPPING_START_TOKEN,
+            YAML_FLOW_SEQUENCE_END_TOKEN, YAML_FLOW_SEQUENCE_START_TOKEN, YAML_STREAM_END_TOKEN,
+            YAML_STREAM_START_TOKEN,
+        };
         match token.kind {
             YAML_STREAM_END_TOKEN => break,
             YAML_STREAM_START_TOKEN => {}

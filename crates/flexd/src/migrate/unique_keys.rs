@@ -6,7 +6,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// A value whose every mapping has distinct keys.
-pub struct UniqueKeys(pub Value);
+pub(crate) struct UniqueKeys(pub Value);
 
 impl<'de> Deserialize<'de> for UniqueKeys {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

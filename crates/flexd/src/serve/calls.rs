@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use flexvolume::lifecycle::Lifecycle;
-use flexvolume::{Capabilities, DriverName, Plugin};
+use flexvolume_host::lifecycle::Lifecycle;
+use flexvolume_host::{Capabilities, DriverName, Plugin};
 use tonic::Status;
 
 use super::driver::ServedDriver;
+use super::grpc_code::ToGrpcStatus;
 use super::locks::VolumeLocks;
-use super::status::ToStatus;
 
 /// The key of the publish context that carries the device attach returned (set by
 /// ControllerPublish, read by NodeStage).
@@ -75,7 +75,7 @@ impl VolumeCalls {
     /// Runs a blocking lifecycle operation (given the lifecycle and the volume id) with the
     /// volume's lock held until it ends (even if the caller gives up waiting); ABORTED at once
     /// while another call on the volume runs.
-    pub async fn run_locked<T: Send + 'static, E: ToStatus + Send + 'static>(
+    pub async fn run_locked<T: Send + 'static, E: ToGrpcStatus + Send + 'static>(
         &self,
         volume_id: &str,
         operation: impl FnOnce(&Lifecycle, &str) -> Result<T, E> + Send + 'static,
@@ -93,6 +93,6 @@ impl VolumeCalls {
         })
         .await
         .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
-        .map_err(|e| e.to_status())
+        .map_err(|e| e.to_grpc_status())
     }
 }

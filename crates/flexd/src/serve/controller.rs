@@ -2,13 +2,13 @@
 //! node in the publish context), ControllerUnpublish = detach, for drivers that attach;
 //! CreateVolume = provision, DeleteVolume = delete, for drivers that provision (see
 //! [`super::provision`]). A driver that does neither has no controller side
-//! ([`flexvolume::Capabilities::has_controller_side`]): its endpoint answers every Controller call
+//! ([`flexvolume_host::Capabilities::has_controller_side`]): its endpoint answers every Controller call
 //! `UNIMPLEMENTED`, exactly as an endpoint that does not serve the service, and its Identity
 //! does not advertise `CONTROLLER_SERVICE` (docs/csi.md#controller-service).
 
 use std::sync::Arc;
 
-use flexvolume::lifecycle::LifecycleError;
+use flexvolume_host::lifecycle::LifecycleError;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};

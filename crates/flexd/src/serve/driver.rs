@@ -1,12 +1,12 @@
 //! One FlexVolume driver as served through CSI: its CSI name and sockets. Whether it is ready,
-//! and with which plugin, is the library's [`Registry`](flexvolume::Registry)'s to say.
+//! and with which plugin, is the library's [`Registry`](flexvolume_host::Registry)'s to say.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flexvolume::lifecycle::DriverResolver;
-use flexvolume::state::VolumeRecord;
-use flexvolume::{DriverName, Plugin, Resolver};
+use flexvolume_host::lifecycle::DriverResolver;
+use flexvolume_host::state::VolumeRecord;
+use flexvolume_host::{DriverName, Plugin, Resolver};
 
 /// A driver flexd serves. It keeps only what is CSI's; its plugin is looked up in the registry
 /// the prober feeds, so an update is seen at once and `None` while its last init failed (Probe

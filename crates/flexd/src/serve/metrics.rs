@@ -1,4 +1,4 @@
-//! Prometheus metrics and the health endpoint of `flexd serve`.
+//! The Prometheus metrics of `flexd serve` (served by [`super::http_listener`]).
 //!
 //! - `flexd_callout_duration_seconds{driver,callout,result}`: every executed call-out;
 //! - `flexd_probe_events_total{event}`: add / update / remove / failed;
@@ -6,18 +6,10 @@
 //! - `flexd_state_unusable_records{reason}`: entries of `<state-dir>/volumes/` named like a
 //!   record that are skipped: `not-a-record` (a FIFO, link, directory, device, oversized
 //!   file), `corrupt`, `unreadable` (an I/O error).
-//!
-//! `/healthz` answers 200 `ok` while flexd does its job, and 503 with the reasons when it
-//! cannot without a restart: the driver watcher died (installs and removals go unseen), or a
-//! driver that should be served is not (its endpoint could not start, its server stopped, its
-//! socket was removed). The serving loop re-checks every second ([`Metrics::set_problems`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Response, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,9 +17,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use flexvolume::protocol::CallOutKind;
-use flexvolume::runner::{CallObserver, CallOutcome};
-use flexvolume::DriverName;
+use flexvolume_host::runner::{CallObserver, CallOutcome};
+use flexvolume_host::DriverName;
+use flexvolume_protocol::CallOutKind;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -62,8 +54,6 @@ pub struct Metrics {
     unusable_records: Family<ReasonLabels, Gauge>,
     /// A count of unusable records is under way (see [`Metrics::count_unusable_records`]).
     counting_records: std::sync::atomic::AtomicBool,
-    /// Why flexd is unhealthy, as of the last check; empty when it is healthy.
-    problems: Mutex<Vec<String>>,
 }
 
 fn call_histogram() -> Histogram {
@@ -108,7 +98,6 @@ impl Metrics {
             lingering,
             unusable_records,
             counting_records: std::sync::atomic::AtomicBool::new(false),
-            problems: Mutex::new(Vec::new()),
         })
     }
 
@@ -132,7 +121,7 @@ impl Metrics {
 
     /// Counts the record entries a listing skips, off the async runtime; a count still under
     /// way (the state dir's disk is slow) is not queued behind.
-    pub fn count_unusable_records(self: &Arc<Self>, state: &flexvolume::state::StateDir) {
+    pub fn count_unusable_records(self: &Arc<Self>, state: &flexvolume_host::state::StateDir) {
         use std::sync::atomic::Ordering;
         if self.counting_records.swap(true, Ordering::AcqRel) {
             return;
@@ -144,9 +133,9 @@ impl Metrics {
                 for record in records {
                     let index = match record {
                         Ok(_) => continue,
-                        Err(flexvolume::state::StateError::NotARecord { .. }) => 0,
-                        Err(flexvolume::state::StateError::Corrupt { .. }) => 1,
-                        Err(flexvolume::state::StateError::Io { .. }) => 2,
+                        Err(flexvolume_host::state::StateError::NotARecord { .. }) => 0,
+                        Err(flexvolume_host::state::StateError::Corrupt { .. }) => 1,
+                        Err(flexvolume_host::state::StateError::Io { .. }) => 2,
                     };
                     counts[index].1 += 1;
                 }
@@ -163,31 +152,9 @@ impl Metrics {
         });
     }
 
-    pub fn set_problems(&self, problems: Vec<String>) {
-        if let Ok(mut current) = self.problems.lock() {
-            *current = problems;
-        }
-    }
-
-    /// `/healthz`'s status and body.
-    fn health(&self) -> (StatusCode, String) {
-        let problems = match self.problems.lock() {
-            Ok(problems) => problems.clone(),
-            Err(_) => vec!["the health state is unreadable (a thread panicked)".to_owned()],
-        };
-        if problems.is_empty() {
-            (StatusCode::OK, "ok\n".to_owned())
-        } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("unhealthy: {}\n", problems.join("; ")),
-            )
-        }
-    }
-
     pub fn render(&self) -> String {
         self.lingering
-            .set(flexvolume::runner::lingering().len() as i64);
+            .set(flexvolume_host::runner::lingering().len() as i64);
         let mut text = String::new();
         if let Ok(registry) = self.registry.lock() {
             let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
@@ -212,53 +179,5 @@ impl CallObserver for Metrics {
         self.calls
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
-    }
-}
-
-/// The answer to one request's path (the HTTP listener is [`super::metrics_server`]).
-pub(super) fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match path {
-        "/metrics" => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.render(),
-        ),
-        "/healthz" => {
-            let (status, body) = metrics.health();
-            (status, "text/plain", body)
-        }
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_owned(),
-        ),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, value);
-    }
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn healthz_says_every_problem_and_recovers() {
-        let metrics = Metrics::new();
-        assert_eq!(respond("/healthz", &metrics).status(), StatusCode::OK);
-        metrics.set_problems(vec![
-            "the driver watcher stopped".to_owned(),
-            "b".to_owned(),
-        ]);
-        let (status, body) = metrics.health();
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(body, "unhealthy: the driver watcher stopped; b\n");
-        metrics.set_problems(Vec::new());
-        assert_eq!(metrics.health().0, StatusCode::OK);
     }
 }

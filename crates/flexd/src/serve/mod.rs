@@ -10,26 +10,27 @@ pub mod calls;
 pub mod controller;
 pub mod driver;
 pub mod endpoint;
+pub mod grpc_code;
+pub mod health;
+pub mod http_listener;
 pub mod identity;
 pub mod locks;
 pub mod metrics;
-pub mod metrics_server;
 pub mod node;
 pub mod provision;
 pub mod registration;
 pub mod request;
-pub mod status;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use flexvolume::lifecycle::Lifecycle;
-use flexvolume::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
-use flexvolume::{DriverName, Registry, Resolver, RunnerConfig};
+use flexvolume_host::lifecycle::Lifecycle;
+use flexvolume_host::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
+use flexvolume_host::{DriverName, Registry, Resolver, RunnerConfig};
 
 use crate::settings::Global;
 use driver::ServedDriver;
@@ -77,6 +78,7 @@ pub struct Served {
     /// The prober's events stopped: installs, updates and removals are no longer seen.
     watcher_stopped: bool,
     metrics: Arc<metrics::Metrics>,
+    health: Arc<health::Health>,
     lifecycle: Arc<Lifecycle>,
     resolver: Arc<Resolver>,
 }
@@ -224,7 +226,7 @@ impl Served {
     }
 
     fn check_health(&self) {
-        self.metrics.set_problems(self.problems());
+        self.health.set_problems(self.problems());
         self.metrics.count_unusable_records(&self.lifecycle.state);
     }
 
@@ -263,6 +265,19 @@ impl Served {
     }
 }
 
+/// On a first run the plugin dir is empty and nothing is served, which looks like a start that
+/// went wrong: say so, and what to do next. Drivers installed later are served as they appear
+/// (the prober watches the dir), so no restart is needed.
+fn warn_no_drivers(plugin_dir: &Path) {
+    tracing::warn!(
+        plugin_dir = %plugin_dir.display(),
+        "the plugin dir has no drivers, so nothing is served yet: install one with \
+         `flexd install --driver VENDOR/NAME PATH`, or the loop driver shipped with flexd with \
+         `flexd install --builtin loop` (with the same --plugin-dir); flexd serves each driver \
+         as it is installed, without a restart"
+    );
+}
+
 pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let termination = crate::settings::signals::Termination::catch()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -270,8 +285,9 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     let metrics = metrics::Metrics::new();
+    let health = Arc::new(health::Health::default());
     let runner = RunnerConfig {
-        observer: Some(flexvolume::runner::Observer(metrics.clone())),
+        observer: Some(flexvolume_host::runner::Observer(metrics.clone())),
         ..global.runner_config()?
     };
     if let Some(namespace) = &runner.mount_namespace {
@@ -281,7 +297,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
     if runner.max_processes.is_some() {
         // Detected now rather than at the first call-out, so the log says at start whether
         // drivers are capped (a warning with the reason is logged when they are not).
-        if let Ok(dir) = flexvolume::runner::process_cap() {
+        if let Ok(dir) = flexvolume_host::runner::process_cap() {
             tracing::info!(cgroup = %dir.display(), max_processes = runner.max_processes.map_or(0, |m| m.get()), "driver call-outs are process-capped");
         }
     }
@@ -314,8 +330,11 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot watch plugin dir {}", global.plugin_dir.display()))?;
     // The drivers present at start are reported before start() returns.
     let initial: Vec<ProbeEvent> = events.try_iter().collect();
+    if initial.is_empty() {
+        warn_no_drivers(&global.plugin_dir);
+    }
     runtime.block_on(async move {
-        let listener = metrics_server::bind(args.metrics_address).await?;
+        let listener = http_listener::bind(args.metrics_address).await?;
         // Before serving: what a crash left half done. It may wait for a driver the crash left
         // running (the record's lock), so it runs beside the service, which takes the same locks.
         let reconciling = lifecycle.clone();
@@ -336,6 +355,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             unserved: BTreeMap::new(),
             watcher_stopped: false,
             metrics: metrics.clone(),
+            health: health.clone(),
             lifecycle,
             resolver,
         };
@@ -346,7 +366,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         served.remove_stale_sockets();
         served.check_health();
         // Health and metrics answer once the drivers present at start are served.
-        let metrics_task = tokio::spawn(metrics_server::serve(listener, metrics));
+        let metrics_task = tokio::spawn(http_listener::serve(listener, metrics, health));
 
         let (live_tx, mut live) = tokio::sync::mpsc::unbounded_channel();
         std::thread::spawn(move || {
@@ -357,8 +377,8 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         });
         let mut stop = tokio::task::spawn_blocking(move || termination.wait());
-        let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
-        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut health_check = tokio::time::interval(std::time::Duration::from_secs(1));
+        health_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 signal = &mut stop => {
@@ -373,12 +393,12 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
                         served.watcher_stopped = true;
                     }
                 },
-                _ = health.tick() => served.check_health(),
+                _ = health_check.tick() => served.check_health(),
             }
         }
         prober.stop();
         served.stop_all().await;
-        flexvolume::runner::remove_own_cgroups();
+        flexvolume_host::runner::remove_own_cgroups();
         metrics_task.abort();
         Ok::<_, anyhow::Error>(())
     })?;
@@ -403,9 +423,10 @@ mod tests {
             unserved: BTreeMap::new(),
             watcher_stopped: false,
             metrics: metrics::Metrics::new(),
+            health: Arc::default(),
             lifecycle: Arc::new(Lifecycle {
                 runner: runner.clone(),
-                state: flexvolume::state::StateDir::new(dir.join("state")),
+                state: flexvolume_host::state::StateDir::new(dir.join("state")),
                 node: "n".to_owned(),
             }),
             resolver: Arc::new(Resolver::new(Arc::new(Registry::new()), runner)),

@@ -5,14 +5,14 @@
 
 use std::path::Path;
 
-use flexvolume::lifecycle::{Expansion, MountRequest, StageRequest};
-use flexvolume::state::Role;
+use flexvolume_host::lifecycle::{Expansion, MountRequest, StageRequest};
+use flexvolume_host::state::Role;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::ServedResolver;
+use super::grpc_code;
 use super::request;
-use super::status;
 use flexd::proto::csi::node_server::Node;
 use flexd::proto::csi::{
     node_service_capability, volume_usage, NodeExpandVolumeRequest, NodeExpandVolumeResponse,
@@ -42,7 +42,7 @@ impl NodeService {
             tokio::task::spawn_blocking(move || lifecycle.state.volume_at(&driver, &id, &path))
                 .await
                 .map_err(|e| Status::internal(format!("state lookup did not finish: {e}")))?
-                .map_err(|e| status::from_lookup(&e))?;
+                .map_err(|e| grpc_code::from_lookup(&e))?;
         Ok(record.target)
     }
 

@@ -8,13 +8,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use flexvolume::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
-use flexvolume::DriverName;
+use flexvolume_host::lifecycle::{Lifecycle, ProvisionRequest, ProvisionedVolume};
+use flexvolume_host::DriverName;
 use tonic::{Request, Response, Status};
 
 use super::calls::VolumeCalls;
+use super::grpc_code;
 use super::request::{self, required};
-use super::status;
 use flexd::proto::csi::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
 };
@@ -118,7 +118,7 @@ pub async fn provisioned(
     tokio::task::spawn_blocking(move || lc.provisioned(&driver, &id))
         .await
         .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
-        .map_err(|e| status::from_lifecycle(&e))
+        .map_err(|e| grpc_code::from_lifecycle(&e))
 }
 
 /// The volume context a controller call works with: the request's, over the options of the

@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use flexvolume::options::is_host_key;
-use flexvolume::{DriverName, PodInfo, VolumeSpec};
+use flexvolume_host::{DriverName, PodInfo, VolumeSpec};
+use flexvolume_protocol::options::is_host_key;
 use tonic::{Request, Status};
 
 use flexd::proto::csi::{self, volume_capability, VolumeCapability};
@@ -112,7 +112,7 @@ pub fn node_id(value: &str) -> Result<&str, Status> {
 /// the 128-byte limit from paths; the kernel's is the one that matters.)
 pub fn path<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
     let value = required(value, field)?;
-    flexvolume::mount::safe_path::check(std::path::Path::new(value))
+    flexvolume_os::mount::safe_path::check(std::path::Path::new(value))
         .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))?;
     Ok(value)
 }
@@ -262,7 +262,7 @@ pub fn fs_group(capability: Option<&VolumeCapability>) -> Result<Option<u32>, St
             "volume_mount_group {group:?} is not a numeric group id"
         ))
     })?;
-    flexvolume::ownership::check_gid(gid)
+    flexvolume_host::ownership::check_gid(gid)
         .map(Some)
         .map_err(|e| Status::invalid_argument(format!("volume_mount_group: {e}")))
 }

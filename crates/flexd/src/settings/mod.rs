@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use flexvolume::layout::{LayoutPolicy, DEFAULT_PLUGIN_DIR};
+use flexvolume_host::layout::{LayoutPolicy, DEFAULT_PLUGIN_DIR};
 
 /// Where flexd keeps what must survive a crash to undo operations, unless told otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/flexd";
@@ -41,7 +41,7 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax, e.g. `debug` or `info,flexvolume=debug`). Given,
+    /// Log filter (tracing EnvFilter syntax, e.g. `debug` or `info,flexvolume_host=debug`). Given,
     /// it wins over RUST_LOG; not given: RUST_LOG, else `info`.
     #[arg(long, global = true, value_name = "FILTER")]
     pub log_level: Option<String>,
@@ -52,7 +52,7 @@ pub struct Global {
     /// its own (`pids.max`); 0 runs drivers uncapped. Root ignores RLIMIT_NPROC, hence a cgroup.
     /// At most 4194303: the kernel has at most 4194304 processes, and a cgroup v1 cap counts
     /// flexd's spawner thread too.
-    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume::runner::DEFAULT_MAX_PROCESSES.get(), value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(0..=MAX_DRIVER_PROCESSES))]
+    #[arg(long, global = true, env = "FLEXD_DRIVER_MAX_PROCESSES", default_value_t = flexvolume_host::runner::DEFAULT_MAX_PROCESSES.get(), value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(0..=MAX_DRIVER_PROCESSES))]
     pub driver_max_processes: u32,
     /// Run every driver call-out in the mount namespace at PATH (e.g. /proc/1/ns/mnt, with
     /// hostPID), so drivers find the host's tools and their mounts land where kubelet looks.
@@ -71,11 +71,11 @@ pub struct Global {
 impl Global {
     /// How drivers are run, with the limits set on the command line. Fails when the driver
     /// mount namespace cannot be used, so a wrong one stops flexd at start.
-    pub fn runner_config(&self) -> anyhow::Result<flexvolume::RunnerConfig> {
+    pub fn runner_config(&self) -> anyhow::Result<flexvolume_host::RunnerConfig> {
         let mount_namespace = match &self.driver_mount_namespace {
             None => None,
             Some(path) => {
-                let namespace = flexvolume::runner::MountNamespace::open(path)?;
+                let namespace = flexvolume_host::runner::MountNamespace::open(path)?;
                 // Drivers and their pinned copies are executed by these paths, from there.
                 namespace.check_same_dirs(&[&self.plugin_dir, &self.state_dir])?;
                 // Device mount dirs live there.
@@ -84,10 +84,10 @@ impl Global {
                 Some(namespace)
             }
         };
-        Ok(flexvolume::RunnerConfig {
+        Ok(flexvolume_host::RunnerConfig {
             max_processes: std::num::NonZeroU32::new(self.driver_max_processes),
             mount_namespace,
-            ..flexvolume::RunnerConfig::default()
+            ..flexvolume_host::RunnerConfig::default()
         })
     }
 
@@ -107,8 +107,8 @@ impl Global {
         })
     }
 
-    pub fn state(&self) -> flexvolume::state::StateDir {
-        flexvolume::state::StateDir::new(&self.state_dir)
+    pub fn state(&self) -> flexvolume_host::state::StateDir {
+        flexvolume_host::state::StateDir::new(&self.state_dir)
     }
 }
 
@@ -116,8 +116,8 @@ impl Global {
 /// drivers' (docs/lifecycle.md#driver-mount-namespace): flexd checks, walks and binds volumes
 /// in its own view, drivers mount in theirs. A warning, not an error: flexd cannot know every
 /// volume path in advance, and what is checked here is one directory's mount.
-pub fn warn_unless_propagated(namespace: &flexvolume::runner::MountNamespace, dir: &Path) {
-    use flexvolume::runner::Propagation;
+pub fn warn_unless_propagated(namespace: &flexvolume_host::runner::MountNamespace, dir: &Path) {
+    use flexvolume_host::runner::Propagation;
     if !dir.exists() {
         return;
     }

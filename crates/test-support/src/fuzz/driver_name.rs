@@ -1,6 +1,6 @@
 //! Driver names from arbitrary strings: never panics; an accepted name keeps every invariant
 //! the rest of flexd relies on before building a path from it.
-use flexvolume::name::{DriverName, MAX_NAME_LEN};
+use flexvolume_protocol::name::{DriverName, MAX_NAME_LEN};
 
 /// Panics when an invariant breaks.
 pub fn check(data: &[u8]) {

@@ -1,6 +1,6 @@
 //! The reply parser on arbitrary driver output: never panics, and whatever it returns is a
 //! reply it would find again in that reply's own JSON.
-use flexvolume::protocol::{self, CallOutKind, ExitStatus};
+use flexvolume_protocol::{CallOutKind, ExitStatus};
 
 /// Panics when an invariant breaks.
 pub fn check(data: &[u8]) {
@@ -9,9 +9,9 @@ pub fn check(data: &[u8]) {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &[][..]),
     };
-    if let Some(reply) = protocol::find_reply(stdout) {
+    if let Some(reply) = flexvolume_protocol::find_reply(stdout) {
         let json = serde_json::to_vec(&reply).expect("a reply serialises");
-        let again = protocol::find_reply(&json).expect("a serialised reply parses");
+        let again = flexvolume_protocol::find_reply(&json).expect("a serialised reply parses");
         assert_eq!(again.status, reply.status);
         assert_eq!(again.capabilities, reply.capabilities);
     }
@@ -20,6 +20,12 @@ pub fn check(data: &[u8]) {
         ExitStatus::Code(1),
         ExitStatus::Signal(9),
     ] {
-        let _ = protocol::interpret(CallOutKind::Mount, exit, stdout, stderr, protocol::excerpt);
+        let _ = flexvolume_protocol::interpret(
+            CallOutKind::Mount,
+            exit,
+            stdout,
+            stderr,
+            flexvolume_protocol::excerpt,
+        );
     }
 }
