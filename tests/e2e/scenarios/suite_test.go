@@ -1,0 +1,35 @@
+// Package scenarios is flexd's end-to-end scenarios on a real Kubernetes cluster, brought up by
+// tests/e2e/cluster.sh and run by tests/e2e/run.sh (which builds this package with `go test -c`
+// and runs it in the cluster's network namespace, as root). One file per concern; each scenario
+// is one spec, labelled with its name (E2E_SCENARIOS picks by label), its steps named with
+// ginkgo.By, and every object it makes deleted when it ends, passed or failed, so that one
+// failure does not become the next scenario's.
+package scenarios
+
+import (
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+)
+
+func TestScenarios(t *testing.T) {
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	ginkgo.RunSpecs(t, "flexd e2e scenarios")
+}
+
+var _ = ginkgo.BeforeSuite(func() {
+	cluster = loadCluster()
+})
+
+// The scenarios in the order they run: those that make flexd's deployment richer (the
+// installer's driver, a controller, the loop driver, the oracle's recorders) come after those
+// that check its first, node-only shape; the faults share their pods in order. A failed
+// scenario does not stop the ones after it.
+var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
+	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
+	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
+	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
+	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
+	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
+})
