@@ -32,4 +32,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
 	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
 	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
+	ginkgo.It("installer", ginkgo.Label("installer"), scenarioInstaller)
+	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
+	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
 })

@@ -1,0 +1,132 @@
+package scenarios
+
+// The controller side, for a driver whose attach sets up no device (examples/drivers/attachable
+// as e2e/attach): the manifests' controller runs unprivileged, and the real csi-attacher
+// attaches through flexd.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	attachDriver  = "e2e/attach"
+	attachCSIName = "flexvolume-e2e--attach"
+)
+
+// ExpectControllerHardened checks the controller pod as hardened: no ServiceAccount token in
+// flexd's container, the sidecars as uid 65532 with no capability, and flexd's CSI socket of
+// csiName 0660 for their group.
+func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
+	ginkgo.GinkgoHelper()
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=flexd-controller", FieldSelector: "status.phase=Running"})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
+	pod := pods.Items[0]
+	_, err = c.Kubectl(ctx, "-n", c.Namespace, "exec", pod.Name, "-c", "flexd", "--",
+		"sh", "-c", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token")
+	gomega.Expect(err).To(gomega.HaveOccurred(), "the controller's flexd container holds a ServiceAccount token")
+	for _, sidecar := range sidecars {
+		pid := strings.Fields(MustRun(ctx, "pgrep", "-x", sidecar))
+		gomega.Expect(pid).NotTo(gomega.BeEmpty(), "a %s process", sidecar)
+		status := procStatus(pid[0])
+		gomega.Expect(status["Uid"]).To(gomega.HavePrefix("65532\t"), "%s's uid", sidecar)
+		gomega.Expect(status["CapEff"]).To(gomega.Equal("0000000000000000"), "%s's capabilities", sidecar)
+	}
+	socket := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
+	out := MustRun(ctx, "stat", "-c", "%a:%g", socket)
+	gomega.Expect(strings.TrimSpace(out)).To(gomega.Equal("660:65532"), "the mode and group of %s", socket)
+}
+
+// procStatus is /proc/PID/status as a map of its fields.
+func procStatus(pid string) map[string]string {
+	ginkgo.GinkgoHelper()
+	fields := map[string]string{}
+	for _, line := range strings.Split(ReadFile(filepath.Join("/proc", pid, "status")), "\n") {
+		if name, value, ok := strings.Cut(line, ":"); ok {
+			fields[name] = strings.TrimSpace(value)
+		}
+	}
+	return fields
+}
+
+// attachmentOf is the attached status of the PV's VolumeAttachment, "" when it has none.
+func (c *Cluster) attachmentOf(ctx context.Context, pv string) (string, error) {
+	attachments, err := c.Kube.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	for _, attachment := range attachments.Items {
+		if name := attachment.Spec.Source.PersistentVolumeName; name != nil && *name == pv {
+			return fmt.Sprint(attachment.Status.Attached), nil
+		}
+	}
+	return "", nil
+}
+
+// scenarioController: the manifests' controller runs unprivileged (root with CHOWN alone, no
+// /dev, no token), its non-root csi-attacher attaches through the 0660 socket, a pod writes to
+// the volume (attach, then on the node mountdevice and the default bind mount), and the volume
+// is detached when the pod goes.
+func scenarioController(ctx context.Context) {
+	c := cluster
+	ginkgo.By("the attachable example driver installed as " + attachDriver)
+	c.MustFlexd(ctx, "install", "--driver", attachDriver, filepath.Join(c.Repo, "examples", "drivers", "attachable", "attachable"))
+	ginkgo.DeferCleanup(func(ctx context.Context) {
+		if _, err := os.Stat(c.Path("plugins", pluginDirName(attachDriver))); err == nil {
+			_, _ = c.Flexd(ctx, "uninstall", "--driver", attachDriver)
+		}
+		err := c.Kube.StorageV1().CSIDrivers().Delete(ctx, attachCSIName, metav1.DeleteOptions{})
+		if !apierrors.IsNotFound(err) {
+			gomega.Expect(err).NotTo(gomega.HaveOccurred())
+		}
+	})
+
+	ginkgo.By("flexd's manifests for both drivers, a controller with csi-attacher")
+	c.ControllerStatePV(ctx)
+	c.ApplyManifests(ctx, "flexd-controller", append([]string{"--driver", c.Driver, "--driver", attachDriver}, c.SidecarImageFlags...)...)
+	c.WaitCSINodeLists(ctx, attachCSIName)
+
+	ginkgo.By("checking the controller is hardened and unprivileged")
+	c.ExpectControllerHardened(ctx, attachCSIName, "csi-attacher")
+	pids := strings.Fields(MustRun(ctx, "pgrep", "-f", "--", "--mode=controller"))
+	gomega.Expect(pids).NotTo(gomega.BeEmpty(), "a controller flexd")
+	// CAP_CHOWN alone (bit 0): not privileged.
+	gomega.Expect(procStatus(pids[0])["CapEff"]).To(gomega.Equal("0000000000000001"), "the controller flexd's capabilities")
+
+	ginkgo.By("a pod writing to an attached volume")
+	c.StaticClaim(ctx, PersistentVolume("e2e-attach", "1Gi", CSISource(attachCSIName, "e2e-attach", map[string]string{"greeting": "attached"})))
+	log := c.RunPod(ctx, c.ToolsPod("e2e-attach", "echo attached-by-pod > /data/pod; cat /data/pod", ClaimVolume("e2e-attach"), nil), 180*time.Second)
+	gomega.Expect(LogLines(log)).To(gomega.ContainElement("attached-by-pod"))
+	gomega.Expect(c.attachmentOf(ctx, "e2e-attach")).To(gomega.Equal("true"), "the VolumeAttachment of e2e-attach")
+	target := c.VolumeTarget(c.PodUID(ctx, "e2e-attach"), "e2e-attach")
+	gomega.Expect(MountCount(target)).To(gomega.Equal(1), "mounts of %s", target)
+
+	ginkgo.By("the pod deleted: unmounted and detached")
+	c.DeletePod(ctx, "e2e-attach")
+	WaitFor(ctx, 60*time.Second, target+" to be unmounted", notMounted(target))
+	WaitFor(ctx, 120*time.Second, "the VolumeAttachment of e2e-attach to go", func(ctx context.Context) error {
+		attached, err := c.attachmentOf(ctx, "e2e-attach")
+		if err != nil {
+			return err
+		}
+		if attached != "" {
+			return fmt.Errorf("the VolumeAttachment of e2e-attach is still there (attached: %s)", attached)
+		}
+		return nil
+	})
+	c.DeleteClaimIfThere(ctx, "e2e-attach")
+	c.DeletePVIfThere(ctx, "e2e-attach")
+	c.MustFlexd(ctx, "uninstall", "--driver", attachDriver)
+}
