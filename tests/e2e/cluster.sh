@@ -588,26 +588,6 @@ EOF
   cat "$D/env"
 }
 
-# --- scenarios -----------------------------------------------------------------------------
-
-# The operator's choices for this cluster: its plugin dir, and inline volumes for the hostdir
-# drivers (the oracle's inline volume, the fault pods), which are offered only when asked for.
-operator_flags() {
-  local driver flags=(--image "$FLEXD_IMAGE" --kubelet-dir "$D/kubelet" --node-plugin-dir "$D/plugins")
-  for driver in "$DRIVER" e2e/rec-hostdir; do
-    [ ! -d "$D/plugins/${driver/\//\~}" ] || flags+=(--inline-volumes "$driver")
-  done
-  # The recorder in front of the loop driver attaches loop devices as the loop driver does.
-  [ ! -d "$D/plugins/e2e~rec-loop" ] || flags+=(--privileged-controller e2e/rec-loop)
-  echo "${flags[@]}"
-}
-
-flexd_manifests() {
-  # shellcheck disable=SC2046
-  "$D/bin/flexd" --plugin-dir "$D/plugins" --state-dir "$D/flexd-state" manifests \
-    --driver "$DRIVER" $(operator_flags)
-}
-
 # --- the node's own faults, for the scenarios --------------------------------------------
 
 # kubelet killed (SIGKILL, as a crash) and started again; returns once it is healthy and the
