@@ -32,4 +32,5 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
 	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
 	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
+	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 })
