@@ -33,4 +33,5 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
 	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
+	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 })
