@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ var discoPaths = []string{"kubelet", "flexd"}
 // discoVersion writes run/disco-vN: the hostdir driver, its volumes' file saying "disco-vN".
 func (c *Cluster) discoVersion(n int) string {
 	ginkgo.GinkgoHelper()
-	script := ReadFile(c.Here + "/drivers/hostdir")
+	script := ReadFile(filepath.Join(c.Here, "drivers", "hostdir"))
 	script = regexp.MustCompile(`(?m)^ROOT=.*$`).ReplaceAllLiteralString(script, "ROOT="+c.Path("volumes"))
 	changed := strings.Replace(script, "printf 'hostdir %s %s", fmt.Sprintf("printf 'disco-v%d %%s %%s", n), 1)
 	gomega.Expect(changed).NotTo(gomega.Equal(script), "drivers/hostdir no longer writes \"hostdir %%s %%s\" for discoVersion to change")
@@ -229,7 +230,7 @@ func scenarioDiscovery(ctx context.Context) {
 	// By hand, not atomically: the directory, then the executable copied into it.
 	c.discoChange(ctx, summary, "recreated-by-hand", "v4", func() {
 		MustRun(ctx, "mkdir", dir)
-		MustRun(ctx, "cp", versions[4], dir+"/disco")
+		MustRun(ctx, "cp", versions[4], filepath.Join(dir, "disco"))
 	})
 }
 
