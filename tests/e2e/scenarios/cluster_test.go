@@ -263,3 +263,30 @@ func ReadFile(path string) string {
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	return string(data)
 }
+
+// Summary is a scenario's report for people: logs/scenario-NAME.summary in the scratch dir,
+// which run.sh prints after the run whatever its outcome. What it says is reported, not
+// asserted (the assertions say what they expected themselves).
+type Summary struct{ path string }
+
+// NewSummary starts the scenario's summary afresh.
+func (c *Cluster) NewSummary(name string) *Summary {
+	ginkgo.GinkgoHelper()
+	s := &Summary{path: c.Path("logs", "scenario-"+name+".summary")}
+	if err := os.Remove(s.path); err != nil && !os.IsNotExist(err) {
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	}
+	return s
+}
+
+// Printf adds a line (or lines) to the summary, and to the spec's output.
+func (s *Summary) Printf(format string, args ...any) {
+	ginkgo.GinkgoHelper()
+	text := strings.TrimRight(fmt.Sprintf(format, args...), "\n") + "\n"
+	fmt.Fprint(ginkgo.GinkgoWriter, text)
+	f, err := os.OpenFile(s.path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	_, err = f.WriteString(text)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	gomega.Expect(f.Close()).To(gomega.Succeed())
+}

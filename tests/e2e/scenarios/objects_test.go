@@ -84,8 +84,15 @@ func (c *Cluster) RunPod(ctx context.Context, pod *corev1.Pod, timeout time.Dura
 func (c *Cluster) PodScriptLog(ctx context.Context, name string, timeout time.Duration) string {
 	ginkgo.GinkgoHelper()
 	c.WaitPodReady(ctx, name, timeout)
+	return c.ScriptLog(ctx, name, 60*time.Second)
+}
+
+// ScriptLog waits up to timeout until the script of a pod that is Ready has run (its DONE
+// line), and returns its log without the DONE line, also written to run/NAME.log.
+func (c *Cluster) ScriptLog(ctx context.Context, name string, timeout time.Duration) string {
+	ginkgo.GinkgoHelper()
 	var log string
-	WaitFor(ctx, 60*time.Second, "pod "+name+"'s script", func(ctx context.Context) error {
+	WaitFor(ctx, timeout, "pod "+name+"'s script", func(ctx context.Context) error {
 		out, err := c.Kube.CoreV1().Pods(podNamespace).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
 		if err != nil {
 			return err
@@ -130,6 +137,17 @@ func PodReady(pod *corev1.Pod) bool {
 // LogLines are the lines of a log, for exact-line expectations (grep -x).
 func LogLines(log string) []string {
 	return strings.Split(strings.TrimRight(log, "\n"), "\n")
+}
+
+// firstLine is the first line of a log.
+func firstLine(log string) string { return LogLines(log)[0] }
+
+// cut is the first n characters of s (cut -c1-N), for a message quoted in a summary.
+func cut(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n])
+	}
+	return s
 }
 
 // DeletePod deletes the pod and waits until it is gone.
@@ -271,4 +289,34 @@ func (c *Cluster) DeletePVIfThere(ctx context.Context, name string) {
 		}
 		return fmt.Errorf("PV %s is still there", name)
 	})
+}
+
+// PodEvents are the events of the pod (this very pod: by UID, not an earlier one of its name)
+// with the reason, oldest first as the API server lists them.
+func (c *Cluster) PodEvents(ctx context.Context, pod *corev1.Pod, reason string) ([]corev1.Event, error) {
+	selector := fmt.Sprintf("involvedObject.name=%s,involvedObject.uid=%s,reason=%s", pod.Name, pod.UID, reason)
+	events, err := c.Kube.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
+	if err != nil {
+		return nil, err
+	}
+	return events.Items, nil
+}
+
+// FailedMount is the message of the pod's last FailedMount event, "" when it has none.
+func (c *Cluster) FailedMount(ctx context.Context, pod *corev1.Pod) string {
+	ginkgo.GinkgoHelper()
+	events, err := c.PodEvents(ctx, pod, "FailedMount")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the FailedMount events of pod %s", pod.Name)
+	if len(events) == 0 {
+		return ""
+	}
+	return events[len(events)-1].Message
+}
+
+// GetPod is the pod as the API server has it now.
+func (c *Cluster) GetPod(ctx context.Context, name string) *corev1.Pod {
+	ginkgo.GinkgoHelper()
+	pod, err := c.Kube.CoreV1().Pods(podNamespace).Get(ctx, name, metav1.GetOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "getting pod %s", name)
+	return pod
 }

@@ -35,4 +35,6 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("installer", ginkgo.Label("installer"), scenarioInstaller)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
 	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
+	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
+	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 })
