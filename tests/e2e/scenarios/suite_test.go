@@ -32,4 +32,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
 	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
 	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
+	ginkgo.It("faults_pod", ginkgo.Label("faults_pod"), scenarioFaultsPod)
+	ginkgo.It("faults_kubelet", ginkgo.Label("faults_kubelet"), scenarioFaultsKubelet)
+	ginkgo.It("faults_node", ginkgo.Label("faults_node"), scenarioFaultsNode)
 })
