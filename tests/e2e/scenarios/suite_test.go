@@ -35,4 +35,5 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("faults_pod", ginkgo.Label("faults_pod"), scenarioFaultsPod)
 	ginkgo.It("faults_kubelet", ginkgo.Label("faults_kubelet"), scenarioFaultsKubelet)
 	ginkgo.It("faults_node", ginkgo.Label("faults_node"), scenarioFaultsNode)
+	ginkgo.It("storage", ginkgo.Label("storage"), scenarioStorage)
 })
