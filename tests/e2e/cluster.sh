@@ -120,7 +120,16 @@ remove_cgroups() {
   done
 }
 
-netns_empty() { [ -z "$(ip netns pids $NETNS)" ]; }
+# The cluster's processes: those of its network namespace in another pid namespace than this
+# shell's (the cluster's own, or a container's in it). The scenarios, which call restart-node,
+# run in the cluster's network namespace too, but in the host's pid namespace.
+cluster_pids() {
+  local pid self; self=$(readlink /proc/self/ns/pid)
+  for pid in $(ip netns pids $NETNS); do
+    [ "$(readlink /proc/$pid/ns/pid 2>/dev/null)" = "$self" ] || [ ! -e /proc/$pid ] || echo $pid
+  done
+}
+cluster_gone() { [ -z "$(cluster_pids)" ]; }
 
 
 kubelet_pids() { pgrep -f -x "$(kubelet_command)"; }
@@ -607,7 +616,7 @@ restart_kubelet() {
 # everything started again as `up` does, until kubelet is healthy and the node Ready.
 restart_node() {
   kill -KILL "$(cat "$D/run/init.pid")"
-  wait_for 60 "every process of the cluster to end" netns_empty || die "processes of the cluster survived"
+  wait_for 60 "every process of the cluster to end" cluster_gone || die "processes of the cluster survived: $(cluster_pids | tr '\n' ' ')"
   unmount_under "$D" || die "mounts under $D survived"
   [ -z "$(findmnt -rn -o TARGET | grep "^$D/kubelet/pods/")" ] || die "pod volumes still mounted"
   remove_cgroups

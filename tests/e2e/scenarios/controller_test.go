@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
@@ -23,43 +22,6 @@ const (
 	attachDriver  = "e2e/attach"
 	attachCSIName = "flexvolume-e2e--attach"
 )
-
-// ExpectControllerHardened checks the controller pod as hardened: no ServiceAccount token in
-// flexd's container, the sidecars as uid 65532 with no capability, and flexd's CSI socket of
-// csiName 0660 for their group.
-func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
-	ginkgo.GinkgoHelper()
-	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/name=flexd-controller", FieldSelector: "status.phase=Running"})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
-	pod := pods.Items[0]
-	_, err = c.Kubectl(ctx, "-n", c.Namespace, "exec", pod.Name, "-c", "flexd", "--",
-		"sh", "-c", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token")
-	gomega.Expect(err).To(gomega.HaveOccurred(), "the controller's flexd container holds a ServiceAccount token")
-	for _, sidecar := range sidecars {
-		pid := strings.Fields(MustRun(ctx, "pgrep", "-x", sidecar))
-		gomega.Expect(pid).NotTo(gomega.BeEmpty(), "a %s process", sidecar)
-		status := procStatus(pid[0])
-		gomega.Expect(status["Uid"]).To(gomega.HavePrefix("65532\t"), "%s's uid", sidecar)
-		gomega.Expect(status["CapEff"]).To(gomega.Equal("0000000000000000"), "%s's capabilities", sidecar)
-	}
-	socket := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
-	out := MustRun(ctx, "stat", "-c", "%a:%g", socket)
-	gomega.Expect(strings.TrimSpace(out)).To(gomega.Equal("660:65532"), "the mode and group of %s", socket)
-}
-
-// procStatus is /proc/PID/status as a map of its fields.
-func procStatus(pid string) map[string]string {
-	ginkgo.GinkgoHelper()
-	fields := map[string]string{}
-	for _, line := range strings.Split(ReadFile(filepath.Join("/proc", pid, "status")), "\n") {
-		if name, value, ok := strings.Cut(line, ":"); ok {
-			fields[name] = strings.TrimSpace(value)
-		}
-	}
-	return fields
-}
 
 // attachmentOf is the attached status of the PV's VolumeAttachment, "" when it has none.
 func (c *Cluster) attachmentOf(ctx context.Context, pv string) (string, error) {
@@ -100,10 +62,11 @@ func scenarioController(ctx context.Context) {
 
 	ginkgo.By("checking the controller is hardened and unprivileged")
 	c.ExpectControllerHardened(ctx, attachCSIName, "csi-attacher")
-	pids := strings.Fields(MustRun(ctx, "pgrep", "-f", "--", "--mode=controller"))
-	gomega.Expect(pids).NotTo(gomega.BeEmpty(), "a controller flexd")
+	controller := c.ControllerPod(ctx)
+	pid := podProcess(string(controller.UID), "flexd", "--mode=controller")
+	gomega.Expect(pid).NotTo(gomega.BeZero(), "a flexd --mode=controller in the controller pod %s", controller.Name)
 	// CAP_CHOWN alone (bit 0): not privileged.
-	gomega.Expect(procStatus(pids[0])["CapEff"]).To(gomega.Equal("0000000000000001"), "the controller flexd's capabilities")
+	gomega.Expect(procStatus(pid)["CapEff"]).To(gomega.Equal([]string{"0000000000000001"}), "the controller flexd's effective capabilities")
 
 	ginkgo.By("a pod writing to an attached volume")
 	c.StaticClaim(ctx, PersistentVolume("e2e-attach", "1Gi", CSISource(attachCSIName, "e2e-attach", map[string]string{"greeting": "attached"})))

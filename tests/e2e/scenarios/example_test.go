@@ -20,20 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-const (
-	loopDriver  = "flexd/loop"
-	loopCSIName = "flexvolume-flexd--loop"
-)
-
-// InstallLoop installs flexd's builtin loop driver, its images under the scratch dir, unless
-// it is installed.
-func (c *Cluster) InstallLoop(ctx context.Context) {
-	ginkgo.GinkgoHelper()
-	if !c.Installed(loopDriver) {
-		c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
-	}
-}
-
 // scenarioExample: the example's claim Bound by the loop driver's provisioner, its pod Running
 // as uid 1000 and writing to the volume, the file's owner and group 1000 (the pod's fsGroup).
 func scenarioExample(ctx context.Context) {

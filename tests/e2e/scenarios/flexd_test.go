@@ -6,10 +6,13 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
@@ -184,5 +187,110 @@ func healthz(address string) func(context.Context) error {
 			return fmt.Errorf("/healthz answered %s", response.Status)
 		}
 		return nil
+	}
+}
+
+// ControllerPod is flexd's Running controller pod.
+func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
+	ginkgo.GinkgoHelper()
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=flexd-controller",
+		FieldSelector: "status.phase=Running",
+	})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
+	return &pods.Items[0]
+}
+
+// ExpectControllerHardened: the controller pod as flexd's manifests harden it: no ServiceAccount
+// token in flexd's container, each of the sidecars (their process names: csi-attacher...) as
+// uid 65532 with no capability, flexd's CSI socket for csiName 0660 for their group 65532.
+func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
+	ginkgo.GinkgoHelper()
+	pod := c.ControllerPod(ctx)
+
+	// `test -e` answers 1 when there is no token; anything else (0: a token; no sh, no
+	// container...) is not the answer looked for.
+	out, err := c.Kubectl(ctx, "-n", c.Namespace, "exec", pod.Name, "-c", "flexd", "--",
+		"sh", "-c", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token")
+	gomega.Expect(err).To(gomega.HaveOccurred(), "the controller's flexd container holds a ServiceAccount token")
+	gomega.Expect(err.Error()).To(gomega.ContainSubstring("exit code 1"),
+		"looking for a ServiceAccount token in the controller's flexd container failed for another reason: %s", out)
+
+	for _, sidecar := range sidecars {
+		pid := podProcess(string(pod.UID), sidecar)
+		gomega.Expect(pid).NotTo(gomega.BeZero(), "no %s process in the controller pod %s", sidecar, pod.Name)
+		status := procStatus(pid)
+		gomega.Expect(status["Uid"]).NotTo(gomega.BeEmpty(), "%s's uids", sidecar)
+		gomega.Expect(status["Uid"][0]).To(gomega.Equal("65532"), "%s's uid (of Uid: %v)", sidecar, status["Uid"])
+		gomega.Expect(status["CapEff"]).To(gomega.Equal([]string{"0000000000000000"}), "%s's effective capabilities", sidecar)
+	}
+
+	sock := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
+	info, err := os.Stat(sock)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd's CSI socket in the controller pod")
+	mode := info.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+	gid := info.Sys().(*syscall.Stat_t).Gid
+	gomega.Expect(fmt.Sprintf("%o:%d", mode, gid)).To(gomega.Equal("660:65532"), "%s's mode and group", sock)
+}
+
+// podProcess is the first process named name (its comm, as pgrep -x) in the pod's cgroup whose
+// command line holds every one of args: the pod's own, not one of another cluster on the same
+// host. 0 when there is none.
+func podProcess(podUID, name string, args ...string) int {
+	ginkgo.GinkgoHelper()
+	entries, err := os.ReadDir("/proc")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	inPod := []string{"pod" + podUID, "pod" + strings.ReplaceAll(podUID, "-", "_")}
+	for _, entry := range entries {
+		pid, err := strconv.Atoi(entry.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		cgroup, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !(strings.Contains(string(cgroup), inPod[0]) || strings.Contains(string(cgroup), inPod[1])) {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(cmdline), "\x00")
+		if !slices.ContainsFunc(args, func(arg string) bool { return !slices.Contains(argv, arg) }) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// procStatus is /proc/PID/status, each line's fields by its key.
+func procStatus(pid int) map[string][]string {
+	ginkgo.GinkgoHelper()
+	status := map[string][]string{}
+	for _, line := range strings.Split(ReadFile(fmt.Sprintf("/proc/%d/status", pid)), "\n") {
+		key, value, ok := strings.Cut(line, ":")
+		if ok {
+			status[key] = strings.Fields(value)
+		}
+	}
+	return status
+}
+
+// flexd's builtin loop driver: it attaches, provisions and expands.
+const (
+	loopDriver  = "flexd/loop"
+	loopCSIName = "flexvolume-flexd--loop"
+)
+
+// InstallLoop installs flexd's builtin loop driver, its images under the scratch dir, unless
+// it is installed.
+func (c *Cluster) InstallLoop(ctx context.Context) {
+	ginkgo.GinkgoHelper()
+	if !c.Installed(loopDriver) {
+		c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
 	}
 }

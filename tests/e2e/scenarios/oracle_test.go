@@ -198,9 +198,7 @@ func scenarioOracle(ctx context.Context) {
 	summary := c.NewSummary("oracle")
 
 	ginkgo.By("installing the recorders in front of the hostdir and loop drivers")
-	if _, err := os.Stat(c.Path("plugins", "flexd~loop", "loop")); err != nil {
-		c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
-	}
+	c.InstallLoop(ctx)
 	gomega.Expect(os.MkdirAll(c.oracleDir(), 0o755)).To(gomega.Succeed())
 	old, err := filepath.Glob(filepath.Join(c.oracleDir(), "*.jsonl"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
