@@ -25,7 +25,32 @@ export E2E_NAME=${E2E_NAME:-flexd-bench}
 . "$(dirname "$0")/../tests/e2e/run.sh"
 trap 'pkill -P $$ 2>/dev/null || true; down >/dev/null 2>&1 || true' EXIT
 up >&2
-scenario_deploy >&2
+# flexd deployed as the e2e's deploy scenario deploys it (and checks it).
+passed=0 failed=0
+scenarios deploy
+[ "$failed" = 0 ] || die "flexd did not deploy (logs in $D/logs)"
+
+# A hostNetwork busybox pod with the volume VOLUME_YAML at /data running SCRIPT.
+pod_create() { # NAME SCRIPT VOLUME_YAML
+  kubectl apply -f - <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: $TOOLS_IMAGE
+    imagePullPolicy: Never
+    command: [/bin/sh, -c, '$2; echo DONE; exec sleep 3600']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - name: data
+$3
+EOF
+}
 
 watch_log=$D/run/pod-startup.watch
 # Every pod event, stamped when the watch delivers it: "EPOCH NAME READY".

@@ -1,4 +1,4 @@
-# The oracle's comparison (tests/e2e/oracle.sh; docs/oracle.md): the call-outs kubelet and
+# The oracle's comparison (tests/e2e/scenarios/oracle_test.go; docs/oracle.md): the call-outs kubelet and
 # kube-controller-manager made through their FlexVolume plugin ($kubelet) against those flexd
 # made for the migrated objects (flexd), all in $records as cmd/recorder wrote them.
 #

@@ -1,7 +1,7 @@
 // Command recorder is a FlexVolume driver that records each call-out and then runs the real
-// driver: the oracle scenario (tests/e2e/oracle.sh) installs it in front of a driver and lets
-// kubelet's own FlexVolume plugin and flexd call the same driver through it, so their call-outs
-// can be compared record by record.
+// driver: the oracle scenario (tests/e2e/scenarios/oracle_test.go) installs it in front of a
+// driver and lets kubelet's own FlexVolume plugin and flexd call the same driver through it, so
+// their call-outs can be compared record by record.
 //
 // It reads recorder.json beside its own executable: {"exec": real driver, "log": JSON-lines
 // file}. Paths are absolute and must resolve both on the host (kubelet, kube-controller-manager,

@@ -1,0 +1,641 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster (pinned in tests/e2e/go.mod) for flexd, as root: what
+# tests/e2e/run.sh brings up and tears down, and what the scenarios (tests/e2e/scenarios, Go)
+# call for the node's own faults. Sourced by run.sh and bench/pod-startup.sh; run directly:
+#
+#   tests/e2e/cluster.sh up              build what is missing, start the cluster
+#   tests/e2e/cluster.sh down            stop and remove everything `up` made (idempotent)
+#   tests/e2e/cluster.sh restart-kubelet kill kubelet and start it again (the faults scenarios)
+#   tests/e2e/cluster.sh restart-node    kill every process of the cluster, unmount and remove
+#                                        its cgroups, start it all again (a node's reboot)
+#
+# Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
+# default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
+# dir, default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to
+# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`).
+#
+# Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
+# the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
+# leads out. etcd, the control plane, containerd and kubelet run in it; pods are either
+# hostNetwork (in it too) or on a bridge inside it (the controller Deployment, the storage
+# suite's pods): nothing is sent to any address outside that namespace. They also run in a pid
+# namespace of their own whose init is the pause binary (it reaps): a hostPID pod's /proc/1 is
+# then that init, which flexd's --driver-mount-namespace=/proc/1/ns/mnt needs (the machine's own
+# pid 1 may be unreadable), and `down` ends every process of the cluster, containers included,
+# by killing that one init. The pid namespace needs its own /proc (runc reads /proc/<its pid>),
+# so a mount namespace too, made from the host's with propagation unchanged: everything on disk
+# is under E2E_DIR, a shared bind mount of itself, so every mount kubelet, containerd and the
+# drivers make there is seen on the host (and Bidirectional propagation, which needs a shared
+# mount, works). Under E2E_DIR: etcd, certificates, containerd's root and state, kubelet's root
+# dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
+# /$E2E_NAME in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
+# cluster's mount namespace.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# Everything of this run that the host sees by name derives from E2E_NAME: two runs with
+# different names share nothing but the cached kube binary and /run/containerd's (empty) dir.
+E2E_NAME=${E2E_NAME:-flexd-e2e}
+case $E2E_NAME in '' | */* | *[!A-Za-z0-9_.-]*) echo "E2E_NAME=$E2E_NAME: letters, digits, . _ - only" >&2; exit 2 ;; esac
+D=${E2E_DIR:-/var/lib/$E2E_NAME}
+NETNS=$E2E_NAME
+NODE_IP=10.77.0.1
+NODE=flexd-e2e
+CGROUP_ROOT=$E2E_NAME
+DRIVER=e2e/hostdir
+CSI_NAME=flexvolume-e2e--hostdir
+FLEXD_IMAGE=localhost/flexd:e2e
+PAUSE_IMAGE=localhost/pause:e2e
+TOOLS_IMAGE=localhost/e2e-tools:e2e
+INSTALLER_IMAGE=localhost/flexd-installer:e2e
+NAMESPACE=flexd-system
+TOKEN=flexd-e2e-admin-token-0123456789abcdef
+# The storage scenario's driver with a controller side: flexd's builtin loop driver.
+LOOP_DRIVER=flexd/loop
+LOOP_CSI_NAME=flexvolume-flexd--loop
+# The CSI sidecars (tests/e2e/sidecars/, from the Go module proxy) as images of their own.
+SIDECARS=(csi-provisioner csi-attacher csi-resizer)
+# `flexd manifests`' flags for them: every one, since a driver's shape decides which it gets.
+SIDECAR_IMAGES=()
+for sidecar in "${SIDECARS[@]}"; do SIDECAR_IMAGES+=("--${sidecar#csi-}-image" "localhost/$sidecar:e2e"); done
+# The one Service pods use (in-cluster config of the sidecars), made reachable without kube-proxy.
+API_SERVICE_IP=10.0.0.1
+POD_SUBNET=10.88.0.0/24
+
+log() { echo "[e2e $(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+skip() { echo "E2E SKIPPED: $*"; echo "0 passed, 0 failed"; exit 0; }
+
+# Commands in the cluster's network namespace; daemons also in its pid namespace.
+innet() { nsenter --net=/run/netns/$NETNS "$@"; }
+incluster() { nsenter --target "$(cat "$D/run/init.pid")" --pid --mount --net "$@"; }
+kubectl() { innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" "$@"; }
+ctr() { command ctr --address "$D/containerd/containerd.sock" --namespace k8s.io "$@"; }
+
+# wait_for SECONDS WHAT COMMAND...: polls COMMAND (quietly) until it succeeds.
+wait_for() {
+  local seconds=$1 what=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "timed out after ${seconds}s waiting for $what"
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+preflight() {
+  [ "$(id -u)" = 0 ] || skip "not root (the cluster mounts, makes namespaces and cgroups)"
+  command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || skip "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
+  [ -n "${FLEXD:-}" ] || command -v cargo >/dev/null || skip "no cargo and no FLEXD=path/to/flexd"
+  local missing=()
+  for tool in containerd containerd-shim-runc-v2 runc ctr umoci nsenter unshare ip nft openssl curl jq busybox; do
+    command -v $tool >/dev/null || missing+=("$tool")
+  done
+  for plugin in loopback bridge host-local; do
+    [ -x /usr/lib/cni/$plugin ] || missing+=("/usr/lib/cni/$plugin")
+  done
+  ((${#missing[@]} == 0)) || skip "missing ${missing[*]} (apt-get install -y containerd runc containernetworking-plugins umoci busybox-static jq curl nftables)"
+  [ -d /sys/fs/cgroup ] || skip "no /sys/fs/cgroup"
+}
+
+# Mounts under the scratch dir but itself, deepest first.
+unmount_under() {
+  local round mounts
+  for round in 1 2 3 4 5; do
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1' | sort -r)
+    [ -n "$mounts" ] || return 0
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+  done
+  [ -z "$(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1')" ]
+}
+
+remove_cgroups() {
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ -d "$hierarchy" ] || continue
+    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  done
+}
+
+# The cluster's processes: those of its network namespace in another pid namespace than this
+# shell's (the cluster's own, or a container's in it). The scenarios, which call restart-node,
+# run in the cluster's network namespace too, but in the host's pid namespace.
+cluster_pids() {
+  local pid self; self=$(readlink /proc/self/ns/pid)
+  for pid in $(ip netns pids $NETNS); do
+    [ "$(readlink /proc/$pid/ns/pid 2>/dev/null)" = "$self" ] || [ ! -e /proc/$pid ] || echo $pid
+  done
+}
+cluster_gone() { [ -z "$(cluster_pids)" ]; }
+
+
+kubelet_pids() { pgrep -f -x "$(kubelet_command)"; }
+kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; }
+
+# --- down ------------------------------------------------------------------------------------
+
+down() {
+  log "down: stopping the cluster in $D"
+  # Every process of the cluster is in the pid namespace of init: killing init kills them all.
+  if [ -f "$D/run/init.pid" ]; then
+    local init; init=$(cat "$D/run/init.pid")
+    if [ -d "/proc/$init" ]; then kill -KILL "$init" 2>/dev/null || true; fi
+  fi
+  if [ -f "$D/run/unshare.pid" ]; then
+    kill -KILL "$(cat "$D/run/unshare.pid")" 2>/dev/null || true
+  fi
+  # Anything else still in the network namespace (a run killed before it wrote init.pid).
+  if [ -e /run/netns/$NETNS ]; then
+    local pid
+    for pid in $(ip netns pids $NETNS 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    wait_for 30 "the processes of netns $NETNS to end" sh -c "[ -z \"\$(ip netns pids $NETNS)\" ]" || true
+  fi
+  # Mounts under the scratch dir, deepest first (kubelet's dir, containers' rootfs, the dir itself).
+  if [ -d "$D" ]; then
+    local round mounts
+    for round in 1 2 3 4 5; do
+      mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
+      [ -n "$mounts" ] || break
+      while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+    done
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1')
+    [ -z "$mounts" ] || die "still mounted, not removing $D: $mounts"
+  fi
+  # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
+  remove_cgroups
+  if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
+  if [ -f "$D/run/made-run-netns-mount" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+  fi
+  if [ -f "$D/run/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
+  # Not while another run's cluster (another netns) may have its tmpfs on it: removing a dir
+  # that is a mount point in another mount namespace detaches that mount there.
+  if [ -f "$D/run/made-run-containerd" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    rmdir /run/containerd 2>/dev/null || true
+  fi
+  rm -rf --one-file-system "$D"
+  # Nothing left: no process started from the scratch dir, no netns, no cgroup, no dir.
+  local left=()
+  [ ! -e "$D" ] || left+=("$D")
+  [ ! -e /run/netns/$NETNS ] || left+=("netns $NETNS")
+  ! pgrep -f "$D/" >/dev/null || left+=("processes $(pgrep -f "$D/" | tr '\n' ' ')")
+  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ ! -d "$hierarchy" ] || left+=("$hierarchy")
+  done
+  ((${#left[@]} == 0)) || die "down left ${left[*]}"
+  log "down: done"
+}
+
+# --- build ---------------------------------------------------------------------------------
+
+build() {
+  mkdir -p "$D/bin"
+  log "build: kube (tests/e2e/tools.sh kube; a cold build takes 20-40 minutes on 2 cores)"
+  ln -sf "$("$here/tools.sh" kube)" "$D/bin/kube"
+  if [ -n "${FLEXD:-}" ]; then
+    cp "$FLEXD" "$D/bin/flexd"
+  else
+    log "build: flexd (cargo build --release -p flexd)"
+    (cd "$repo" && cargo build --release -p flexd >&2)
+    cp "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/flexd" "$D/bin/flexd"
+  fi
+  local tool
+  for tool in "${SIDECARS[@]}" storage-e2e ginkgo agnhost; do
+    log "build: $tool (tests/e2e/tools.sh $tool; cached per machine)"
+    ln -sf "$("$here/tools.sh" $tool)" "$D/bin/$tool"
+  done
+  # Ginkgo's CLI runs a compiled suite by its .test name.
+  ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
+  log "build: the scenarios (tests/e2e/scenarios, a Go test binary)"
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go test -c -o "$D/bin/scenarios.test" ./scenarios)
+  log "build: pause, recorder"
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/recorder" ./cmd/recorder)
+}
+
+# --- images --------------------------------------------------------------------------------
+
+# copy_libs ROOTFS FILE...: the shared libraries the files load (and the loader), at their paths.
+copy_libs() {
+  local rootfs=$1 lib; shift
+  for lib in $(ldd "$@" 2>/dev/null | grep -o '/[^ :]*' | sort -u); do
+    [ -e "$lib" ] && [ ! -e "$rootfs$lib" ] && cp -L --parents "$lib" "$rootfs"
+  done
+  return 0
+}
+
+# copy_with_libs ROOTFS FILE...: host files at their paths, with their libraries.
+copy_with_libs() {
+  local rootfs=$1 file; shift
+  for file in "$@"; do
+    mkdir -p "$rootfs$(dirname "$file")"
+    cp -L "$file" "$rootfs$file"
+  done
+  copy_libs "$rootfs" "$@"
+}
+
+# image NAME:TAG POPULATE ENTRYPOINT...: an OCI image built with umoci, imported into containerd.
+image() {
+  local ref=$1 populate=$2; shift 2
+  local name=${ref%:*} tag=${ref##*:} work="$D/images/${ref//[\/:]/_}"
+  mkdir -p "$work"
+  umoci init --layout "$work/oci"
+  umoci new --image "$work/oci:$tag"
+  umoci unpack --image "$work/oci:$tag" "$work/bundle" >/dev/null
+  "$populate" "$work/bundle/rootfs"
+  umoci repack --image "$work/oci:$tag" "$work/bundle"
+  local entrypoint=() arg
+  for arg in "$@"; do entrypoint+=(--config.entrypoint "$arg"); done
+  for arg in "${IMAGE_ENV[@]}"; do entrypoint+=(--config.env "$arg"); done
+  for arg in "${IMAGE_CMD[@]}"; do entrypoint+=(--config.cmd "$arg"); done
+  umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
+  umoci gc --layout "$work/oci"
+  tar -C "$work/oci" -cf "$work/image.tar" .
+  ctr images import --base-name "$name" "$work/image.tar" >/dev/null
+  ctr images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in containerd after the import"
+  rm -rf --one-file-system "$work"
+}
+
+IMAGE_ENV=() # KEY=VALUE environment of the next image()
+IMAGE_CMD=() # default arguments (CMD) of the next image()
+
+populate_pause() { install -D -m 0755 "$D/bin/pause" "$1/pause"; }
+
+# The equivalent of deploy/Dockerfile's flexd target (debian:bookworm-slim with e2fsprogs,
+# xfsprogs, util-linux and mount, flexd in /usr/local/bin), from the same binary and this
+# Debian host's tools: what flexd runs itself (mount, umount, blkid, mkfs.*, resize2fs,
+# xfs_growfs), /bin/sh, and their libraries.
+populate_flexd() {
+  local rootfs=$1 tool tools=() dir
+  # Merged /usr, as in Debian 12: /bin, /sbin and /lib* are links into /usr.
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  install -D -m 0755 "$D/bin/flexd" "$rootfs/usr/local/bin/flexd"
+  copy_libs "$rootfs" "$D/bin/flexd"
+  for tool in sh mount umount blkid findmnt losetup mkfs.ext4 mke2fs e2fsck resize2fs mkfs.xfs xfs_growfs xfs_repair; do
+    tool=$(command -v $tool || true)
+    [ -z "$tool" ] || tools+=("$tool")
+  done
+  copy_with_libs "$rootfs" "${tools[@]}"
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+# The scenarios' pods: a static busybox.
+populate_tools() {
+  install -D -m 0755 "$(command -v busybox)" "$1/bin/busybox"
+  chroot "$1" /bin/busybox --install -s /bin
+  mkdir -p "$1/tmp" "$1/etc"
+}
+
+# Kubernetes' glibc-dns-testing image is Debian with dnsutils: here, this Debian host's shell and
+# core tools (what the storage specs run in it), with their libraries.
+populate_glibc() {
+  local rootfs=$1 dir files
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  files=$(dpkg -L dash coreutils grep sed findutils mawk util-linux 2>/dev/null |
+    grep -E '^/(usr/)?s?bin/[^/]+$' | while read -r f; do [ -f "$f" ] && [ -x "$f" ] && echo "$f"; done)
+  # shellcheck disable=SC2086
+  copy_with_libs "$rootfs" $files
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+# Kubernetes' agnhost image (Alpine with /agnhost, entrypoint /agnhost, CMD pause): here the
+# agnhost built from the pinned Kubernetes, on the busybox userland.
+populate_agnhost() {
+  populate_tools "$1"
+  install -D -m 0755 "$D/bin/agnhost" "$1/agnhost"
+}
+
+# A CSI sidecar: its static binary, alone.
+populate_sidecar() {
+  install -D -m 0755 "$D/bin/$SIDECAR" "$1/$SIDECAR"
+  mkdir -p "$1/tmp"
+  chmod 1777 "$1/tmp"
+}
+
+# deploy/Dockerfile's installer target: flexd and one driver (/driver), its entrypoint /bin/sh.
+populate_installer() {
+  local rootfs=$1 dir
+  for dir in bin sbin lib lib64; do mkdir -p "$rootfs/usr/$dir" && ln -s "usr/$dir" "$rootfs/$dir"; done
+  install -D -m 0755 "$D/bin/flexd" "$rootfs/usr/local/bin/flexd"
+  copy_libs "$rootfs" "$D/bin/flexd"
+  copy_with_libs "$rootfs" "$(command -v sh)"
+  install -m 0755 "$D/run/late" "$rootfs/driver"
+  mkdir -p "$rootfs/tmp" "$rootfs/etc"
+  chmod 1777 "$rootfs/tmp"
+}
+
+# --- up ------------------------------------------------------------------------------------
+
+certificates() {
+  local pki=$D/pki
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 7 \
+    -subj /CN=flexd-e2e-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" \
+    -subj /CN=kube-apiserver 2>/dev/null
+  printf 'subjectAltName=IP:%s,IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n' \
+    "$NODE_IP" >"$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -out "$pki/apiserver.crt" -days 7 -extfile "$pki/apiserver.ext" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  # One static admin token: the control plane, kubelet and the scenarios use it.
+  echo "$TOKEN,admin,admin,system:masters" >"$pki/tokens.csv"
+  cat >"$D/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {server: "https://$NODE_IP:6443", certificate-authority: "$pki/ca.crt"}
+users:
+- name: admin
+  user: {token: "$TOKEN"}
+contexts:
+- name: e2e
+  context: {cluster: e2e, user: admin}
+current-context: e2e
+EOF
+}
+
+# start NAME COMMAND...: a daemon in the cluster's namespaces, its log in $D/logs/NAME.log.
+start() {
+  local name=$1; shift
+  incluster setsid "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
+}
+
+apiserver_ready() {
+  innet curl -fsS --cacert "$D/pki/ca.crt" -H "Authorization: Bearer $TOKEN" "https://$NODE_IP:6443/readyz"
+}
+
+node_ready() {
+  [ "$(kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+
+# The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
+# the disk as it was, no process, no mount of the pods, no cgroup).
+start_init() {
+  log "up: pid and mount namespaces, init = pause"
+  setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \
+    nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
+    >"$D/logs/init.log" 2>&1 </dev/null &
+  echo $! >"$D/run/unshare.pid"
+  wait_for 10 "the cluster's init" pgrep -P "$(cat "$D/run/unshare.pid")"
+  pgrep -P "$(cat "$D/run/unshare.pid")" >"$D/run/init.pid"
+
+  # containerd 1.6 keeps its shims' sockets, fifos and runc state in /run/containerd whatever
+  # its state dir: a tmpfs there, in the cluster's mount namespace only (/ is not shared).
+  if [ ! -e /run/containerd ]; then
+    mkdir /run/containerd && touch "$D/run/made-run-containerd"
+  fi
+  incluster mount -t tmpfs -o mode=0711 "$E2E_NAME-containerd" /run/containerd
+  # kubelet writes the containers' logs in /var/log/pods and links them from /var/log/containers
+  # (a fixed path): the cluster's /var/log is $D/var-log, on disk as a node's (a node restart
+  # keeps it), so nothing is left on the host's /var/log.
+  mkdir -p "$D/var-log"
+  touch "$D/var-log/.$E2E_NAME"
+  incluster mount --bind "$D/var-log" /var/log
+  [ ! -e "/var/log/.$E2E_NAME" ] || die "the cluster's /var/log propagated to the host's"
+
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
+  done
+}
+
+start_control_plane() {
+  log "up: etcd"
+  start etcd "$D/bin/kube" etcd --name e2e --data-dir "$D/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster e2e=http://127.0.0.1:2380 --log-level warn
+
+  log "up: kube-apiserver"
+  start kube-apiserver "$D/bin/kube" kube-apiserver \
+    --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port=6443 \
+    --advertise-address=$NODE_IP --endpoint-reconciler-type=none \
+    --kubelet-preferred-address-types=InternalIP \
+    --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
+    --cert-dir="$D/pki/apiserver" --token-auth-file="$D/pki/tokens.csv" \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --service-cluster-ip-range=10.0.0.0/24 \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$D/pki/sa.pub" --service-account-signing-key-file="$D/pki/sa.key"
+  wait_for 180 "kube-apiserver /readyz" apiserver_ready
+
+  log "up: kube-controller-manager, kube-scheduler"
+  start kube-controller-manager "$D/bin/kube" kube-controller-manager \
+    --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1 \
+    --cert-dir="$D/pki/controller-manager" \
+    --service-account-private-key-file="$D/pki/sa.key" --root-ca-file="$D/pki/ca.crt" \
+    --flex-volume-plugin-dir="$D/plugins"
+  start kube-scheduler "$D/bin/kube" kube-scheduler \
+    --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
+}
+
+start_containerd() {
+  start containerd containerd --config "$D/containerd/config.toml"
+  wait_for 60 "containerd" ctr version
+}
+
+kubelet_command() {
+  echo "$D/bin/kube" kubelet --config="$D/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
+    --root-dir="$D/kubelet" --cert-dir="$D/pki/kubelet" \
+    --hostname-override=$NODE --node-ip=$NODE_IP
+}
+
+start_kubelet() {
+  # Appended: a restarted kubelet's log follows the first one's.
+  incluster setsid $(kubelet_command) >>"$D/logs/kubelet.log" 2>&1 </dev/null &
+}
+
+up() {
+  preflight
+  down
+  rm -rf "$D.logs"
+  local started=$SECONDS
+  build
+  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
+  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
+  mount --bind "$D" "$D"
+  mount --make-rshared "$D"
+
+  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
+  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
+  [ -d /run/netns ] || touch "$D/run/made-run-netns"
+  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
+  ip netns add $NETNS
+  ip -n $NETNS link set lo up
+  # What kube-proxy would do for the API server's Service (default/kubernetes, the first address of
+  # the service range, port 443): the sidecars reach the API server by their in-cluster config.
+  # The cluster has no kube-proxy; this is the one Service its pods use.
+  innet nft -f - <<EOF
+table ip e2e-services {
+  chain prerouting { type nat hook prerouting priority dstnat; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
+  chain output { type nat hook output priority -100; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
+}
+EOF
+  # The node's address on a dummy interface where the kernel has one, else on lo: either way
+  # it is local to this namespace, which has no other interface.
+  if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
+    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
+    ip -n $NETNS link set e2e0 up
+  else
+    ip -n $NETNS addr add $NODE_IP/32 dev lo
+  fi
+
+  start_init
+  certificates
+  start_control_plane
+  log "up: containerd"
+  # Pods that are not hostNetwork (the controller Deployment, the storage suite's pods) get an
+  # address on a bridge inside the cluster's netns: probes reach them, they reach the node's
+  # address, and nothing leads further.
+  cat >"$D/cni/net.d/10-bridge.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "e2e-pods", "plugins": [{"type": "bridge", "bridge": "e2e-pods",
+  "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "dataDir": "$D/cni/ipam",
+  "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+EOF
+  cat >"$D/containerd/config.toml" <<EOF
+version = 2
+root = "$D/containerd/root"
+state = "$D/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$D/containerd/containerd.sock"
+[ttrpc]
+  address = "$D/containerd/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$D/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  stream_server_address = "127.0.0.1"
+  netns_mounts_under_state_dir = true
+  # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; a host without it (this
+  # one: a VM whose root lacks it) fails every sandbox in runc ("can't get final child's PID
+  # from pipe: EOF"). Restricted, no score goes below containerd's own.
+  restrict_oom_score_adj = $(grep -q '^CapBnd:.*' /proc/self/status && [ $(( 0x$(awk '/^CapBnd/ {print $2}' /proc/self/status) >> 24 & 1 )) = 0 ] && echo true || echo false)
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$D/cni/net.d"
+EOF
+  start_containerd
+
+  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]}, the storage suite's, $INSTALLER_IMAGE"
+  image "$PAUSE_IMAGE" populate_pause /pause
+  image "$FLEXD_IMAGE" populate_flexd /usr/local/bin/flexd
+  image "$TOOLS_IMAGE" populate_tools /bin/sh
+  local sidecar
+  for sidecar in "${SIDECARS[@]}"; do
+    SIDECAR=$sidecar image "localhost/$sidecar:e2e" populate_sidecar "/$sidecar"
+  done
+  # The suite's pods run Kubernetes' test images, by the names this Kubernetes gives them:
+  # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing.
+  local images; images=$("$D/bin/storage-e2e" -print-images)
+  image "$(awk '$1 == "busybox" {print $2}' <<<"$images")" populate_tools /bin/sh
+  image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh
+  # nginx's: the volumes suite's exec spec runs a shell script in it, never nginx itself.
+  image "$(awk '$1 == "nginx" {print $2}' <<<"$images")" populate_tools /bin/sh
+  IMAGE_CMD=(pause)
+  image "$(awk '$1 == "agnhost" {print $2}' <<<"$images")" populate_agnhost /agnhost
+  IMAGE_CMD=()
+  # deploy/Dockerfile's installer target with the hostdir driver as e2e/late (the installer
+  # scenario's driver, installed by the installer DaemonSet).
+  sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/late"
+  IMAGE_ENV=(FLEXD_DRIVER=e2e/late)
+  image "$INSTALLER_IMAGE" populate_installer /bin/sh -c \
+    'exec /usr/local/bin/flexd --plugin-dir /flexmnt install --driver "$FLEXD_DRIVER" /driver --then-sleep'
+  IMAGE_ENV=()
+
+  log "up: the driver $DRIVER in the plugin dir"
+  sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/hostdir"
+  chmod 0755 "$D/run/hostdir"
+  "$D/bin/flexd" --plugin-dir "$D/plugins" install --driver "$DRIVER" "$D/run/hostdir" >&2
+
+  log "up: kubelet"
+  cat >"$D/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: unix://$D/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
+failCgroupV1: false
+failSwapOn: false
+volumePluginDir: $D/plugins
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+serializeImagePulls: false
+EOF
+  start_kubelet
+  wait_for 180 "node $NODE Ready" node_ready
+  wait_for 60 "the default service account" kubectl get serviceaccount default
+  log "up: cluster ready in $((SECONDS - started))s"
+  cat >"$D/env" <<EOF
+export KUBECONFIG=$D/kubeconfig
+# The API server is in the network namespace $NETNS: run kubectl there, e.g.
+#   nsenter --net=/run/netns/$NETNS $D/bin/kube kubectl get nodes
+EOF
+  cat "$D/env"
+}
+
+# --- the node's own faults, for the scenarios --------------------------------------------
+
+# kubelet killed (SIGKILL, as a crash) and started again; returns once it is healthy and the
+# node Ready.
+restart_kubelet() {
+  local pids; pids=$(kubelet_pids) || die "no kubelet to kill"
+  # shellcheck disable=SC2086
+  kill -KILL $pids
+  wait_for 30 "kubelet to end" sh -c "! pgrep -f -x '$(kubelet_command)'" || die "kubelet did not end"
+  start_kubelet
+  wait_for 120 "kubelet's /healthz" kubelet_healthz || die "kubelet is not healthy again"
+  wait_for 120 "node $NODE Ready" node_ready || die "node $NODE is not Ready again"
+}
+
+# A node restart: every process of the cluster killed (containers too), every mount under the
+# scratch dir gone (the pods' volumes, the containers' root filesystems), the cgroups gone; then
+# everything started again as `up` does, until kubelet is healthy and the node Ready.
+restart_node() {
+  kill -KILL "$(cat "$D/run/init.pid")"
+  wait_for 60 "every process of the cluster to end" cluster_gone || die "processes of the cluster survived: $(cluster_pids | tr '\n' ' ')"
+  unmount_under "$D" || die "mounts under $D survived"
+  [ -z "$(findmnt -rn -o TARGET | grep "^$D/kubelet/pods/")" ] || die "pod volumes still mounted"
+  remove_cgroups
+  log "node restart: starting again"
+  start_init
+  start_control_plane
+  start_containerd
+  start_kubelet
+  wait_for 120 "kubelet's /healthz" kubelet_healthz || die "kubelet is not healthy again"
+  wait_for 180 "node $NODE Ready" node_ready || die "node $NODE is not Ready again"
+}
+
+# Sourced (by run.sh, by the bench, or to call its functions by hand), it stops here.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+
+case "${1:-}" in
+  up) up ;;
+  down) [ "$(id -u)" = 0 ] || skip "not root"; down ;;
+  restart-kubelet) restart_kubelet ;;
+  restart-node) restart_node ;;
+  *) echo "usage: $0 up|down|restart-kubelet|restart-node" >&2; exit 2 ;;
+esac

@@ -1,0 +1,296 @@
+package scenarios
+
+// flexd as an operator deploys it: `flexd manifests` on the node, applied unmodified with
+// kubectl, and what the scenarios check of the pods it makes.
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// pluginDirName is a driver's directory name in the plugin dir: VENDOR/NAME as VENDOR~NAME.
+func pluginDirName(driver string) string { return strings.Replace(driver, "/", "~", 1) }
+
+// Installed says whether the driver is in the node's plugin dir.
+func (c *Cluster) Installed(driver string) bool {
+	_, err := os.Stat(c.Path("plugins", pluginDirName(driver)))
+	return err == nil
+}
+
+// OperatorFlags are this cluster's choices for `flexd manifests`: its plugin dir and kubelet
+// dir, inline volumes for the hostdir drivers (the oracle's inline volume, the fault pods),
+// which are offered only when asked for, and a privileged controller for the recorder in front
+// of the loop driver (it attaches loop devices as the loop driver does).
+func (c *Cluster) OperatorFlags() []string {
+	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.Path("plugins")}
+	for _, driver := range []string{c.Driver, "e2e/rec-hostdir"} {
+		if c.Installed(driver) {
+			flags = append(flags, "--inline-volumes", driver)
+		}
+	}
+	if c.Installed("e2e/rec-loop") {
+		flags = append(flags, "--privileged-controller", "e2e/rec-loop")
+	}
+	return flags
+}
+
+// ApplyManifests applies `flexd manifests ARGS... OPERATOR-FLAGS` (saved as run/NAME.yaml)
+// and waits for the node DaemonSet's rollout (and the controller's, when there is one).
+func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...string) string {
+	ginkgo.GinkgoHelper()
+	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags()...)...)
+	path := c.WriteRun(name+".yaml", manifests)
+	c.MustKubectl(ctx, "apply", "-f", path)
+	c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "daemonset/flexd-node", "--timeout=240s")
+	if strings.Contains(manifests, "name: flexd-controller\n") {
+		c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "deployment/flexd-controller", "--timeout=300s")
+	}
+	return manifests
+}
+
+// ApplyAllManifests deploys flexd for every installed driver with the sidecars built here, the
+// controller's state claim on a PV made for it (the cluster has no default StorageClass).
+func (c *Cluster) ApplyAllManifests(ctx context.Context, name string) string {
+	ginkgo.GinkgoHelper()
+	c.ControllerStatePV(ctx)
+	return c.ApplyManifests(ctx, name, c.SidecarImageFlags...)
+}
+
+// ControllerStatePV is the PV of the controller's state claim, on a host dir.
+func (c *Cluster) ControllerStatePV(ctx context.Context) {
+	ginkgo.GinkgoHelper()
+	dir := c.Path("controller-state")
+	gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "flexd-controller-state"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
+				Path: dir, Type: ptr.To(corev1.HostPathDirectory),
+			}},
+			ClaimRef: &corev1.ObjectReference{Namespace: c.Namespace, Name: "flexd-controller-state"},
+		},
+	}
+	_, err := c.Kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the controller's state PV")
+	}
+}
+
+// CSINodeDrivers are the drivers kubelet has registered on the node.
+func (c *Cluster) CSINodeDrivers(ctx context.Context) ([]string, error) {
+	csinode, err := c.Kube.StorageV1().CSINodes().Get(ctx, c.Node, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, driver := range csinode.Spec.Drivers {
+		names = append(names, driver.Name)
+	}
+	return names, nil
+}
+
+// WaitCSINodeLists waits until kubelet lists the CSI driver in the node's CSINode.
+func (c *Cluster) WaitCSINodeLists(ctx context.Context, csiName string) {
+	ginkgo.GinkgoHelper()
+	WaitFor(ctx, 120*time.Second, "CSINode "+c.Node+" to list "+csiName, func(ctx context.Context) error {
+		names, err := c.CSINodeDrivers(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(names, csiName) {
+			return fmt.Errorf("CSINode lists %v", names)
+		}
+		return nil
+	})
+}
+
+// WaitCSINodeLacks waits until kubelet no longer lists the CSI driver.
+func (c *Cluster) WaitCSINodeLacks(ctx context.Context, csiName string) {
+	ginkgo.GinkgoHelper()
+	WaitFor(ctx, 120*time.Second, "CSINode "+c.Node+" to drop "+csiName, func(ctx context.Context) error {
+		names, err := c.CSINodeDrivers(ctx)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(names, csiName) {
+			return fmt.Errorf("CSINode still lists %s", csiName)
+		}
+		return nil
+	})
+}
+
+// NodePod is flexd's node pod.
+func (c *Cluster) NodePod(ctx context.Context) *corev1.Pod {
+	ginkgo.GinkgoHelper()
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=flexd-node"})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	gomega.Expect(pods.Items).To(gomega.HaveLen(1), "flexd's node pods")
+	return &pods.Items[0]
+}
+
+// PodState is a pod's UID and its first container's restart count: what changes when the pod
+// is replaced or its container restarted.
+type PodState struct {
+	UID      string
+	Restarts int32
+}
+
+func stateOf(pod *corev1.Pod) PodState {
+	state := PodState{UID: string(pod.UID)}
+	if len(pod.Status.ContainerStatuses) > 0 {
+		state.Restarts = pod.Status.ContainerStatuses[0].RestartCount
+	}
+	return state
+}
+
+// NodePodState is the node pod's state.
+func (c *Cluster) NodePodState(ctx context.Context) PodState {
+	ginkgo.GinkgoHelper()
+	return stateOf(c.NodePod(ctx))
+}
+
+// Healthz is flexd's /healthz on the node's loopback (the scenarios run in the node's network
+// namespace), answering 200.
+func healthz(address string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		request, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/healthz", nil)
+		if err != nil {
+			return err
+		}
+		client := http.Client{Timeout: 5 * time.Second}
+		response, err := client.Do(request)
+		if err != nil {
+			return err
+		}
+		_ = response.Body.Close()
+		if response.StatusCode != http.StatusOK {
+			return fmt.Errorf("/healthz answered %s", response.Status)
+		}
+		return nil
+	}
+}
+
+// ControllerPod is flexd's Running controller pod.
+func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
+	ginkgo.GinkgoHelper()
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=flexd-controller",
+		FieldSelector: "status.phase=Running",
+	})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
+	return &pods.Items[0]
+}
+
+// ExpectControllerHardened: the controller pod as flexd's manifests harden it: no ServiceAccount
+// token in flexd's container, each of the sidecars (their process names: csi-attacher...) as
+// uid 65532 with no capability, flexd's CSI socket for csiName 0660 for their group 65532.
+func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
+	ginkgo.GinkgoHelper()
+	pod := c.ControllerPod(ctx)
+
+	// `test -e` answers 1 when there is no token; anything else (0: a token; no sh, no
+	// container...) is not the answer looked for.
+	out, err := c.Kubectl(ctx, "-n", c.Namespace, "exec", pod.Name, "-c", "flexd", "--",
+		"sh", "-c", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token")
+	gomega.Expect(err).To(gomega.HaveOccurred(), "the controller's flexd container holds a ServiceAccount token")
+	gomega.Expect(err.Error()).To(gomega.ContainSubstring("exit code 1"),
+		"looking for a ServiceAccount token in the controller's flexd container failed for another reason: %s", out)
+
+	for _, sidecar := range sidecars {
+		pid := podProcess(string(pod.UID), sidecar)
+		gomega.Expect(pid).NotTo(gomega.BeZero(), "no %s process in the controller pod %s", sidecar, pod.Name)
+		status := procStatus(pid)
+		gomega.Expect(status["Uid"]).NotTo(gomega.BeEmpty(), "%s's uids", sidecar)
+		gomega.Expect(status["Uid"][0]).To(gomega.Equal("65532"), "%s's uid (of Uid: %v)", sidecar, status["Uid"])
+		gomega.Expect(status["CapEff"]).To(gomega.Equal([]string{"0000000000000000"}), "%s's effective capabilities", sidecar)
+	}
+
+	sock := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
+	info, err := os.Stat(sock)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd's CSI socket in the controller pod")
+	mode := info.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+	gid := info.Sys().(*syscall.Stat_t).Gid
+	gomega.Expect(fmt.Sprintf("%o:%d", mode, gid)).To(gomega.Equal("660:65532"), "%s's mode and group", sock)
+}
+
+// podProcess is the first process named name (its comm, as pgrep -x) in the pod's cgroup whose
+// command line holds every one of args: the pod's own, not one of another cluster on the same
+// host. 0 when there is none.
+func podProcess(podUID, name string, args ...string) int {
+	ginkgo.GinkgoHelper()
+	entries, err := os.ReadDir("/proc")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	inPod := []string{"pod" + podUID, "pod" + strings.ReplaceAll(podUID, "-", "_")}
+	for _, entry := range entries {
+		pid, err := strconv.Atoi(entry.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		cgroup, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !(strings.Contains(string(cgroup), inPod[0]) || strings.Contains(string(cgroup), inPod[1])) {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(cmdline), "\x00")
+		if !slices.ContainsFunc(args, func(arg string) bool { return !slices.Contains(argv, arg) }) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// procStatus is /proc/PID/status, each line's fields by its key.
+func procStatus(pid int) map[string][]string {
+	ginkgo.GinkgoHelper()
+	status := map[string][]string{}
+	for _, line := range strings.Split(ReadFile(fmt.Sprintf("/proc/%d/status", pid)), "\n") {
+		key, value, ok := strings.Cut(line, ":")
+		if ok {
+			status[key] = strings.Fields(value)
+		}
+	}
+	return status
+}
+
+// flexd's builtin loop driver: it attaches, provisions and expands.
+const (
+	loopDriver  = "flexd/loop"
+	loopCSIName = "flexvolume-flexd--loop"
+)
+
+// InstallLoop installs flexd's builtin loop driver, its images under the scratch dir, unless
+// it is installed.
+func (c *Cluster) InstallLoop(ctx context.Context) {
+	ginkgo.GinkgoHelper()
+	if !c.Installed(loopDriver) {
+		c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
+	}
+}

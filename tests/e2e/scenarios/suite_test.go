@@ -1,0 +1,47 @@
+// Package scenarios is flexd's end-to-end scenarios on a real Kubernetes cluster, brought up by
+// tests/e2e/cluster.sh and run by tests/e2e/run.sh (which builds this package with `go test -c`
+// and runs it in the cluster's network namespace, as root). One file per concern; each scenario
+// is one spec, labelled with its name (E2E_SCENARIOS picks by label), its steps named with
+// ginkgo.By, and every object it makes deleted when it ends, passed or failed, so that one
+// failure does not become the next scenario's.
+package scenarios
+
+import (
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+)
+
+func TestScenarios(t *testing.T) {
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	ginkgo.RunSpecs(t, "flexd e2e scenarios")
+}
+
+var _ = ginkgo.BeforeSuite(func() {
+	cluster = loadCluster()
+})
+
+// The scenarios in the order they run: those that make flexd's deployment richer (the
+// installer's driver, a controller, the loop driver, the oracle's recorders) come after those
+// that check its first, node-only shape; the faults share their pods in order. controller runs
+// after oracle: its driver is installed and removed between two of kube-controller-manager's
+// volume operations, and that controller's FlexVolume prober then retries the removed driver on
+// every probe for good (seen in its log), which disturbed the oracle's attach and detach through
+// kube-controller-manager in one run. A failed scenario does not stop the ones after it.
+var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
+	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
+	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
+	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
+	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
+	ginkgo.It("migrate", ginkgo.Label("migrate"), scenarioMigrate)
+	ginkgo.It("installer", ginkgo.Label("installer"), scenarioInstaller)
+	ginkgo.It("faults_pod", ginkgo.Label("faults_pod"), scenarioFaultsPod)
+	ginkgo.It("faults_kubelet", ginkgo.Label("faults_kubelet"), scenarioFaultsKubelet)
+	ginkgo.It("faults_node", ginkgo.Label("faults_node"), scenarioFaultsNode)
+	ginkgo.It("storage", ginkgo.Label("storage"), scenarioStorage)
+	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
+	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
+	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
+	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
+})
