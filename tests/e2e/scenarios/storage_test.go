@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// The suite's specs that are not run, by choice, with the reason (README, "The storage suite"):
+// The suite's specs that are not run, by choice, with the reason (docs/testing.md#the-storage-scenario):
 //   - [Disruptive] specs restart kubelet or the node over SSH, which this cluster has no use for
 //     (the faults_* scenarios restart them for real);
 //   - "any volume data source" runs Kubernetes' volume populator example (hello-populator) and
