@@ -30,6 +30,8 @@ passed=0 failed=0
 scenarios deploy
 [ "$failed" = 0 ] || die "flexd did not deploy (logs in $D/logs)"
 
+delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
+
 # A hostNetwork busybox pod with the volume VOLUME_YAML at /data running SCRIPT.
 pod_create() { # NAME SCRIPT VOLUME_YAML
   kubectl apply -f - <<EOF
