@@ -34,28 +34,44 @@ func (c *Cluster) Installed(driver string) bool {
 	return err == nil
 }
 
-// OperatorFlags are this cluster's choices for `flexd manifests`: its plugin dir and kubelet
-// dir, inline volumes for the hostdir drivers (the oracle's inline volume, the fault pods),
-// which are offered only when asked for, and a privileged controller for the recorder in front
-// of the loop driver (it attaches loop devices as the loop driver does).
-func (c *Cluster) OperatorFlags() []string {
+// OperatorFlags are this cluster's choices for `flexd manifests` of the drivers deployed (every
+// installed one when none is named): its plugin dir and kubelet dir, inline volumes for the
+// hostdir drivers (the oracle's inline volume, the fault pods), which are offered only when asked
+// for, and a privileged controller for the recorder in front of the loop driver (it attaches
+// loop devices as the loop driver does). `flexd manifests` refuses a choice about a driver it
+// does not deploy.
+func (c *Cluster) OperatorFlags(deployed ...string) []string {
+	chosen := func(driver string) bool {
+		return c.Installed(driver) && (len(deployed) == 0 || slices.Contains(deployed, driver))
+	}
 	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.Path("plugins")}
 	for _, driver := range []string{c.Driver, "e2e/rec-hostdir"} {
-		if c.Installed(driver) {
+		if chosen(driver) {
 			flags = append(flags, "--inline-volumes", driver)
 		}
 	}
-	if c.Installed("e2e/rec-loop") {
+	if chosen("e2e/rec-loop") {
 		flags = append(flags, "--privileged-controller", "e2e/rec-loop")
 	}
 	return flags
+}
+
+// driversNamed are the drivers `--driver NAME` arguments name.
+func driversNamed(args []string) []string {
+	var drivers []string
+	for i, arg := range args {
+		if arg == "--driver" && i+1 < len(args) {
+			drivers = append(drivers, args[i+1])
+		}
+	}
+	return drivers
 }
 
 // ApplyManifests applies `flexd manifests ARGS... OPERATOR-FLAGS` (saved as run/NAME.yaml)
 // and waits for the node DaemonSet's rollout (and the controller's, when there is one).
 func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...string) string {
 	ginkgo.GinkgoHelper()
-	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags()...)...)
+	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags(driversNamed(args)...)...)...)
 	path := c.WriteRun(name+".yaml", manifests)
 	c.MustKubectl(ctx, "apply", "-f", path)
 	c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "daemonset/flexd-node", "--timeout=240s")

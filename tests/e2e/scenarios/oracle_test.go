@@ -220,6 +220,9 @@ func scenarioOracle(ctx context.Context) {
 
 	ginkgo.By("the pod through kubelet's own FlexVolume plugin (and kube-controller-manager's for attach)")
 	throughKubelet := c.oracleRun(ctx, "kubelet", podYAML)
+	// The node's status drops the volume before kube-controller-manager runs the driver's
+	// detach: the cut-over waits for the detach itself, or the PV would go from under it.
+	WaitFor(ctx, 240*time.Second, "kube-controller-manager's detach of oracle-loop", c.controllerManagerDetached)
 
 	ginkgo.By("the cut-over (docs/migration.md#cut-over): `flexd migrate` of the PVs and of the pod")
 	pvsYAML := c.WriteRun("oracle-pvs-flex.yaml", c.MustKubectl(ctx, "get", "pv", "oracle-hostdir", "oracle-loop", "-o", "yaml"))
@@ -469,4 +472,26 @@ func (c *Cluster) whereKubeletFails(ctx context.Context, summary *Summary, q qui
 	c.waitPodGone(ctx, hangFlexd.Name, 120*time.Second)
 	c.DeletePod(ctx, chattyKubelet.Name)
 	c.DeletePod(ctx, chattyFlexd.Name)
+}
+
+// controllerManagerDetached fails until the records hold kube-controller-manager's detach of
+// the loop volume.
+func (c *Cluster) controllerManagerDetached(context.Context) error {
+	data, err := os.ReadFile(filepath.Join(c.oracleDir(), "records.jsonl"))
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var record struct {
+			Caller string   `json:"caller"`
+			Argv   []string `json:"argv"`
+		}
+		if json.Unmarshal([]byte(line), &record) != nil {
+			continue
+		}
+		if strings.Contains(record.Caller, "kube-controller-manager") && slices.Contains(record.Argv, "detach") && slices.Contains(record.Argv, "oracle-loop") {
+			return nil
+		}
+	}
+	return fmt.Errorf("no detach of oracle-loop by kube-controller-manager recorded yet")
 }

@@ -25,10 +25,10 @@ var _ = ginkgo.BeforeSuite(func() {
 // The scenarios in the order they run: those that make flexd's deployment richer (the
 // installer's driver, a controller, the loop driver, the oracle's recorders) come after those
 // that check its first, node-only shape; the faults share their pods in order. controller runs
-// after oracle: its driver is installed and removed between two of kube-controller-manager's
-// volume operations, and that controller's FlexVolume prober then retries the removed driver on
-// every probe for good (seen in its log), which disturbed the oracle's attach and detach through
-// kube-controller-manager in one run. A failed scenario does not stop the ones after it.
+// last: its driver is installed and removed between two of kube-controller-manager's probes,
+// and that controller's FlexVolume prober then retries the removed driver on every probe for
+// good (its log fills with the errors); the oracle, which goes through kube-controller-manager,
+// runs before that. A failed scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
 	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
