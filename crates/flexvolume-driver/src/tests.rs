@@ -482,3 +482,46 @@ fn context_turns_any_error_into_a_failure() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A shared-storage driver's attach runs in the controller and knows no device (the node that
+/// mounts makes its own): it answers an empty one. kubelet's FlexVolume attacher passes that on
+/// as waitforattach's first argument, an empty argv entry, which the driver must receive as is.
+#[test]
+fn an_empty_device_from_attach_is_waitforattachs_empty_argument() {
+    struct Shared;
+    impl Driver for Shared {
+        fn init(&self) -> DriverResult<Capabilities> {
+            Ok(Capabilities::default())
+        }
+        fn attach(&self, _: &VolumeOptions, _: &str) -> DriverResult<String> {
+            Ok(String::new())
+        }
+        fn wait_for_attach(&self, device: &str, o: &VolumeOptions) -> DriverResult<String> {
+            if !device.is_empty() {
+                return Err(DriverError::failure(format!("given {device:?}")));
+            }
+            Ok(format!("/dev/{}", o.pv_or_volume_name().unwrap_or("?")))
+        }
+    }
+    let volume = Options::for_volume(&spec());
+    let attach = handle(&Shared, &argv(&CallOut::attach(&volume, "node-1")));
+    assert_eq!(attach.to_json(), r#"{"status":"Success","device":""}"#);
+    assert_eq!(attach.exit_code, 0);
+    let back = flexvolume_protocol::find_reply(attach.to_json().as_bytes()).unwrap();
+    assert_eq!(back.device.as_deref(), Some(""));
+    // What the host builds from it, and kubelet's argv written out by hand.
+    let call = CallOut::wait_for_attach("", &volume);
+    let by_hand: Vec<OsString> = vec!["waitforattach".into(), "".into(), volume.to_json().into()];
+    assert_eq!(argv(&call), by_hand);
+    let parsed = Request::parse(&by_hand).unwrap();
+    assert!(
+        matches!(&parsed, Request::WaitForAttach { device, .. } if device.is_empty()),
+        "{parsed:?}"
+    );
+    let wait = handle(&Shared, &by_hand);
+    assert_eq!(
+        wait.to_json(),
+        r#"{"status":"Success","device":"/dev/pv-1"}"#
+    );
+    assert_eq!(wait.exit_code, 0);
+}

@@ -5,19 +5,25 @@
 //! (`flexd install --builtin loop`), so a new user has a real driver to run, and written with
 //! the [`flexvolume_driver`] SDK, so it doubles as that SDK's worked example.
 //!
-//! | call-out | what it does |
-//! |---|---|
-//! | provision | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) and its marker `.<volume>.provisioned`; never adopts an image it did not make |
-//! | delete | removes the image, only one provision made (the marker names its inode); refused while a loop device backs it, i.e. attached or mounted |
-//! | attach | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); sets up a loop device or reuses the one already backing it |
-//! | waitforattach | the loop device backing the image, set up again if `unmountdevice` released it (the volume is still attached) |
-//! | isattached | whether a loop device backs the image |
-//! | mountdevice | formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
-//! | unmountdevice | unmounts, and releases the loop device when nothing else mounts it |
-//! | detach | releases the loop device (refused while it is mounted); by the PV's name, as kubelet gives it (attach remembers which image that is), or by getvolumename's answer |
-//! | getvolumename | `<volume>`, or `<volume>@<image dir, %-escaped>` outside the default image dir |
-//! | expandvolume, expandfs | grow the image and the loop device, then the filesystem |
-//! | mount, unmount | Not supported: the host bind-mounts the device mount |
+//! It is a shared-storage driver, the shape of every SAN, iSCSI or RBD one: the image dir is the
+//! storage, which every node sees (shared between nodes in a multi-node cluster, one host's
+//! directory on a single node). attach, in the controller, claims a volume for one node; the
+//! node that mounts sets up its own loop device.
+//!
+//! | call-out | runs on | what it does |
+//! |---|---|---|
+//! | provision | controller | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) and its marker `.<volume>.provisioned`; never adopts an image it did not make |
+//! | delete | controller | removes the image, only one provision made (the marker names its inode); refused while the volume is claimed (attached to a node) or a loop device on this host backs it |
+//! | attach | controller | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); claims the volume for the node: `.<volume>.claim` holds its name. Again for that node: done already; while another node holds the claim: a failure naming that node. Makes no loop device, and answers an empty device |
+//! | isattached | controller | whether the claim names the node (no claim, as left by the driver before claims: whether a loop device on this host backs the image) |
+//! | detach | controller | releases the node's claim (refused while this host mounts the volume); a volume claimed by another node, or by none, is success and keeps its claim. By the PV's name, as kubelet gives it (attach remembers which image that is), or by getvolumename's answer |
+//! | waitforattach | node | the loop device backing the image on this node, set up when there is none (first use, or `unmountdevice` released it), whatever device it is given |
+//! | mountdevice | node | the same device, set up or reused; formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
+//! | unmountdevice | node | unmounts, and releases the loop device when nothing else mounts it |
+//! | getvolumename | both | `<volume>`, or `<volume>@<image dir, %-escaped>` outside the default image dir |
+//! | expandvolume | controller | grows the image |
+//! | expandfs | node | refreshes the node's loop device's size, then grows the filesystem |
+//! | mount, unmount | | Not supported: the host bind-mounts the device mount |
 //!
 //! Options: `volumeID` (default: `kubernetes.io/pvOrVolumeName`; not for provision, where the
 //! name is the CreateVolume name), `size` (default 1Gi; bytes or 512Mi, 10Gi, 1G …), `imageDir`
@@ -30,7 +36,9 @@
 //! `NotFound` error, never a fresh empty volume.
 //!
 //! Every step is idempotent, and steps on one volume are serialised by an exclusive `flock`
-//! on `<imageDir>/.<volume>.lock`, so concurrent calls (kubelet retries, two pods) are safe.
+//! on `<imageDir>/.<volume>.lock`, so concurrent calls (kubelet retries, two pods, two nodes
+//! on a shared image dir whose filesystem honours `flock` across them) are safe. The claim is
+//! the only node-specific file in the image dir; it is written atomically under that lock.
 //! A device is only ever formatted when it holds no signature at all, and only the loop device
 //! backing the volume's own image is ever formatted or mounted, whatever device argument the
 //! caller passes.
@@ -40,9 +48,11 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+pub use claim::MAX_NODE_LEN;
 use flexvolume_os::mount;
 pub use image_dirs::{ImageDirs, ImageDirsError};
 
+mod claim;
 pub mod image_dirs;
 mod losetup;
 mod volume;
@@ -50,7 +60,7 @@ use flexvolume_driver::{
     Capabilities, Driver, DriverError, DriverResult, Provisioned, ResultExt as _, VolumeOptions,
 };
 pub use volume::{image_holds_data, parse_size, Volume};
-use volume::{mounted_source, mounts_of, size_of, Foreign};
+use volume::{mounted_source, mounts_of, other_backing_file, size_of, Foreign};
 
 /// Where images live unless the volume's `imageDir` option says otherwise.
 pub const DEFAULT_IMAGE_DIR: &str = "/var/lib/flexd-loop";
@@ -62,8 +72,8 @@ pub const IMAGE_DIR_OPTION: &str = "imageDir";
 /// Longest volume name: keeps `.<name>.lock` within any filesystem's 255-byte name limit.
 pub const MAX_NAME_LEN: usize = 200;
 
-/// The driver. Stateless: everything it knows is on disk (images, the allowed image dirs) or
-/// in the kernel (loop devices, mounts).
+/// The driver. Stateless: everything it knows is on disk (images, claims, the allowed image
+/// dirs) or in the kernel (loop devices, mounts), so a restart forgets nothing.
 #[derive(Debug)]
 pub struct LoopDriver {
     /// The allowed image dirs, or why they cannot be known (then every call-out fails).
@@ -208,76 +218,88 @@ impl Driver for LoopDriver {
         Ok(self.volume(options)?.detach_name())
     }
 
-    /// The node is ignored: loop devices are local, so this driver attaches where it runs.
-    /// Only a `size` option creates the image; otherwise it must be there.
-    fn attach(&self, options: &VolumeOptions, _node: &str) -> DriverResult<String> {
+    /// Claims the volume for `node` (the claim file `.<volume>.claim`): the image, created
+    /// first when there is a `size` option (else it must be there), is `node`'s until `node`'s
+    /// detach. Again for the same node is done already; while another node holds it, attach
+    /// fails naming that node. No loop device is made here: attach runs wherever the
+    /// controller runs, and the node that mounts sets up its own (waitforattach, mountdevice).
+    /// The device answered is therefore empty; kubelet hands it to waitforattach as is.
+    fn attach(&self, options: &VolumeOptions, node: &str) -> DriverResult<String> {
         let volume = self.volume(options)?;
+        claim::check_node(node)?;
         let create = options.get(SIZE_OPTION).is_some_and(|s| !s.is_empty());
         let size = size_of(options)?;
         let _lock = volume.lock()?;
         if create {
             volume.create_or_reuse_image(size)?;
         }
-        let device = volume.device_or_attach(&format!(
+        volume.require_image(&format!(
             "; give a {SIZE_OPTION} option to create it on attach"
         ))?;
+        let holder = volume.claimant()?;
+        if let Some(holder) = holder.as_deref().filter(|h| *h != node) {
+            return Err(DriverError::failure(format!(
+                "volume {} is attached to node {holder}, not {node}: detach it from {holder} \
+                 first (it is claimed in {})",
+                volume.name,
+                volume.claim_path().display()
+            )));
+        }
         self.remember_detach_name(options, &volume)?;
-        Ok(device)
+        if holder.is_none() {
+            volume.claim_for(node)?;
+        }
+        Ok(String::new())
     }
 
-    /// The loop device backing the image, set up again when there is none. A loop device is
-    /// local to the machine, and `unmountdevice` releases it once nothing mounts it, while the
-    /// volume stays attached in Kubernetes' eyes: the next pod on this node that uses the volume
-    /// comes here first (kubelet's MountDevice), and must find a device. Found by Kubernetes'
-    /// storage e2e suite (two pods using one volume one after the other).
+    /// The loop device backing the image on this node, set up when there is none, whatever
+    /// `device` says (attach answers none; a device named elsewhere means nothing here). A
+    /// loop device is local to the machine, and `unmountdevice` releases it once nothing mounts
+    /// it, while the volume stays attached in Kubernetes' eyes: the next pod on this node that
+    /// uses the volume comes here first (kubelet's MountDevice), and must find a device. Found
+    /// by Kubernetes' storage e2e suite (two pods using one volume one after the other).
     fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         volume.device_or_attach("")
     }
 
-    fn is_attached(&self, options: &VolumeOptions, _node: &str) -> DriverResult<bool> {
-        Ok(self.volume(options)?.device()?.is_some())
+    /// Whether the claim names `node`.
+    ///
+    /// Upgrade from the driver before claims: it attached by setting up a loop device where
+    /// attach ran and kept no claim. With no claim, a loop device on this host backing the
+    /// image still answers attached (for any node, as that driver did), so that volumes
+    /// attached before the upgrade do not look detached to Kubernetes.
+    fn is_attached(&self, options: &VolumeOptions, node: &str) -> DriverResult<bool> {
+        let volume = self.volume(options)?;
+        match volume.claimant()? {
+            Some(holder) => Ok(holder == node),
+            None => Ok(volume.device()?.is_some()),
+        }
     }
 
     fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
-        // Only the device backing this volume's image is ever formatted or mounted.
-        let actual = volume.attached_device()?;
-        if !device.is_empty() && device != actual {
+        // Only the device backing this volume's image is ever formatted or mounted: set up
+        // here (or reused) whatever device the caller names. A loop device that backs another
+        // image is a caller's mix-up, and said so.
+        if let Some(other) = other_backing_file(device, &volume.image()) {
             return Err(DriverError::failure(format!(
-                "device {device} does not back volume {} (its device is {actual})",
-                volume.name
+                "device {device} does not back volume {} (it backs {}); refusing to mount it",
+                volume.name,
+                other.display()
             )));
         }
-        fs::create_dir_all(dir).context(format_args!("cannot create {}", dir.display()))?;
-        match mounted_source(dir)? {
-            Some(source) if source == actual => return Ok(()),
-            Some(other) => {
-                return Err(DriverError::failure(format!(
-                    "{} already has {other} mounted on it",
-                    dir.display()
-                )))
-            }
-            None => {}
+        let actual = volume.device_or_attach("")?;
+        let mounted = mount_device_on(&volume, &actual, dir, options);
+        // A device this node set up for a mount that failed would stay behind (detach, in the
+        // controller, never releases a node's loop device): released when nothing mounts it,
+        // as unmountdevice does. The retry sets one up again.
+        if mounted.is_err() && mounts_of(&actual).is_ok_and(|m| m.is_empty()) {
+            let _ = losetup::detach(&actual);
         }
-        // blkid knows filesystems, not data: an image someone filled with bytes it cannot
-        // name (a raw dump, an unknown format) is refused rather than formatted over.
-        let unrecognised = mount::filesystem_of(Path::new(&actual))
-            .context("cannot inspect the device")?
-            .is_none();
-        if unrecognised && image_holds_data(&volume.image()).context("cannot read the image")? {
-            return Err(DriverError::failure(format!(
-                "image {} holds data but no filesystem blkid recognises; refusing to format it \
-                 (wipe it yourself if it is really unused)",
-                volume.image().display()
-            )));
-        }
-        let fs_type = options.fs_type().unwrap_or("ext4");
-        mount::format_and_mount(Path::new(&actual), dir, fs_type, options.read_only())
-            .context(format_args!("cannot mount volume {}", volume.name))?;
-        Ok(())
+        mounted
     }
 
     fn unmount_device(&self, dir: &Path) -> DriverResult<()> {
@@ -330,15 +352,21 @@ impl Driver for LoopDriver {
         })
     }
 
-    /// Removes the image a provision made, its marker and its lock file; refused while a loop
-    /// device backs it (attached, maybe mounted), and for an image no provision of this name
-    /// made (a static volume's, or one put in its place).
+    /// Removes the image a provision made, its marker and its lock file; refused while the
+    /// volume is attached to a node (its claim) or a loop device on this host backs it, and for
+    /// an image no provision of this name made (a static volume's, or one put in its place).
     fn delete(&self, options: &VolumeOptions) -> DriverResult<()> {
         let volume = self.volume(options)?;
         if !volume.dir.exists() {
             return Ok(());
         }
         let _lock = volume.lock()?;
+        if let Some(holder) = volume.claimant()? {
+            return Err(DriverError::failure(format!(
+                "volume {} is still attached to node {holder}; detach it first",
+                volume.name
+            )));
+        }
         if volume.has_provisioned_image(Foreign::RefuseDelete)? {
             if let Some(device) = volume.device()? {
                 return Err(DriverError::failure(format!(
@@ -362,30 +390,44 @@ impl Driver for LoopDriver {
         Ok(())
     }
 
-    fn detach(&self, volume_name: &str, _node: &str) -> DriverResult<()> {
+    /// Releases `node`'s claim. A volume attached to another node, or to none, has nothing to
+    /// detach from `node`: success, and the claim stays. Loop devices are the nodes' own
+    /// (`unmountdevice` releases them), but a detach run on the node that holds the claim while
+    /// this host still mounts the volume is refused: releasing it then would let another node
+    /// mount the same filesystem.
+    fn detach(&self, volume_name: &str, node: &str) -> DriverResult<()> {
         let volume = self.allowed(self.volume_to_detach(volume_name)?)?;
         if !volume.dir.exists() {
             return Ok(());
         }
         let _lock = volume.lock()?;
-        let Some(device) = volume.device()? else {
-            self.forget_detach_name(volume_name);
-            return Ok(());
-        };
-        let mounts = mounts_of(&device)?;
-        if let Some(first) = mounts.first() {
-            return Err(DriverError::failure(format!(
-                "volume {} is still mounted on {} ({} mount(s)); unmount it first",
-                volume.name,
-                first.display(),
-                mounts.len()
-            )));
+        match volume.claimant()? {
+            None => {
+                self.forget_detach_name(volume_name);
+                return Ok(());
+            }
+            // The PV name stays remembered for the holder's own detach.
+            Some(holder) if holder != node => return Ok(()),
+            Some(_) => {}
         }
-        losetup::detach(&device)?;
+        if let Some(device) = volume.device()? {
+            let mounts = mounts_of(&device)?;
+            if let Some(first) = mounts.first() {
+                return Err(DriverError::failure(format!(
+                    "volume {} is still mounted on {} ({} mount(s)); unmount it first",
+                    volume.name,
+                    first.display(),
+                    mounts.len()
+                )));
+            }
+        }
+        volume.release_claim()?;
         self.forget_detach_name(volume_name);
         Ok(())
     }
 
+    /// Grows the image (never shrinks it); runs in the controller, so no loop device is
+    /// touched: the node's expandfs refreshes its own.
     fn expand_volume(
         &self,
         options: &VolumeOptions,
@@ -414,12 +456,10 @@ impl Driver for LoopDriver {
                     image.display()
                 ))?;
         }
-        if let Some(device) = volume.device()? {
-            losetup::refresh_capacity(&device)?;
-        }
         Ok(new_bytes.max(len))
     }
 
+    /// Makes this node's loop device see the image's new size, then grows the filesystem.
     fn expand_fs(
         &self,
         options: &VolumeOptions,
@@ -431,11 +471,51 @@ impl Driver for LoopDriver {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         let device = volume.attached_device()?;
+        // The image grew in the controller (expandvolume); this node's loop device, set up by
+        // waitforattach, learns its new size only when asked.
+        losetup::refresh_capacity(&device)?;
         mount::grow_filesystem(Path::new(&device), dir).context(format_args!(
             "cannot grow the filesystem of volume {}",
             volume.name
         ))
     }
+}
+
+/// mountdevice's work once the volume's own device `device` is set up: mounts it on `dir`,
+/// formatting it only when it holds nothing at all.
+fn mount_device_on(
+    volume: &Volume,
+    device: &str,
+    dir: &Path,
+    options: &VolumeOptions,
+) -> DriverResult<()> {
+    fs::create_dir_all(dir).context(format_args!("cannot create {}", dir.display()))?;
+    match mounted_source(dir)? {
+        Some(source) if source == device => return Ok(()),
+        Some(other) => {
+            return Err(DriverError::failure(format!(
+                "{} already has {other} mounted on it",
+                dir.display()
+            )))
+        }
+        None => {}
+    }
+    // blkid knows filesystems, not data: an image someone filled with bytes it cannot name (a
+    // raw dump, an unknown format) is refused rather than formatted over.
+    let unrecognised = mount::filesystem_of(Path::new(device))
+        .context("cannot inspect the device")?
+        .is_none();
+    if unrecognised && image_holds_data(&volume.image()).context("cannot read the image")? {
+        return Err(DriverError::failure(format!(
+            "image {} holds data but no filesystem blkid recognises; refusing to format it \
+             (wipe it yourself if it is really unused)",
+            volume.image().display()
+        )));
+    }
+    let fs_type = options.fs_type().unwrap_or("ext4");
+    mount::format_and_mount(Path::new(device), dir, fs_type, options.read_only())
+        .context(format_args!("cannot mount volume {}", volume.name))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,10 +1,13 @@
-//! The loop driver's pure parts: names, sizes, escapes, image dirs.
+//! The loop driver's pure parts: names, sizes, escapes, image dirs. Claims, and the call-outs
+//! on real loop devices: [`claims`].
 
 use std::fs::File;
 use std::process::Command;
 
 use super::*;
 use crate::volume::same_file;
+
+mod claims;
 
 fn options(json: &str) -> VolumeOptions {
     VolumeOptions::parse(json).unwrap()

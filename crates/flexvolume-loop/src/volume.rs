@@ -1,4 +1,4 @@
-//! One volume (`<dir>/<name>.img` with its lock and marker beside it) and the checks and
+//! One volume (`<dir>/<name>.img` with its lock, marker and claim beside it) and the checks and
 //! escapes its names and sizes go through.
 
 use std::fs::{self, File, OpenOptions};
@@ -16,7 +16,7 @@ use crate::{
 
 /// A file of the driver's own beside an image (a lock, a marker), opened for writing and
 /// created when absent; never through a symlink a caller planted at its name.
-fn open_own_file(path: &Path, truncate: bool) -> io::Result<File> {
+pub(crate) fn open_own_file(path: &Path, truncate: bool) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
         .truncate(truncate)
@@ -304,7 +304,7 @@ impl Volume {
         Ok(size)
     }
 
-    /// The loop device backing the image, if any.
+    /// The loop device backing the image on this host, if any.
     pub(crate) fn device(&self) -> DriverResult<Option<String>> {
         if !self.image().exists() {
             return Ok(None);
@@ -312,21 +312,28 @@ impl Volume {
         losetup::device_of(&self.image())
     }
 
-    /// The loop device backing the image, set up when there is none (attach and
-    /// waitforattach, under the volume's lock). An image that is not there is NOT_FOUND;
-    /// `remedy` ends the message (what would create it, or nothing).
+    /// The loop device backing the image on this host, set up when there is none
+    /// (waitforattach and mountdevice, under the volume's lock). An image that is not there is
+    /// NOT_FOUND; `remedy` ends the message (what would create it, or nothing).
     pub(crate) fn device_or_attach(&self, remedy: &str) -> DriverResult<String> {
-        if !self.image().exists() {
-            return Err(DriverError::not_found(format!(
-                "volume {} does not exist (no image {}){remedy}",
-                self.name,
-                self.image().display()
-            )));
-        }
+        self.require_image(remedy)?;
         match self.device()? {
             Some(device) => Ok(device),
             None => losetup::attach(&self.image()),
         }
+    }
+
+    /// NOT_FOUND unless the image is there; `remedy` ends the message (what would create it,
+    /// or nothing).
+    pub(crate) fn require_image(&self, remedy: &str) -> DriverResult<()> {
+        if self.image().exists() {
+            return Ok(());
+        }
+        Err(DriverError::not_found(format!(
+            "volume {} does not exist (no image {}){remedy}",
+            self.name,
+            self.image().display()
+        )))
     }
 
     pub(crate) fn attached_device(&self) -> DriverResult<String> {
@@ -482,6 +489,19 @@ pub(crate) fn mounted_source(dir: &Path) -> DriverResult<Option<String>> {
         .rev()
         .find(|m| m.mount_point == resolved)
         .map(|m| m.source))
+}
+
+/// The file backing `device` when it is a loop device backed by a file other than `image`
+/// (compared by device and inode, as losetup does). A device that is no loop device, or a free
+/// one, backs nothing.
+pub(crate) fn other_backing_file(device: &str, image: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let backing = losetup::backing_file(device)?;
+    let same = match (fs::metadata(&backing), fs::metadata(image)) {
+        (Ok(b), Ok(i)) => (b.dev(), b.ino()) == (i.dev(), i.ino()),
+        _ => false,
+    };
+    (!same).then_some(backing)
 }
 
 /// Where `device` is mounted (bind mounts of it included).

@@ -309,11 +309,11 @@ fn a_second_target_shares_the_loop_device_and_detach_refuses_while_mounted() {
 
 /// kube-controller-manager's detach names the volume by its PV name, not by getvolumename's
 /// answer (kubelet ignores it): with a `volumeID` and an `imageDir` that differ from the PV's
-/// name and the default dir, detach by the PV name still releases the right device, and a
-/// second detach is a success. The e2e oracle scenario found this (docs/oracle.md).
+/// name and the default dir, detach by the PV name still releases the right image's claim, and
+/// a second detach is a success. The e2e oracle scenario found this (docs/oracle.md).
 #[test]
 fn detach_by_the_pv_name_as_kubelet_gives_it_releases_the_volume() {
-    test_support::require_root!("needs root (loop devices)");
+    // No root needed: attach and detach only claim and release, on files.
     let s = LoopSandbox::new();
     let options = serde_json::json!({
         "imageDir": s.images(),
@@ -322,13 +322,14 @@ fn detach_by_the_pv_name_as_kubelet_gives_it_releases_the_volume() {
         "size": "16Mi",
     })
     .to_string();
+    let claim = s.images().join(".image-of-pv.claim");
     let attach: Value =
         serde_json::from_slice(&s.call(&["attach", &options, "node-1"]).stdout).unwrap();
     assert_eq!(attach["status"], "Success", "{attach}");
-    assert_eq!(s.loop_devices_of("image-of-pv").len(), 1);
+    assert_eq!(std::fs::read_to_string(&claim).unwrap(), "node-1\n");
     let detach = s.call(&["detach", "pv-of-image", "node-1"]);
     ok(&detach);
-    assert!(s.loop_devices_of("image-of-pv").is_empty(), "released");
+    assert!(!claim.exists(), "released");
     ok(&s.call(&["detach", "pv-of-image", "node-1"]));
     // getvolumename's own name still detaches too (what flexd recorded before it followed kubelet).
     let attach: Value =
@@ -336,7 +337,75 @@ fn detach_by_the_pv_name_as_kubelet_gives_it_releases_the_volume() {
     assert_eq!(attach["status"], "Success", "{attach}");
     let name: Value = serde_json::from_slice(&s.call(&["getvolumename", &options]).stdout).unwrap();
     ok(&s.call(&["detach", name["volumeName"].as_str().unwrap(), "node-1"]));
-    assert!(s.loop_devices_of("image-of-pv").is_empty(), "released");
+    assert!(!claim.exists(), "released");
+}
+
+/// The loop driver is a shared-storage driver: its image dir is the storage every node sees,
+/// and attach (in the controller) claims a volume for one node. Two nodes' calls, each a new
+/// driver process, against one image dir: the second node's attach is refused, naming the
+/// first, until the first detaches; attach makes no loop device, and the node's waitforattach,
+/// given attach's empty device as kubelet passes it, makes the one for the right image.
+#[test]
+fn two_nodes_sharing_the_image_dir_attach_a_volume_one_at_a_time() {
+    let s = LoopSandbox::new();
+    let options = s.volume_options("shared-pv", Some("16Mi"));
+    let reply = |args: &[&str]| -> (Option<i32>, Value) {
+        let out = s.call(args);
+        assert!(out.stderr.is_empty(), "{out:?}");
+        (
+            out.status.code(),
+            serde_json::from_slice(&out.stdout).unwrap(),
+        )
+    };
+    let attached = |node: &str| reply(&["isattached", &options, node]).1["attached"].clone();
+
+    let (code, attach) = reply(&["attach", &options, "node-a"]);
+    assert_eq!(code, Some(0), "{attach}");
+    assert_eq!(attach["device"], "", "attach knows no device: {attach}");
+    let (code, refused) = reply(&["attach", &options, "node-b"]);
+    assert_eq!(code, Some(1), "{refused}");
+    assert_eq!(refused["status"], "Failure");
+    assert!(
+        json_says(&refused["message"], "attached to node node-a"),
+        "{refused}"
+    );
+    assert_eq!(refused.get("code"), None, "no named code fits: {refused}");
+    assert_eq!(attached("node-a"), true);
+    assert_eq!(attached("node-b"), false);
+    ok(&s.call(&["detach", "shared-pv", "node-b"]));
+    assert_eq!(attached("node-a"), true, "node-b's detach released nothing");
+    ok(&s.call(&["attach", &options, "node-a"]));
+
+    if test_support::is_root() {
+        assert!(
+            s.loop_devices_of("shared-pv").is_empty(),
+            "attach made none"
+        );
+        let (code, waited) = reply(&["waitforattach", "", &options]);
+        assert_eq!(code, Some(0), "{waited}");
+        let device = waited["device"].as_str().unwrap().to_owned();
+        assert_eq!(s.loop_devices_of("shared-pv"), vec![device.clone()]);
+        let (_, again) = reply(&["waitforattach", "/dev/not-a-device", &options]);
+        assert_eq!(again["device"], device.as_str());
+        let dir = s.target("device-mount");
+        let dir = dir.to_str().unwrap();
+        ok(&s.call(&["mountdevice", dir, "", &options]));
+        ok(&s.call(&["unmountdevice", dir]));
+        assert!(s.loop_devices_of("shared-pv").is_empty(), "released");
+    } else {
+        test_support::report_skip(
+            test_support::test_name!(),
+            "the loop device part needs root (loop devices, mkfs, mounts)",
+        );
+    }
+
+    ok(&s.call(&["detach", "shared-pv", "node-a"]));
+    assert_eq!(attached("node-a"), false);
+    let (code, attach) = reply(&["attach", &options, "node-b"]);
+    assert_eq!(code, Some(0), "{attach}");
+    assert_eq!(attached("node-b"), true);
+    assert_eq!(attached("node-a"), false);
+    ok(&s.call(&["detach", "shared-pv", "node-b"]));
 }
 
 /// kubelet's flow for a second pod on the node while the volume stays attached (Kubernetes'
@@ -404,21 +473,27 @@ fn concurrent_calls_on_one_volume_make_one_loop_device_and_one_filesystem() {
     test_support::require_root!("needs root (loop devices, mkfs, mounts)");
     let s = LoopSandbox::new();
     let options = s.volume_options("race", Some("32Mi"));
-    // Eight attaches at once, straight to the driver (flexd would serialise them itself).
-    let devices: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| scope.spawn(|| s.call(&["attach", &options, "node-1"])))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                let out = h.join().unwrap();
-                ok(&out);
-                let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
-                reply["device"].as_str().unwrap().to_owned()
-            })
-            .collect()
-    });
+    // Eight attaches at once, straight to the driver (flexd would serialise them itself): one
+    // image, one claim, no loop device.
+    let run_eight = |args: &[&str]| -> Vec<String> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8).map(|_| scope.spawn(|| s.call(args))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    let out = h.join().unwrap();
+                    ok(&out);
+                    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    reply["device"].as_str().unwrap().to_owned()
+                })
+                .collect()
+        })
+    };
+    let attached = run_eight(&["attach", &options, "node-1"]);
+    assert!(attached.iter().all(String::is_empty), "{attached:?}");
+    assert!(s.loop_devices_of("race").is_empty());
+    // Eight waitforattaches at once (the node's): one loop device.
+    let devices = run_eight(&["waitforattach", "", &options]);
     assert!(devices.iter().all(|d| *d == devices[0]), "{devices:?}");
     assert_eq!(s.loop_devices_of("race"), vec![devices[0].clone()]);
 
@@ -469,9 +544,10 @@ fn mountdevice_never_touches_a_device_that_is_not_the_volumes_own() {
     // Another volume's device passed in by mistake (or malice): refused, not formatted.
     let other = serde_json::json!({"imageDir": s.images(), "volumeID": "other", "size": "16Mi"})
         .to_string();
-    let other_attach: Value =
-        serde_json::from_slice(&s.call(&["attach", &other, "node-1"]).stdout).unwrap();
-    let other_device = other_attach["device"].as_str().unwrap().to_owned();
+    ok(&s.call(&["attach", &other, "node-1"]));
+    let other_wait: Value =
+        serde_json::from_slice(&s.call(&["waitforattach", "", &other]).stdout).unwrap();
+    let other_device = other_wait["device"].as_str().unwrap().to_owned();
     let dir = s.target("g");
     let out = s.call(&[
         "mountdevice",
@@ -517,13 +593,15 @@ fn an_image_holding_unrecognised_data_is_never_formatted() {
         "the image is untouched"
     );
     assert!(!is_mounted(&target));
-    // The failed mount is undone as far as flexd can: nothing stays attached.
-    ok(&s.volume_unmount(&target));
+    // The failed mountdevice released the loop device it set up, and the unmount detaches:
+    // nothing stays attached, on the node or in the claim.
     assert!(
         s.loop_devices_of("dump").is_empty(),
         "{:?}",
         s.loop_devices()
     );
+    ok(&s.volume_unmount(&target));
+    assert!(!s.images().join(".dump.claim").exists());
 }
 
 /// Mounts a loop volume, writes data, grows it with `flexd volume expand` (the driver's

@@ -377,7 +377,12 @@ async fn a_driver_without_a_controller_side_gets_no_controller_service_until_it_
 /// the sandbox's `images` dir only (the sandbox unmounts and frees its loop devices on drop),
 /// a controller client on its socket, and that dir.
 async fn loop_server() -> (Server, ControllerClient<Channel>, PathBuf) {
-    let server = Server::start_in_mode("both", |plugins| {
+    loop_server_in("both").await
+}
+
+/// [`loop_server`] in `mode`.
+async fn loop_server_in(mode: &'static str) -> (Server, ControllerClient<Channel>, PathBuf) {
+    let server = Server::start_in_mode(mode, |plugins| {
         test_support::ok(&test_support::output_of_new_executable(
             test_support::flexd_command(plugins)
                 .args(["install", "--builtin", "loop", "--image-dir"])
@@ -596,5 +601,77 @@ async fn a_failed_create_volume_leaves_nothing_and_the_corrected_retry_succeeds(
         64 << 20
     );
     c.delete_volume(delete("pvc-retry")).await.unwrap();
+    assert_eq!(entries(&images), Vec::<String>::new());
+}
+
+/// The loop driver is a shared-storage driver: behind a CSI controller that publishes to any
+/// node (`--mode controller`), ControllerPublish claims a volume for one node and names no
+/// device (the node makes its own loop device), and makes none on the controller's host. A
+/// second node's publish is refused naming the first. Its code is INTERNAL: FlexVolume has no
+/// named failure for CSI's FAILED_PRECONDITION ("published to another node"), so this pins
+/// what a CO sees today. The second node's unpublish (the CO undoing its failed publish)
+/// releases nothing; DeleteVolume is refused while the volume is published (by flexd's own
+/// record, before the driver, which would refuse too); after the first
+/// node's unpublish the second node's publish succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_volume_is_published_to_one_node_at_a_time() {
+    test_support::require_root!("needs root (the loop driver's delete asks losetup)");
+    let (server, mut c, images) = loop_server_in("controller").await;
+    let dir = images.to_str().unwrap();
+    let volume = created(
+        &mut c,
+        create_loop("pvc-shared", &[("imageDir", dir), ("size", "8Mi")]),
+    )
+    .await;
+    let publish = |node: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(capability()),
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    };
+    let unpublish = |node: &str| csi::ControllerUnpublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: node.into(),
+        ..Default::default()
+    };
+    let published = c
+        .controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        published.publish_context.is_empty(),
+        "no device: {published:?}"
+    );
+    assert!(server.loop_devices().is_empty(), "a loop device was made");
+    c.controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap();
+
+    let err = c
+        .controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    assert!(err.message().contains("attached to node node-a"), "{err:?}");
+    c.controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap();
+    // flexd's own record of the publish refuses first (the driver would too).
+    let err = c.delete_volume(delete("pvc-shared")).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("attached to node node-a"), "{err:?}");
+
+    c.controller_unpublish_volume(unpublish("node-a"))
+        .await
+        .unwrap();
+    c.controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap();
+    c.controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap();
+    c.delete_volume(delete("pvc-shared")).await.unwrap();
     assert_eq!(entries(&images), Vec::<String>::new());
 }
