@@ -37,9 +37,8 @@ func (c *Cluster) Installed(driver string) bool {
 // OperatorFlags are this cluster's choices for `flexd manifests` of the drivers deployed (every
 // installed one when none is named): its plugin dir and kubelet dir, inline volumes for the
 // hostdir drivers (the oracle's inline volume, the fault pods), which are offered only when asked
-// for, and a privileged controller for the recorder in front of the loop driver (it attaches
-// loop devices as the loop driver does). `flexd manifests` refuses a choice about a driver it
-// does not deploy.
+// for. No driver needs a privileged controller: the loop driver's attach (and its recorder's)
+// only claims the volume. `flexd manifests` refuses a choice about a driver it does not deploy.
 func (c *Cluster) OperatorFlags(deployed ...string) []string {
 	chosen := func(driver string) bool {
 		return c.Installed(driver) && (len(deployed) == 0 || slices.Contains(deployed, driver))
@@ -49,9 +48,6 @@ func (c *Cluster) OperatorFlags(deployed ...string) []string {
 		if chosen(driver) {
 			flags = append(flags, "--inline-volumes", driver)
 		}
-	}
-	if chosen("e2e/rec-loop") {
-		flags = append(flags, "--privileged-controller", "e2e/rec-loop")
 	}
 	return flags
 }
@@ -218,12 +214,19 @@ func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
 	return &pods.Items[0]
 }
 
-// ExpectControllerHardened: the controller pod as flexd's manifests harden it: no ServiceAccount
-// token in flexd's container, each of the sidecars (their process names: csi-attacher...) as
-// uid 65532 with no capability, flexd's CSI socket for csiName 0660 for their group 65532.
+// ExpectControllerHardened: the controller pod as flexd's manifests harden it: its flexd
+// unprivileged (CAP_CHOWN alone: no driver deployed here sets up devices in attach, the loop
+// driver included) and without a ServiceAccount token, each of the sidecars (their process
+// names: csi-attacher...) as uid 65532 with no capability, flexd's CSI socket for csiName 0660
+// for their group 65532.
 func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
 	ginkgo.GinkgoHelper()
 	pod := c.ControllerPod(ctx)
+
+	pid := podProcess(string(pod.UID), "flexd", "--mode=controller")
+	gomega.Expect(pid).NotTo(gomega.BeZero(), "a flexd --mode=controller in the controller pod %s", pod.Name)
+	// CAP_CHOWN alone (bit 0): not privileged.
+	gomega.Expect(procStatus(pid)["CapEff"]).To(gomega.Equal([]string{"0000000000000001"}), "the controller flexd's effective capabilities")
 
 	// `test -e` answers 1 when there is no token; anything else (0: a token; no sh, no
 	// container...) is not the answer looked for.

@@ -45,8 +45,8 @@ pub struct ManifestsArgs {
     #[arg(long = "inline-volumes", value_name = "DRIVER", value_parser = DriverName::parse)]
     pub inline_volumes: Vec<DriverName>,
     /// A driver whose attach and detach set up devices, repeatable: the controller's flexd then
-    /// runs privileged with the host's /dev (the builtin loop driver always does). Without any,
-    /// the controller runs unprivileged.
+    /// runs privileged with the host's /dev. Without any, the controller runs unprivileged (the
+    /// builtin loop driver's attach only claims the volume; its node sets up the device).
     #[arg(long = "privileged-controller", value_name = "DRIVER", value_parser = DriverName::parse)]
     pub privileged_controller: Vec<DriverName>,
     /// Serve the node's /metrics and /healthz on every address of the node, to scrape them from
@@ -158,12 +158,6 @@ fn operator_choices(args: &ManifestsArgs, drivers: &mut [DriverProfile]) -> anyh
             } else {
                 driver.privileged_controller = true;
             }
-        }
-    }
-    for driver in drivers.iter_mut() {
-        // The loop driver's attach sets up loop devices.
-        if builtin_named(driver.name.as_str()).is_some() {
-            driver.privileged_controller = true;
         }
     }
     Ok(())

@@ -27,8 +27,9 @@
 //!     attach the same volume.
 //!   - Root, as FlexVolume drivers expect (they ran in the controller manager), but privileged
 //!     with the host's `/dev` only when the operator says a driver's attach sets up devices
-//!     (the builtin loop driver does); otherwise no capability but CHOWN (to give its sockets
-//!     to the sidecars' group), no escalation, a read-only root filesystem.
+//!     (not the builtin loop driver: its attach claims the volume, its node sets up the
+//!     device); otherwise no capability but CHOWN (to give its sockets to the sidecars'
+//!     group), no escalation, a read-only root filesystem.
 //!   - No ServiceAccount token in flexd's containers: it is projected into the sidecars alone,
 //!     so driver code running as root never holds the sidecars' cluster-wide permissions.
 //!   - The sidecars run as uid and gid 65532 with no capability, no escalation and a read-only
@@ -116,7 +117,7 @@ pub struct DriverProfile {
     /// The operator offers its volumes inline in pods (`Ephemeral`; never when it attaches).
     pub inline: bool,
     /// Its attach and detach set up devices: the controller's flexd runs privileged, with the
-    /// host's `/dev` (the operator's choice; the builtin loop driver's).
+    /// host's `/dev` (the operator's choice, `--privileged-controller`).
     pub privileged_controller: bool,
 }
 

@@ -361,8 +361,19 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         "loop.yaml".to_owned(),
         "flexd/loop".to_owned(),
     ));
+    // The operator's choice of a privileged controller, for a driver whose attach sets up
+    // devices (no shape above has one: not even the loop driver's attach does).
+    let privileged = (
+        "attach=true, --privileged-controller".to_owned(),
+        "attach-privileged.yaml".to_owned(),
+        r#"acme/x={"attach":true}"#.to_owned(),
+    );
+    shapes.push(privileged.clone());
     for (_, file, driver) in &shapes {
         let mut args = vec!["manifests", "--image", &image, "--driver", driver];
+        if *file == privileged.1 {
+            args.extend(["--privileged-controller", "acme/x"]);
+        }
         for (flag, image) in &sidecars {
             args.extend([*flag, image.as_str()]);
         }
