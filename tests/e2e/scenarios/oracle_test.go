@@ -220,8 +220,11 @@ func scenarioOracle(ctx context.Context) {
 
 	ginkgo.By("the pod through kubelet's own FlexVolume plugin (and kube-controller-manager's for attach)")
 	throughKubelet := c.oracleRun(ctx, "kubelet", podYAML)
-	// The node's status drops the volume before kube-controller-manager runs the driver's
-	// detach: the cut-over waits for the detach itself, or the PV would go from under it.
+	// The cut-over waits for kube-controller-manager's detach itself, not the node's status:
+	// the status drops the volume first. And the detach must come: a loop driver whose
+	// isattached answered "not attached" once unmountdevice released the loop device made
+	// kube-controller-manager's minute check mark the volume detached without ever running
+	// detach (a CI run's failure; the loop driver's claim fixed it, docs/oracle.md#isattached).
 	WaitFor(ctx, 240*time.Second, "kube-controller-manager's detach of oracle-loop", c.controllerManagerDetached)
 
 	ginkgo.By("the cut-over (docs/migration.md#cut-over): `flexd migrate` of the PVs and of the pod")
