@@ -33,9 +33,22 @@ impl Lifecycle {
         spec: &VolumeSpec,
         node: &str,
     ) -> Result<bool, LifecycleError> {
+        Ok(self.attached_answer(plugin, spec, node)?.unwrap_or(true))
+    }
+
+    /// What the driver's `isattached` answers for a volume on `node`, with no default: `None`
+    /// when it answers `Not supported`, so that the caller can tell the driver's "attached"
+    /// from Kubernetes' assumption (CSI ListVolumes keeps a recorded node either way, but only
+    /// the driver's word makes an unfinished attachment published).
+    pub fn attached_answer(
+        &self,
+        plugin: &Plugin,
+        spec: &VolumeSpec,
+        node: &str,
+    ) -> Result<Option<bool>, LifecycleError> {
         let call = CallOut::is_attached(&Options::for_volume(spec), node);
-        answer_or(self, plugin, &call, true, |reply| {
-            reply.attached.unwrap_or(false)
+        answer_or(self, plugin, &call, None, |reply| {
+            Some(reply.attached.unwrap_or(false))
         })
     }
 

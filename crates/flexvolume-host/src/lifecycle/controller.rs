@@ -1,7 +1,9 @@
 //! CSI's controller side for an attaching driver: ControllerPublish = attach, recorded (with
 //! the name detach will need, since ControllerUnpublish carries no volume context) under
 //! `<state-dir>/attachments/`; ControllerUnpublish = detach, by the unmounter's teardown of
-//! that record.
+//! that record. An attachment the driver's `isattached` finds gone (CSI ListVolumes asks) goes
+//! back to the state of an attach that did not finish, so that the CO's next ControllerPublish
+//! attaches it again.
 
 use super::attacher;
 use super::{Lifecycle, LifecycleError};
@@ -74,5 +76,121 @@ impl Lifecycle {
             device,
             attached_now: true,
         })
+    }
+
+    /// An attachment the driver's `isattached` said is gone (detached behind Kubernetes' back):
+    /// its record, still `seen` as it was when the driver was asked and still marked attached,
+    /// goes back to `Mounting`, the state of an attach that did not finish. The next
+    /// ControllerPublish then runs attach again instead of answering from the record, and a
+    /// ControllerUnpublish still detaches under the recorded name (the driver may be wrong).
+    /// Returns whether the record was changed: a record that changed meanwhile (a publish or
+    /// unpublish ran) is left as it is.
+    pub fn attachment_gone(&self, seen: &VolumeRecord) -> Result<bool, LifecycleError> {
+        if seen.role != Role::Attach || seen.progress != Progress::Mounted {
+            return Ok(false);
+        }
+        let _key_lock = self.state.lock(&seen.target)?;
+        match self.state.load(&seen.target)? {
+            Some(record) if record == *seen => {
+                self.state.save(&VolumeRecord {
+                    progress: Progress::Mounting,
+                    ..record
+                })?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::InstalledDriver;
+    use crate::plugin::Plugin;
+    use flexvolume_protocol::name::DriverName;
+    use flexvolume_protocol::spec::VolumeSpec;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// A driver that attaches (counting its attaches in `attaches` beside it) and whose
+    /// isattached answers what the file `attached` beside it says.
+    const DRIVER: &str = r#"#!/bin/sh
+dir=$(dirname "$0")
+case "$1" in
+attach) echo x >> "$dir/attaches"; echo '{"status":"Success","device":"/dev/x"}' ;;
+isattached) printf '{"status":"Success","attached":%s}\n' "$(cat "$dir/attached")" ;;
+*) echo '{"status":"Not supported"}'; exit 1 ;;
+esac
+"#;
+
+    #[test]
+    fn an_attachment_found_gone_is_attached_again_by_the_next_publish() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("x");
+        std::fs::write(&exe, DRIVER).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let driver = InstalledDriver {
+            name: DriverName::parse("acme/x").unwrap(),
+            dir: dir.path().to_owned(),
+            path: exe,
+        };
+        let reply = flexvolume_protocol::find_reply(
+            br#"{"status":"Success","capabilities":{"attach":true}}"#,
+        )
+        .unwrap();
+        let plugin = Plugin::from_init_reply(driver, &reply);
+        let lc = Lifecycle {
+            runner: crate::runner::RunnerConfig {
+                max_processes: None,
+                ..Default::default()
+            },
+            state: crate::state::StateDir::new(dir.path().join("state")),
+            node: "controller".into(),
+        };
+        let spec = VolumeSpec::new("pv-1".into(), plugin.driver.name.clone());
+        let attaches = || {
+            std::fs::read_to_string(dir.path().join("attaches"))
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        lc.controller_publish(&plugin, &spec, "node-1").unwrap();
+        let key = lc
+            .attachment_key(&plugin.driver.name, "pv-1", "node-1")
+            .unwrap();
+        let seen = lc.state.load(&key).unwrap().unwrap();
+        std::fs::write(dir.path().join("attached"), "false").unwrap();
+        assert_eq!(
+            lc.attached_answer(&plugin, &seen.spec().unwrap(), "node-1")
+                .unwrap(),
+            Some(false)
+        );
+
+        // A record that changed since it was seen is left alone.
+        let stale = VolumeRecord {
+            device: Some("/dev/other".into()),
+            ..seen.clone()
+        };
+        assert!(!lc.attachment_gone(&stale).unwrap());
+        assert!(lc.attachment_gone(&seen).unwrap());
+        assert_eq!(
+            lc.state.load(&key).unwrap().unwrap().progress,
+            Progress::Mounting
+        );
+        assert!(!lc.attachment_gone(&seen).unwrap(), "marked once");
+
+        assert_eq!(attaches(), 1);
+        lc.controller_publish(&plugin, &spec, "node-1").unwrap();
+        assert_eq!(attaches(), 2, "the publish after it attaches again");
+        lc.controller_publish(&plugin, &spec, "node-1").unwrap();
+        assert_eq!(
+            attaches(),
+            2,
+            "and the one after that answers from the record"
+        );
+        assert_eq!(
+            lc.state.load(&key).unwrap().unwrap().progress,
+            Progress::Mounted
+        );
     }
 }

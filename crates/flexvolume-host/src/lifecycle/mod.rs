@@ -27,6 +27,7 @@
 mod attacher;
 mod controller;
 mod expander;
+mod inventory;
 mod mounter;
 mod provisioner;
 mod reconcile;
@@ -45,6 +46,7 @@ use flexvolume_protocol::name::DriverName;
 use flexvolume_protocol::spec::{PodInfo, VolumeSpec};
 
 pub use expander::{ExpandOutcome, Expansion};
+pub use inventory::{Inventory, KnownVolume};
 pub use provisioner::{ProvisionError, ProvisionOutcome, ProvisionRequest, ProvisionedVolume};
 pub use reconcile::ReconcileReport;
 pub use unmounter::DriverResolver;

@@ -63,7 +63,8 @@ impl Default for RunnerConfig {
 }
 
 impl RunnerConfig {
-    pub(crate) fn timeout_for(&self, kind: CallOutKind) -> Duration {
+    /// How long a call-out of `kind` may run before it is killed.
+    pub fn timeout_for(&self, kind: CallOutKind) -> Duration {
         self.overrides
             .get(&kind)
             .copied()
