@@ -1,7 +1,8 @@
 //! CSI Controller for one FlexVolume driver: ControllerPublish = attach (the device goes to the
 //! node in the publish context), ControllerUnpublish = detach, for drivers that attach;
 //! CreateVolume = provision, DeleteVolume = delete, for drivers that provision (see
-//! [`super::provision`]). A driver that does neither has no controller side
+//! [`super::provision`]); ListVolumes = what the records know, with `isattached` for the
+//! published nodes (see [`super::list`]). A driver that does neither has no controller side
 //! ([`flexvolume_host::Capabilities::has_controller_side`]): its endpoint answers every Controller call
 //! `UNIMPLEMENTED`, exactly as an endpoint that does not serve the service, and its Identity
 //! does not advertise `CONTROLLER_SERVICE` (docs/csi.md#controller-service).
@@ -9,10 +10,12 @@
 use std::sync::Arc;
 
 use flexvolume_host::lifecycle::LifecycleError;
+use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use super::calls::{VolumeCalls, DEVICE_KEY};
 use super::driver::{ServedDriver, ServedResolver};
+use super::list;
 use super::provision;
 use super::request;
 use flexd::proto::csi::controller_server::Controller;
@@ -21,8 +24,8 @@ use flexd::proto::csi::{
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
     ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
-    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse,
-    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, ListVolumesRequest,
+    ListVolumesResponse, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
 };
 
 /// The gate in front of a driver's Controller service: open while the driver's current plugin
@@ -49,6 +52,19 @@ pub struct ControllerService {
     /// to is its own (any other node id is NOT_FOUND). In controller mode every node id goes
     /// to the driver, which may answer `NotFound` itself.
     pub own_node_only: bool,
+    /// The driver's `isattached` slots for ListVolumes ([`list::CHECKS_AT_ONCE`]), shared by
+    /// every listing.
+    pub attach_checks: Arc<Semaphore>,
+}
+
+impl ControllerService {
+    pub fn new(calls: VolumeCalls, own_node_only: bool) -> Self {
+        Self {
+            calls,
+            own_node_only,
+            attach_checks: Arc::new(Semaphore::new(list::CHECKS_AT_ONCE)),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -185,6 +201,13 @@ impl Controller for ControllerService {
         }))
     }
 
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        list::list_volumes(&self.calls, &self.attach_checks, request).await
+    }
+
     async fn controller_get_capabilities(
         &self,
         _: Request<ControllerGetCapabilitiesRequest>,
@@ -204,6 +227,14 @@ impl Controller for ControllerService {
             }
             if caps.attach {
                 capabilities.push(capability(Type::PublishUnpublishVolume));
+            }
+            // What the records know, for every driver with a controller side; with the nodes
+            // each volume is attached to (checked by isattached) for one that attaches.
+            if caps.has_controller_side() {
+                capabilities.push(capability(Type::ListVolumes));
+            }
+            if caps.attach {
+                capabilities.push(capability(Type::ListVolumesPublishedNodes));
             }
         }
         Ok(Response::new(ControllerGetCapabilitiesResponse {

@@ -14,9 +14,11 @@ pub mod grpc_code;
 pub mod health;
 pub mod http_listener;
 pub mod identity;
+pub mod list;
 pub mod locks;
 pub mod metrics;
 pub mod node;
+pub mod pagination;
 pub mod provision;
 pub mod registration;
 pub mod request;
@@ -137,10 +139,7 @@ impl Served {
             }));
             router.add_optional_service(controller.then(|| {
                 flexd::proto::csi::controller_server::ControllerServer::with_interceptor(
-                    controller::ControllerService {
-                        calls,
-                        own_node_only: node,
-                    },
+                    controller::ControllerService::new(calls, node),
                     controller::only_with_controller_side(driver.clone()),
                 )
             }))

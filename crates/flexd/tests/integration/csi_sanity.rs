@@ -11,7 +11,9 @@
 //!   suite documents for node-only plugins (kubernetes-csi/csi-test#208);
 //! - no `CREATE_DELETE_VOLUME`: the specs that call CreateVolume without asking whether the
 //!   plugin offers it (kubernetes-csi/csi-test#214, open) are skipped by name
-//!   ([`NEEDS_CREATE_VOLUME`]; docs/testing.md lists them).
+//!   ([`NEEDS_CREATE_VOLUME`]; docs/testing.md lists them);
+//! - `LIST_VOLUMES` for every driver with a controller side, `LIST_VOLUMES_PUBLISHED_NODES` for
+//!   one that attaches: the suite's ListVolumes specs run against both.
 //!
 //! The suite is built from the Go module proxy by `tests/e2e/tools.sh` (cached per machine), or
 //! named by `CSI_SANITY`. Without Go, or without root (the suite mounts), these tests say loudly
@@ -25,7 +27,7 @@ use test_support::serve::{csi, Server};
 
 /// The specs that call CreateVolume whatever the plugin's capabilities
 /// (kubernetes-csi/csi-test#214): skipped for a driver that does not provision.
-const NEEDS_CREATE_VOLUME: [&str; 11] = [
+const NEEDS_CREATE_VOLUME: [&str; 12] = [
     "Node Service NodeUnpublishVolume should remove target path",
     "Node Service NodeExpandVolume should fail when no volume path is provided",
     "Node Service NodeExpandVolume should work if node-expand is called after node-publish",
@@ -37,6 +39,7 @@ const NEEDS_CREATE_VOLUME: [&str; 11] = [
     "Controller Service [Controller Server] ValidateVolumeCapabilities should return appropriate values (no optional values added)",
     "Controller Service [Controller Server] volume lifecycle should work",
     "Controller Service [Controller Server] volume lifecycle should be idempotent",
+    "Controller Service [Controller Server] ListVolumes check the presence of new volumes and absence of deleted ones in the volume list",
 ];
 
 /// The csi-sanity binary: `$CSI_SANITY`, else what `tests/e2e/tools.sh csi-sanity` builds (once
@@ -165,6 +168,19 @@ fn conformance(subject: Subject<'_>) {
     assert_eq!(
         provisions, subject.provisions,
         "{csi_name}: CREATE_DELETE_VOLUME"
+    );
+    let offers =
+        |kind: csi::controller_service_capability::rpc::Type| rpcs.contains(&(kind as i32));
+    use csi::controller_service_capability::rpc::Type;
+    assert_eq!(
+        offers(Type::ListVolumes),
+        controller_service,
+        "{csi_name}: LIST_VOLUMES, for every driver with a controller side"
+    );
+    assert_eq!(
+        offers(Type::ListVolumesPublishedNodes),
+        subject.attaches,
+        "{csi_name}: LIST_VOLUMES_PUBLISHED_NODES, for a driver that attaches"
     );
 
     let mut args = vec![

@@ -179,7 +179,9 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
         caps,
         vec![
             Type::CreateDeleteVolume as i32,
-            Type::PublishUnpublishVolume as i32
+            Type::PublishUnpublishVolume as i32,
+            Type::ListVolumes as i32,
+            Type::ListVolumesPublishedNodes as i32,
         ]
     );
 
