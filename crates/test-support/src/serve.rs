@@ -425,6 +425,52 @@ pub fn mount_capability(fs_type: &str, group: &str) -> Option<csi::VolumeCapabil
     })
 }
 
+/// A ControllerPublish (what csi-attacher sends) of `volume_id` to `node_id`, with a mount
+/// capability and `context` as the volume context (a PV's `volumeAttributes`).
+pub fn controller_publish_request(
+    volume_id: &str,
+    node_id: &str,
+    context: &[(&str, &str)],
+) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node_id.into(),
+        volume_capability: mount_capability("", ""),
+        volume_context: map(context),
+        ..Default::default()
+    }
+}
+
+/// Every entry ListVolumes has, `max_entries` at a time (0: no limit), following `next_token`
+/// as csi-attacher's lister does; with the number of pages it took (every call must succeed).
+pub async fn list_all_volumes(
+    controller: &mut csi::controller_client::ControllerClient<Channel>,
+    max_entries: i32,
+) -> (Vec<csi::list_volumes_response::Entry>, usize) {
+    let mut entries = Vec::new();
+    let mut token = String::new();
+    for pages in 1.. {
+        let page = controller
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if max_entries > 0 {
+            assert!(page.entries.len() <= max_entries as usize, "{page:?}");
+        }
+        entries.extend(page.entries);
+        if page.next_token.is_empty() {
+            return (entries, pages);
+        }
+        assert!(pages < 10_000, "ListVolumes never ends");
+        token = page.next_token;
+    }
+    unreachable!()
+}
+
 /// A driver whose mount mounts, then blocks until the test releases it.
 pub const BLOCKS_AFTER_MOUNTING: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false}}';;
 mount) mkdir -p "$2"; mount -t tmpfs tmpfs "$2" || exit 1; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo '{"status":"Success"}';;

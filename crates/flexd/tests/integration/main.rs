@@ -19,6 +19,7 @@ mod grpc_authority;
 mod healthz;
 mod hostile_csi;
 mod install;
+mod list_volumes;
 mod loop_driver;
 mod manifests;
 mod migrate;
