@@ -43,5 +43,6 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
+	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
 })
