@@ -15,7 +15,7 @@
 //! | provision | controller | creates the image (sparse, `requestBytes`, else `size`, else 1Gi) and its marker `.<volume>.provisioned`; never adopts an image it did not make |
 //! | delete | controller | removes the image, only one provision made (the marker names its inode); refused while the volume is claimed (attached to a node) or a loop device on this host backs it |
 //! | attach | controller | with a `size` option, creates the image (sparse) or reuses it; without one, the image must exist (`NotFound` otherwise); claims the volume for the node: `.<volume>.claim` holds its name. Again for that node: done already; while another node holds the claim: a failure naming that node. Makes no loop device, and answers an empty device |
-//! | isattached | controller | whether the claim names the node (no claim, as left by the driver before claims: whether a loop device on this host backs the image) |
+//! | isattached | controller | whether the claim names the node (no claim: not attached, whatever loop devices there are) |
 //! | detach | controller | releases the node's claim (refused while this host mounts the volume); a volume claimed by another node, or by none, is success and keeps its claim. By the PV's name, as kubelet gives it (attach remembers which image that is), or by getvolumename's answer |
 //! | waitforattach | node | the loop device backing the image on this node, set up when there is none (first use, or `unmountdevice` released it), whatever device it is given |
 //! | mountdevice | node | the same device, set up or reused; formats only when `blkid -p` finds nothing (fsType, default ext4; xfs when installed), then mounts |
@@ -264,18 +264,17 @@ impl Driver for LoopDriver {
         volume.device_or_attach("")
     }
 
-    /// Whether the claim names `node`.
+    /// Whether the claim names `node`: the claim is the attachment, as a SAN's mapping of a LUN
+    /// is, whatever loop devices some host still has.
     ///
-    /// Upgrade from the driver before claims: it attached by setting up a loop device where
-    /// attach ran and kept no claim. With no claim, a loop device on this host backing the
-    /// image still answers attached (for any node, as that driver did), so that volumes
-    /// attached before the upgrade do not look detached to Kubernetes.
+    /// No claim is "not attached", also for a volume the driver before claims attached (it
+    /// set up a loop device where attach ran and kept no claim): Kubernetes then attaches it
+    /// again, which claims it (docs/driver-guide.md#loop-shared-storage). Answering from a
+    /// loop device on this host would answer for the controller's node, not `node`, and would
+    /// hide a volume the storage released behind Kubernetes' back.
     fn is_attached(&self, options: &VolumeOptions, node: &str) -> DriverResult<bool> {
         let volume = self.volume(options)?;
-        match volume.claimant()? {
-            Some(holder) => Ok(holder == node),
-            None => Ok(volume.device()?.is_some()),
-        }
+        Ok(volume.claimant()?.is_some_and(|holder| holder == node))
     }
 
     fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {

@@ -410,17 +410,17 @@ fn the_holders_detach_is_refused_while_this_host_mounts_the_volume() {
     assert!(!s.claim("pv-1").exists());
 }
 
-/// The driver before claims attached by setting up a loop device where attach ran. After an
-/// upgrade such a volume has no claim: while its loop device is there it is still attached,
-/// so Kubernetes does not think it went away.
+/// The driver before claims attached by setting up a loop device where attach ran, and kept no
+/// claim. After an upgrade such a volume is "not attached" for every node, its loop device
+/// notwithstanding (that device could be any host's, and the storage may have released the
+/// volume): Kubernetes attaches it again, which claims it, and the node reuses its device.
 #[test]
-fn a_volume_attached_before_claims_existed_is_still_attached() {
+fn a_volume_without_a_claim_is_not_attached_until_attached_again() {
     test_support::require_root!("needs root (loop devices)");
     let s = SharedImages::new();
     let options = s.options("old", "");
     let image = s.image("old");
     fs::File::create(&image).unwrap().set_len(16 << 20).unwrap();
-    assert!(!s.is_attached(&options, "node-a"));
     let out = Command::new("losetup")
         .args(["--find", "--show"])
         .arg(&image)
@@ -429,14 +429,17 @@ fn a_volume_attached_before_claims_existed_is_still_attached() {
     assert!(out.status.success(), "{out:?}");
     let device = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     assert!(!s.claim("old").exists());
-    assert!(s.is_attached(&options, "node-a"));
-    assert!(s.is_attached(&options, "node-b"), "as the old driver said");
-    // The next pod's waitforattach reuses the device.
-    assert_eq!(s.driver().wait_for_attach("", &options).unwrap(), device);
-    // A claim, once there is one, is the answer.
+    assert!(
+        !s.is_attached(&options, "node-a"),
+        "a loop device is not a claim"
+    );
+    assert!(!s.is_attached(&options, "node-b"));
+    // Kubernetes attaches it again: the claim is written, the node's device reused.
     s.driver().attach(&options, "node-a").unwrap();
     assert!(s.is_attached(&options, "node-a"));
     assert!(!s.is_attached(&options, "node-b"));
+    assert_eq!(s.driver().wait_for_attach("", &options).unwrap(), device);
+    assert_eq!(s.devices_of("old"), vec![device], "no second device");
 }
 
 /// Kubernetes' volume expansion: the controller's expandvolume grows the image (and nothing
