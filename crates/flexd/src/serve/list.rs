@@ -234,8 +234,10 @@ fn report(calls: &VolumeCalls, record: &VolumeRecord, check: &Check) {
 }
 
 /// Runs `isattached` for every record, [`CHECKS_AT_ONCE`] at a time, until `until`: a record
-/// whose check has not answered by then is [`Check::NoAnswerInTime`]. Checks still waiting for
-/// a slot then never run; those running finish in the background, holding their slots.
+/// whose check has not answered by then is [`Check::NoAnswerInTime`]. Slots are taken in the
+/// records' order, so with more checks than slots the page's first entries are checked first
+/// (tasks racing for slots checked an arbitrary few). Checks still waiting for a slot at
+/// `until` never run; those running finish in the background, holding their slots.
 async fn check_all(
     calls: &VolumeCalls,
     plugin: &Arc<Plugin>,
@@ -244,37 +246,43 @@ async fn check_all(
     until: Instant,
 ) -> Vec<Check> {
     let mut checks = vec![Check::NoAnswerInTime; records.len()];
-    let mut running = tokio::task::JoinSet::new();
-    for (i, record) in records.iter().enumerate() {
-        let lifecycle = calls.lifecycle.clone();
-        let plugin = plugin.clone();
-        let slots = checks_at_once.clone();
-        let record = (*record).clone();
-        running.spawn(async move {
-            let Ok(slot) = slots.acquire_owned().await else {
-                return (i, Check::NoAnswerInTime);
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let launch = async move {
+        for (i, record) in records.iter().enumerate() {
+            let slot = tokio::time::timeout_at(until, checks_at_once.clone().acquire_owned()).await;
+            let Ok(Ok(slot)) = slot else {
+                break;
             };
-            let answer = tokio::task::spawn_blocking(move || {
-                let _slot = slot;
-                let spec = record.spec()?;
-                lifecycle.attached_answer(&plugin, &spec, &record.node)
-            })
-            .await;
-            let check = match answer {
-                Ok(Ok(Some(true))) => Check::Attached,
-                Ok(Ok(Some(false))) => Check::NotAttached,
-                Ok(Ok(None)) => Check::NotSupported,
-                Ok(Err::<_, LifecycleError>(e)) => Check::Failed(message_of(&e)),
-                Err(e) => Check::Failed(format!("the check did not finish: {e}")),
-            };
-            (i, check)
-        });
-    }
-    while let Ok(Some(done)) = tokio::time::timeout_at(until, running.join_next()).await {
-        if let Ok((i, check)) = done {
+            let lifecycle = calls.lifecycle.clone();
+            let plugin = plugin.clone();
+            let record = (*record).clone();
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                let answer = tokio::task::spawn_blocking(move || {
+                    let _slot = slot;
+                    let spec = record.spec()?;
+                    lifecycle.attached_answer(&plugin, &spec, &record.node)
+                })
+                .await;
+                let check = match answer {
+                    Ok(Ok(Some(true))) => Check::Attached,
+                    Ok(Ok(Some(false))) => Check::NotAttached,
+                    Ok(Ok(None)) => Check::NotSupported,
+                    Ok(Err::<_, LifecycleError>(e)) => Check::Failed(message_of(&e)),
+                    Err(e) => Check::Failed(format!("the check did not finish: {e}")),
+                };
+                // The listing may have answered already: nobody to tell.
+                let _ = answers.send((i, check));
+            });
+        }
+    };
+    let collect = async {
+        while let Some((i, check)) = answered.recv().await {
             checks[i] = check;
         }
-    }
+    };
+    // `collect` ends when every check has answered (the last sender gone) or at `until`.
+    let _ = tokio::join!(launch, tokio::time::timeout_at(until, collect));
     checks
 }
 
