@@ -1000,16 +1000,9 @@ fn mode_and_group(path: &Path) -> (u32, u32) {
     (meta.mode() & 0o7777, meta.gid())
 }
 
-/// Finding: under `umask 000` the CSI sockets were 0777 (any local user could call them) and
-/// volume records, which hold the volume's options, 0644. Now what flexd makes is owner-only
-/// whatever the umask: sockets 0600 in a 0700 dir, records and markers 0600, state dirs 0700.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sockets_and_state_are_owner_only_whatever_the_umask() {
-    test_support::require_root!();
-    let launch = test_support::serve::Launch {
-        umask: Some(0),
-        ..Default::default()
-    };
+/// A node-mode flexd launched so, serving the tmpfs driver as acme/tmpfs: the server, its CSI
+/// socket and its registration socket (waited for).
+fn tmpfs_node_launched(launch: test_support::serve::Launch) -> (Server, PathBuf, PathBuf) {
     let server = Server::serve_launched(test_support::Sandbox::new(), "node", &[], launch);
     server.driver("acme~tmpfs", TMPFS);
     let sock = server.socket("flexvolume-acme--tmpfs");
@@ -1017,6 +1010,19 @@ async fn sockets_and_state_are_owner_only_whatever_the_umask() {
         .registration_dir
         .join("flexvolume-acme--tmpfs-reg.sock");
     wait_for(&registration);
+    (server, sock, registration)
+}
+
+/// Finding: under `umask 000` the CSI sockets were 0777 (any local user could call them) and
+/// volume records, which hold the volume's options, 0644. Now what flexd makes is owner-only
+/// whatever the umask: sockets 0600 in a 0700 dir, records and markers 0600, state dirs 0700.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_and_state_are_owner_only_whatever_the_umask() {
+    test_support::require_root!();
+    let (server, sock, registration) = tmpfs_node_launched(test_support::serve::Launch {
+        umask: Some(0),
+        ..Default::default()
+    });
     assert_eq!(mode_and_group(&sock).0, 0o600, "the CSI socket");
     assert_eq!(mode_and_group(sock.parent().unwrap()).0, 0o700, "its dir");
     assert_eq!(
@@ -1055,18 +1061,11 @@ async fn sockets_and_state_are_owner_only_whatever_the_umask() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_group_may_connect_to_the_csi_socket_only() {
     test_support::require_root!();
-    let launch = test_support::serve::Launch {
+    let (_server, sock, registration) = tmpfs_node_launched(test_support::serve::Launch {
         umask: Some(0o077),
         serve_args: vec!["--socket-group".to_owned(), "4242".to_owned()],
         ..Default::default()
-    };
-    let server = Server::serve_launched(test_support::Sandbox::new(), "node", &[], launch);
-    server.driver("acme~tmpfs", TMPFS);
-    let sock = server.socket("flexvolume-acme--tmpfs");
-    let registration = server
-        .registration_dir
-        .join("flexvolume-acme--tmpfs-reg.sock");
-    wait_for(&registration);
+    });
     assert_eq!(mode_and_group(&sock), (0o660, 4242), "the CSI socket");
     assert_eq!(
         mode_and_group(sock.parent().unwrap()),
