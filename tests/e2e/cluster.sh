@@ -137,6 +137,17 @@ kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; 
 
 # --- down ------------------------------------------------------------------------------------
 
+# cluster_loop_devices: the loop devices backed by a file under the scratch dir. Matched by the
+# file's device and inode: the path the kernel shows is relative to the mount a node's mount
+# namespace opened it through ("/loop-images/x.img"), not the host's.
+cluster_loop_devices() {
+  [ -d "$D" ] || return 0
+  local fs; fs=$(stat -c '%Hd:%Ld' "$D")
+  losetup --list --noheadings --output NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null |
+    awk -v fs="$fs" 'NR == FNR { file[$1] = 1; next } $2 == fs && ($3 in file) { print $1 }' \
+      <(find "$D" -xdev -type f -printf '%i\n' 2>/dev/null) -
+}
+
 down() {
   log "down: stopping the cluster in $D"
   # Every process of the cluster is in the pid namespace of init: killing init kills them all.
@@ -164,6 +175,20 @@ down() {
     mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1')
     [ -z "$mounts" ] || die "still mounted, not removing $D: $mounts"
   fi
+  # Loop devices are the kernel's, not the cluster's namespaces': one still backed by an image
+  # under the scratch dir (a node's unmountdevice that never ran) outlives every process.
+  local device loop_left
+  for device in $(cluster_loop_devices); do
+    log "down: detaching $device, left behind by the cluster"
+    losetup -d "$device" 2>/dev/null || true
+  done
+  # Asked now: once the files are removed, nothing under the scratch dir names them. A device
+  # still busy is freed by the kernel once its last user goes: a few seconds at most.
+  for _ in $(seq 20); do
+    loop_left=$(cluster_loop_devices | tr '\n' ' ')
+    [ -n "$loop_left" ] || break
+    sleep 0.5
+  done
   # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
   remove_cgroups
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
@@ -177,9 +202,11 @@ down() {
     rmdir /run/containerd 2>/dev/null || true
   fi
   rm -rf --one-file-system "$D"
-  # Nothing left: no process started from the scratch dir, no netns, no cgroup, no dir.
+  # Nothing left: no process started from the scratch dir, no netns, no cgroup, no loop device
+  # backed by its files, no dir.
   local left=()
   [ ! -e "$D" ] || left+=("$D")
+  [ -z "$loop_left" ] || left+=("loop devices $loop_left")
   [ ! -e /run/netns/$NETNS ] || left+=("netns $NETNS")
   ! pgrep -f "$D/" >/dev/null || left+=("processes $(pgrep -f "$D/" | tr '\n' ' ')")
   for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
