@@ -50,6 +50,17 @@ func scenarioReconciler(ctx context.Context) {
 	c.WaitCSINodeLists(ctx, loopCSIName)
 
 	paths := map[string]string{"flexd": "e2e-reattach-csi", "kubelet": "e2e-reattach-flex"}
+	// Registered first, so it runs last (after the pods, claims and PVs are gone): the images
+	// and claims the loop driver made, also when the scenario fails half-way.
+	ginkgo.DeferCleanup(func() {
+		for _, volume := range paths {
+			for _, file := range []string{volume + ".img", "." + volume + ".claim"} {
+				if err := os.Remove(c.Path("loop-images", file)); err != nil && !os.IsNotExist(err) {
+					ginkgo.GinkgoWriter.Printf("cleanup: %v\n", err)
+				}
+			}
+		}
+	})
 	ginkgo.By("a pod per path on a static loop volume, writing to it")
 	c.StaticClaim(ctx, PersistentVolume(paths["flexd"], "64Mi", CSISource(loopCSIName, paths["flexd"], map[string]string{"size": "64Mi"})))
 	c.StaticClaim(ctx, PersistentVolume(paths["kubelet"], "64Mi", FlexSource(loopDriver, map[string]string{"size": "64Mi"})))
