@@ -220,7 +220,7 @@ down() {
 
 build() {
   mkdir -p "$D/bin"
-  log "build: kube (tests/e2e/tools.sh kube; a cold build takes 20-40 minutes on 2 cores)"
+  log "build: kube (tests/e2e/tools.sh kube; about 8 minutes cold on 2 cores, every tool about 18)"
   ln -sf "$("$here/tools.sh" kube)" "$D/bin/kube"
   if [ -n "${FLEXD:-}" ]; then
     cp "$FLEXD" "$D/bin/flexd"
