@@ -137,15 +137,17 @@ kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; 
 
 # --- down ------------------------------------------------------------------------------------
 
-# cluster_loop_devices: the loop devices backed by a file under the scratch dir. Matched by the
-# file's device and inode: the path the kernel shows is relative to the mount a node's mount
-# namespace opened it through ("/loop-images/x.img"), not the host's.
-cluster_loop_devices() {
-  [ -d "$D" ] || return 0
+# cluster_files: the inode of every file under the scratch dir, one a line.
+cluster_files() { find "$D" -xdev -type f -printf '%i\n' 2>/dev/null; }
+
+# loop_devices_of FILES: the loop devices backed by one of FILES (inodes, as cluster_files gives
+# them, of the scratch dir's filesystem). Matched by device and inode: the path the kernel shows
+# is relative to the mount a node's mount namespace opened it through ("/loop-images/x.img"),
+# not the host's.
+loop_devices_of() {
   local fs; fs=$(stat -c '%Hd:%Ld' "$D")
   losetup --list --noheadings --output NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null |
-    awk -v fs="$fs" 'NR == FNR { file[$1] = 1; next } $2 == fs && ($3 in file) { print $1 }' \
-      <(find "$D" -xdev -type f -printf '%i\n' 2>/dev/null) -
+    awk -v fs="$fs" 'NR == FNR { file[$1] = 1; next } $2 == fs && ($3 in file) { print $1 }' <(printf '%s\n' "$1") -
 }
 
 down() {
@@ -177,18 +179,21 @@ down() {
   fi
   # Loop devices are the kernel's, not the cluster's namespaces': one still backed by an image
   # under the scratch dir (a node's unmountdevice that never ran) outlives every process.
-  local device loop_left
-  for device in $(cluster_loop_devices); do
-    log "down: detaching $device, left behind by the cluster"
-    losetup -d "$device" 2>/dev/null || true
-  done
-  # Asked now: once the files are removed, nothing under the scratch dir names them. A device
-  # still busy is freed by the kernel once its last user goes: a few seconds at most.
-  for _ in $(seq 20); do
-    loop_left=$(cluster_loop_devices | tr '\n' ' ')
-    [ -n "$loop_left" ] || break
-    sleep 0.5
-  done
+  # The files are listed once, now: once they are removed nothing under the scratch dir names
+  # them. A device still busy is freed by the kernel once its last user goes: seconds at most.
+  local device files loop_left=
+  if [ -d "$D" ]; then
+    files=$(cluster_files)
+    for device in $(loop_devices_of "$files"); do
+      log "down: detaching $device, left behind by the cluster"
+      losetup -d "$device" 2>/dev/null || true
+    done
+    for _ in $(seq 20); do
+      loop_left=$(loop_devices_of "$files" | tr '\n' ' ')
+      [ -n "$loop_left" ] || break
+      sleep 0.5
+    done
+  fi
   # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
   remove_cgroups
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi

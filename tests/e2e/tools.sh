@@ -39,7 +39,6 @@ package=${packages[$tool]:-}
 # The module that pins it: this directory's, or for a sidecar its own.
 module=$here
 case $tool in csi-provisioner | csi-attacher | csi-resizer) module=$here/sidecars/$tool ;; esac
-cgo=0
 
 if ! command -v go >/dev/null; then
   if [ -x /usr/local/go/bin/go ]; then
@@ -63,7 +62,7 @@ fi
 # The pin: the module's requirements, the link flags, and for a command of this module its own
 # source too.
 pin=$( (cat "$module/go.mod" "$module/go.sum" $(case $package in ./*) find "$module/${package#./}" -name '*.go' | sort ;; esac)
-  echo "$tool cgo=$cgo $ldflags") | sha256sum | cut -c1-16)
+  echo "$tool cgo=0 $ldflags") | sha256sum | cut -c1-16)
 cache=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/$pin
 binary=$cache/$tool
 if [ ! -x "$binary" ]; then
@@ -71,9 +70,9 @@ if [ ! -x "$binary" ]; then
   echo "tools.sh: building $tool from $package (pinned in tests/e2e/go.mod) into $cache" >&2
   # A temporary name, then a rename: a build that is interrupted leaves no half binary.
   if [ "$tool" = storage-e2e ]; then
-    (cd "$module" && CGO_ENABLED=$cgo GOFLAGS=-mod=readonly go test -c -o "$binary.partial.$$" "$package") >&2
+    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go test -c -o "$binary.partial.$$" "$package") >&2
   else
-    (cd "$module" && CGO_ENABLED=$cgo GOFLAGS=-mod=readonly go build -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
+    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
   fi
   mv -f "$binary.partial.$$" "$binary"
 fi

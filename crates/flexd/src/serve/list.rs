@@ -235,8 +235,8 @@ fn report(calls: &VolumeCalls, record: &VolumeRecord, check: &Check) {
 
 /// Runs `isattached` for every record, [`CHECKS_AT_ONCE`] at a time, until `until`: a record
 /// whose check has not answered by then is [`Check::NoAnswerInTime`]. Slots are taken in the
-/// records' order, so with more checks than slots the page's first entries are checked first
-/// (tasks racing for slots checked an arbitrary few). Checks still waiting for a slot at
+/// records' order, so with more checks than slots the page's first entries are checked first.
+/// Checks still waiting for a slot at
 /// `until` never run; those running finish in the background, holding their slots.
 async fn check_all(
     calls: &VolumeCalls,
