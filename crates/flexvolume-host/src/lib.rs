@@ -27,6 +27,7 @@
 //! (installed driver, plugin, served driver, the SDK's `Driver` trait).
 
 pub mod check;
+pub mod controller_records;
 pub mod install;
 pub mod layout;
 pub mod lifecycle;

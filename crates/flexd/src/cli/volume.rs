@@ -244,11 +244,7 @@ fn print_node_answer(
 
 pub fn run(global: &Global, args: VolumeArgs) -> anyhow::Result<ExitCode> {
     let node = global.node_name();
-    let lifecycle = Lifecycle {
-        runner: global.runner_config()?,
-        state: global.state(),
-        node: node.clone(),
-    };
+    let lifecycle = Lifecycle::new(global.runner_config()?, global.state(), node.clone());
     // The installed driver when it is there and initialises, else the pinned copy.
     let resolver = Resolver::probing(
         lifecycle.runner.clone(),

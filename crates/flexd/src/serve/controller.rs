@@ -140,7 +140,14 @@ impl Controller for ControllerService {
             .run_locked(&volume_id, move |lifecycle, id| {
                 // CSI: no node id means every node the volume is published to.
                 let nodes = if node.is_empty() {
-                    lifecycle.state.attached_nodes(&driver, id)?
+                    lifecycle
+                        .controller_records
+                        .attachments(&driver)?
+                        .into_iter()
+                        .flatten()
+                        .filter(|r| r.volume_name == id)
+                        .map(|r| r.node)
+                        .collect()
                 } else {
                     vec![node]
                 };

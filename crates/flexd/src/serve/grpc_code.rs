@@ -5,6 +5,7 @@
 //! by the runner, and nothing here prints a spec's secret values.
 
 use flexd::errors::message_of;
+use flexvolume_host::controller_records::RecordsError;
 use flexvolume_host::lifecycle::{LifecycleError, ProvisionError};
 use flexvolume_host::runner::CallError;
 use flexvolume_host::state::LookupError;
@@ -50,6 +51,7 @@ pub fn lifecycle_code(error: &LifecycleError) -> Code {
             None => Code::Internal,
         },
         LifecycleError::Call(CallError::Timeout { .. }) => Code::DeadlineExceeded,
+        LifecycleError::Records(e) => records_code(e),
         LifecycleError::Call(CallError::NotSupported { .. }) => Code::Unimplemented,
         // The driver failed or misbehaved, a mount or the state dir failed: the CO retries.
         LifecycleError::Call(_)
@@ -57,6 +59,17 @@ pub fn lifecycle_code(error: &LifecycleError) -> Code {
         | LifecycleError::State(_)
         | LifecycleError::Io { .. }
         | LifecycleError::Ownership { .. } => Code::Internal,
+    }
+}
+
+/// The controller records: another replica's write in between is a retry (ABORTED, as CSI
+/// says of an operation pending on the volume); a store out of reach is UNAVAILABLE.
+fn records_code(error: &RecordsError) -> Code {
+    match error {
+        RecordsError::Conflict { .. } => Code::Aborted,
+        RecordsError::Unavailable { .. } => Code::Unavailable,
+        RecordsError::Name(_) => Code::InvalidArgument,
+        RecordsError::State(_) | RecordsError::Corrupt { .. } => Code::Internal,
     }
 }
 

@@ -117,7 +117,7 @@ pub async fn list_volumes(
         .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
         .map_err(|e| super::grpc_code::from_lifecycle(&e))?;
     for error in &inventory.unreadable {
-        tracing::warn!(driver = %calls.driver.name, error = %error, "a provisioning record is left out of ListVolumes");
+        tracing::warn!(driver = %calls.driver.name, error = %error, "a controller record is left out of ListVolumes");
     }
     let page = pagination::page(inventory.volumes, |v| v.id.as_str(), after.as_deref(), size);
     // CSI: a plugin with LIST_VOLUMES_PUBLISHED_NODES gives every entry a status.

@@ -314,11 +314,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e).context("cannot create the state dir"),
     }
     state.watch_records();
-    let lifecycle = Arc::new(Lifecycle {
-        runner: runner.clone(),
-        state,
-        node: global.node_name(),
-    });
+    let lifecycle = Arc::new(Lifecycle::new(runner.clone(), state, global.node_name()));
     let config = ProberConfig::for_host(
         global.plugin_dir.clone(),
         global.layout_policy(),
@@ -423,11 +419,11 @@ mod tests {
             watcher_stopped: false,
             metrics: metrics::Metrics::new(),
             health: Arc::default(),
-            lifecycle: Arc::new(Lifecycle {
-                runner: runner.clone(),
-                state: flexvolume_host::state::StateDir::new(dir.join("state")),
-                node: "n".to_owned(),
-            }),
+            lifecycle: Arc::new(Lifecycle::new(
+                runner.clone(),
+                flexvolume_host::state::StateDir::new(dir.join("state")),
+                "n".to_owned(),
+            )),
             resolver: Arc::new(Resolver::new(Arc::new(Registry::new()), runner)),
         }
     }

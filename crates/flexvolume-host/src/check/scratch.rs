@@ -92,14 +92,14 @@ pub(super) fn lifecycle_checks(
         plugin,
         spec,
         config,
-        lifecycle: Lifecycle {
-            runner: config.clone(),
-            state: StateDir::new(scratch.0.join("state")),
-            node: rustix::system::uname()
+        lifecycle: Lifecycle::new(
+            config.clone(),
+            StateDir::new(scratch.0.join("state")),
+            rustix::system::uname()
                 .nodename()
                 .to_string_lossy()
                 .into_owned(),
-        },
+        ),
         pod: PodInfo::default(),
         target: scratch.0.join("target"),
         scratch,

@@ -1,7 +1,7 @@
 //! CSI's controller side for an attaching driver: ControllerPublish = attach, recorded (with
-//! the name detach will need, since ControllerUnpublish carries no volume context) under
-//! `<state-dir>/attachments/`; ControllerUnpublish = detach, by the unmounter's teardown of
-//! that record. An attachment the driver's `isattached` finds gone (CSI ListVolumes asks) goes
+//! the name detach will need, since ControllerUnpublish carries no volume context) in the
+//! controller records ([`crate::controller_records`]); ControllerUnpublish = detach of that
+//! record. An attachment the driver's `isattached` finds gone (CSI ListVolumes asks) goes
 //! back to the state of an attach that did not finish, so that the CO's next ControllerPublish
 //! attaches it again.
 
@@ -10,20 +10,20 @@ use super::{Lifecycle, LifecycleError};
 use crate::state::{Progress, Role, VolumeRecord};
 
 impl Lifecycle {
-    /// Where the attach record of a volume on a node is kept (a name, never a mount point).
+    /// The name the attach record of a volume on a node is locked (and, in the state dir,
+    /// kept) under: a name under `<state-dir>/attachments/`, never a mount point.
     pub(super) fn attachment_key(
         &self,
         driver: &flexvolume_protocol::name::DriverName,
         volume_id: &str,
         node: &str,
     ) -> Result<std::path::PathBuf, LifecycleError> {
-        Ok(self
-            .state
-            .root
-            .join("attachments")
-            .join(driver.dir_name())
-            .join(super::path_component(volume_id)?)
-            .join(super::path_component(node)?))
+        Ok(crate::controller_records::attachment_path(
+            &self.state.root,
+            driver,
+            volume_id,
+            node,
+        )?)
     }
 
     /// CSI ControllerPublish: attach, recorded (with the name detach will need: ControllerUnpublish
@@ -39,9 +39,9 @@ impl Lifecycle {
         let key = self.attachment_key(&spec.driver, &spec.volume_name, node)?;
         let key_lock = self.state.lock(&key)?;
         let lc = &self.holding(&[&key_lock]);
-        if let Some(record) = lc
-            .state
-            .load(&key)?
+        let records = &self.controller_records;
+        if let Some(record) = records
+            .attachment(&spec.driver, &spec.volume_name, node)?
             .filter(|r| r.progress == Progress::Mounted)
         {
             return Ok(super::AttachOutcome {
@@ -56,7 +56,7 @@ impl Lifecycle {
             ..super::target::new_record(lc, plugin, spec, &key, Role::Attach, false)?
         };
         // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
-        lc.state.save(&record)?;
+        records.save_attachment(&record)?;
         let device = match lc.attach(plugin, spec, node) {
             Ok(device) => device,
             // The driver named the volume or the node unknown: nothing is attached, so there
@@ -64,14 +64,14 @@ impl Lifecycle {
             Err(LifecycleError::Call(e))
                 if e.code() == Some(flexvolume_protocol::ErrorCode::NotFound) =>
             {
-                lc.state.remove(&key)?;
+                records.remove_attachment(&spec.driver, &spec.volume_name, node)?;
                 return Err(e.into());
             }
             Err(e) => return Err(e),
         };
         record.device = Some(device.clone()).filter(|d| !d.is_empty());
         record.progress = Progress::Mounted;
-        lc.state.save(&record)?;
+        records.save_attachment(&record)?;
         Ok(super::AttachOutcome {
             device,
             attached_now: true,
@@ -89,10 +89,12 @@ impl Lifecycle {
         if seen.role != Role::Attach || seen.progress != Progress::Mounted {
             return Ok(false);
         }
-        let _key_lock = self.state.lock(&seen.target)?;
-        match self.state.load(&seen.target)? {
+        let key = self.attachment_key(&seen.driver, &seen.volume_name, &seen.node)?;
+        let _key_lock = self.state.lock(&key)?;
+        let records = &self.controller_records;
+        match records.attachment(&seen.driver, &seen.volume_name, &seen.node)? {
             Some(record) if record == *seen => {
-                self.state.save(&VolumeRecord {
+                records.save_attachment(&VolumeRecord {
                     progress: Progress::Mounting,
                     ..record
                 })?;
@@ -139,14 +141,14 @@ esac
         )
         .unwrap();
         let plugin = Plugin::from_init_reply(driver, &reply);
-        let lc = Lifecycle {
-            runner: crate::runner::RunnerConfig {
+        let lc = Lifecycle::new(
+            crate::runner::RunnerConfig {
                 max_processes: None,
                 ..Default::default()
             },
-            state: crate::state::StateDir::new(dir.path().join("state")),
-            node: "controller".into(),
-        };
+            crate::state::StateDir::new(dir.path().join("state")),
+            "controller".into(),
+        );
         let spec = VolumeSpec::new("pv-1".into(), plugin.driver.name.clone());
         let attaches = || {
             std::fs::read_to_string(dir.path().join("attaches"))
@@ -155,10 +157,11 @@ esac
                 .count()
         };
         lc.controller_publish(&plugin, &spec, "node-1").unwrap();
-        let key = lc
-            .attachment_key(&plugin.driver.name, "pv-1", "node-1")
+        let records = &lc.controller_records;
+        let seen = records
+            .attachment(&plugin.driver.name, "pv-1", "node-1")
+            .unwrap()
             .unwrap();
-        let seen = lc.state.load(&key).unwrap().unwrap();
         std::fs::write(dir.path().join("attached"), "false").unwrap();
         assert_eq!(
             lc.attached_answer(&plugin, &seen.spec().unwrap(), "node-1")
@@ -173,10 +176,14 @@ esac
         };
         assert!(!lc.attachment_gone(&stale).unwrap());
         assert!(lc.attachment_gone(&seen).unwrap());
-        assert_eq!(
-            lc.state.load(&key).unwrap().unwrap().progress,
-            Progress::Mounting
-        );
+        let progress = || {
+            records
+                .attachment(&plugin.driver.name, "pv-1", "node-1")
+                .unwrap()
+                .unwrap()
+                .progress
+        };
+        assert_eq!(progress(), Progress::Mounting);
         assert!(!lc.attachment_gone(&seen).unwrap(), "marked once");
 
         assert_eq!(attaches(), 1);
@@ -188,9 +195,6 @@ esac
             2,
             "and the one after that answers from the record"
         );
-        assert_eq!(
-            lc.state.load(&key).unwrap().unwrap().progress,
-            Progress::Mounted
-        );
+        assert_eq!(progress(), Progress::Mounted);
     }
 }

@@ -1,14 +1,13 @@
 //! What flexd's records know of one driver's volumes, for CSI ListVolumes: the volumes it
-//! provisioned (their records under `provisioned/`) and the volumes it attached (their attach
-//! records), one entry per volume id, sorted by id. Reading the records is
+//! provisioned and the volumes it attached (both in the controller records,
+//! [`crate::controller_records`]), one entry per volume id, sorted by id. Reading the records is
 //! [`Lifecycle::known_volumes`]; putting them together is `merge`, which does no I/O.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs;
-use std::io;
+use std::collections::BTreeMap;
 
 use super::{Lifecycle, LifecycleError, ProvisionedVolume};
-use crate::state::{Role, StateError, VolumeRecord};
+use crate::controller_records::RecordsError;
+use crate::state::{Role, VolumeRecord};
 use flexvolume_protocol::name::DriverName;
 
 /// One volume of a driver, as flexd's records know it.
@@ -81,82 +80,33 @@ pub struct Inventory {
     /// One per volume id, sorted by id (byte order): the provisioned volumes whose `provision`
     /// finished, and the volumes of the driver's attach records.
     pub volumes: Vec<KnownVolume>,
-    /// Provisioning records that could not be read or do not belong where they are: left out
-    /// of `volumes`, for the caller to report. (Unreadable volume records are reported by the
-    /// state dir's listing itself.)
-    pub unreadable: Vec<StateError>,
+    /// Records that could not be read or do not belong where they are: left out of
+    /// `volumes`, for the caller to report.
+    pub unreadable: Vec<RecordsError>,
 }
 
 impl Lifecycle {
     /// Every volume of `driver` that the records know (see [`Inventory`]). Takes no lock: a
     /// listing is a snapshot that an operation running meanwhile may make stale, as CSI allows.
     pub fn known_volumes(&self, driver: &DriverName) -> Result<Inventory, LifecycleError> {
-        let (provisioned, unreadable) = self.provisioned_volumes(driver)?;
-        let records = self.state.list()?.into_iter().flatten().collect();
+        let records = &self.controller_records;
+        let mut unreadable = Vec::new();
+        let (provisioned, bad): (Vec<_>, Vec<_>) = records
+            .all_provisioned(driver)?
+            .into_iter()
+            .partition(Result::is_ok);
+        unreadable.extend(bad.into_iter().filter_map(Result::err));
+        let (attachments, bad): (Vec<_>, Vec<_>) = records
+            .attachments(driver)?
+            .into_iter()
+            .partition(Result::is_ok);
+        unreadable.extend(bad.into_iter().filter_map(Result::err));
+        let provisioned = provisioned.into_iter().flatten().collect();
+        let attachments = attachments.into_iter().flatten().collect();
         Ok(Inventory {
-            volumes: merge(driver, provisioned, records),
+            volumes: merge(driver, provisioned, attachments),
             unreadable,
         })
-    }
-
-    /// The provisioning records of `driver`, and those that cannot be used (unreadable,
-    /// corrupt, or not at the path their name gives: a record copied under another name).
-    fn provisioned_volumes(
-        &self,
-        driver: &DriverName,
-    ) -> Result<(Vec<ProvisionedVolume>, Vec<StateError>), LifecycleError> {
-        let dir = self.state.root.join("provisioned").join(driver.dir_name());
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Default::default()),
-            Err(source) => return Err(LifecycleError::Io { path: dir, source }),
-        };
-        let mut volumes = Vec::new();
-        let mut unreadable = Vec::new();
-        let mut seen = HashSet::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            // Temporary files of a write in progress are hidden.
-            if crate::layout::is_hidden(&name) || !name.to_string_lossy().ends_with(".json") {
-                continue;
-            }
-            let path = entry.path();
-            let bytes = match crate::state::read_record_file(&path) {
-                Ok(Some(bytes)) => bytes,
-                // Deleted since the directory was read.
-                Ok(None) => continue,
-                Err(e) => {
-                    unreadable.push(e);
-                    continue;
-                }
-            };
-            let volume: ProvisionedVolume = match serde_json::from_slice(&bytes) {
-                Ok(volume) => volume,
-                Err(e) => {
-                    unreadable.push(StateError::Corrupt {
-                        path,
-                        message: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            let home = self.provisioned_path(driver, &volume.name).ok();
-            if volume.driver != driver.as_str() || home.as_ref() != Some(&path) {
-                unreadable.push(StateError::Corrupt {
-                    message: format!(
-                        "it records volume {:?} of driver {:?}, whose record is not this file",
-                        volume.name, volume.driver
-                    ),
-                    path,
-                });
-                continue;
-            }
-            // One file per name: a second is impossible, but never two entries for one id.
-            if seen.insert(volume.name.clone()) {
-                volumes.push(volume);
-            }
-        }
-        Ok((volumes, unreadable))
     }
 }
 
@@ -248,25 +198,25 @@ mod tests {
     #[test]
     fn provisioned_records_are_read_and_strays_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let lc = Lifecycle {
-            runner: Default::default(),
-            state: crate::state::StateDir::new(dir.path()),
-            node: "n".into(),
-        };
+        let lc = Lifecycle::new(
+            Default::default(),
+            crate::state::StateDir::new(dir.path()),
+            "n".into(),
+        );
         assert!(lc.known_volumes(&driver()).unwrap().volumes.is_empty());
         let write = |name: &str, volume: &ProvisionedVolume| {
             let path = lc.provisioned_path(&driver(), name).unwrap();
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(&path, serde_json::to_vec(volume).unwrap()).unwrap();
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, serde_json::to_vec(volume).unwrap()).unwrap();
             path
         };
         write("pvc-1", &provisioned("pvc-1", true));
         // A copy under another name is not that volume's record.
         write("pvc-2", &provisioned("pvc-1", true));
         let corrupt = write("pvc-3", &provisioned("pvc-3", true));
-        fs::write(&corrupt, b"{").unwrap();
+        std::fs::write(&corrupt, b"{").unwrap();
         let temp = corrupt.with_file_name(".pvc-4.json.1.tmp");
-        fs::write(temp, b"{").unwrap();
+        std::fs::write(temp, b"{").unwrap();
         let inventory = lc.known_volumes(&driver()).unwrap();
         let ids: Vec<&str> = inventory.volumes.iter().map(|v| v.id.as_str()).collect();
         assert_eq!(ids, ["pvc-1"]);

@@ -36,6 +36,9 @@ mod target;
 mod unmounter;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::controller_records::{ControllerRecords, StateDirRecords};
 
 use crate::plugin::Plugin;
 use crate::runner::{CallError, RunnerConfig};
@@ -59,6 +62,8 @@ pub enum LifecycleError {
     Mount(#[from] MountError),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error(transparent)]
+    Records(crate::controller_records::RecordsError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -125,6 +130,15 @@ pub enum LifecycleError {
     },
 }
 
+impl From<crate::controller_records::RecordsError> for LifecycleError {
+    fn from(e: crate::controller_records::RecordsError) -> Self {
+        match e {
+            crate::controller_records::RecordsError::State(e) => Self::State(e),
+            e => Self::Records(e),
+        }
+    }
+}
+
 /// The lifecycle of volumes on one node.
 #[derive(Debug, Clone)]
 pub struct Lifecycle {
@@ -132,6 +146,9 @@ pub struct Lifecycle {
     pub state: StateDir,
     /// This node's name, as attach/detach/isattached receive it.
     pub node: String,
+    /// Where the CSI controller's attachments and provisioned volumes are kept: the state dir
+    /// unless replicas share them ([`crate::controller_records`]).
+    pub controller_records: Arc<dyn ControllerRecords>,
 }
 
 /// A mount to perform.
@@ -222,6 +239,16 @@ pub(crate) fn path_component(volume_name: &str) -> Result<String, LifecycleError
 }
 
 impl Lifecycle {
+    /// A lifecycle whose controller records are kept in its state dir.
+    pub fn new(runner: RunnerConfig, state: StateDir, node: String) -> Self {
+        Self {
+            controller_records: Arc::new(StateDirRecords::new(state.clone())),
+            runner,
+            state,
+            node,
+        }
+    }
+
     /// This lifecycle with its drivers also holding `locks`: a driver orphaned by a crash of
     /// flexd keeps them until it exits, so the next operation on the volume waits for it.
     fn holding(&self, locks: &[&crate::state::Lock]) -> Lifecycle {

@@ -7,16 +7,14 @@
 //! the parameters as its flexVolume options (CSI: the volume context). `delete <json>`
 //! receives those options.
 //!
-//! Every provisioned volume has a record under `<state-dir>/provisioned/<vendor~driver>/`,
-//! written (atomically, fsync-ed) before the driver runs and marked done after. The record is
-//! what makes CreateVolume idempotent across restarts (the same name and size is the same
-//! volume; the same name with another size or other parameters is a conflict), what gives
+//! Every provisioned volume has a controller record ([`crate::controller_records`]), written
+//! before the driver runs and marked done after. The record is what makes CreateVolume
+//! idempotent across restarts and replicas (the same name and size is the same volume; the
+//! same name with another size or other parameters is a conflict), what gives
 //! ControllerPublish the options when the CO sends none, and what DeleteVolume deletes.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{Lifecycle, LifecycleError};
 use crate::plugin::Plugin;
@@ -26,9 +24,6 @@ use flexvolume_protocol::name::DriverName;
 use flexvolume_protocol::options::{is_host_key, Options};
 use flexvolume_protocol::spec::VolumeSpec;
 use flexvolume_protocol::{CallOut, ErrorCode};
-
-/// Longest record file name built from a volume name; longer names are hashed.
-const MAX_FILE_NAME: usize = 200;
 
 /// A volume flexd provisioned, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -94,35 +89,6 @@ pub struct ProvisionOutcome {
     pub provisioned_now: bool,
 }
 
-fn state_err(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
-    move |source| StateError::Io {
-        path: path.to_owned(),
-        source,
-    }
-}
-
-/// Writes `bytes` to `path` atomically: a temp file, fsync, rename, fsync of the directory.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    crate::state::create_private_dir_all(dir).map_err(state_err(dir))?;
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = crate::state::create_fresh(&temp)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
-        .map_err(state_err(&temp))
-        .and_then(|()| fs::rename(&temp, path).map_err(state_err(path)));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(e);
-    }
-    crate::state::open_dir(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(state_err(dir))
-}
-
 impl ProvisionedVolume {
     /// The volume as a FlexVolume spec (for `delete`, attach, mount).
     pub fn spec(&self, driver: &DriverName) -> VolumeSpec {
@@ -150,26 +116,17 @@ impl ProvisionedVolume {
 }
 
 impl Lifecycle {
-    /// Where the record of a provisioned volume lives.
+    /// The name a provisioned volume's record is locked (and, in the state dir, kept) under.
     pub(crate) fn provisioned_path(
         &self,
         driver: &DriverName,
         name: &str,
     ) -> Result<PathBuf, LifecycleError> {
-        let component = super::path_component(name)?;
-        // `%h` never starts an escaped name (escapes are upper-case hex), so the two forms
-        // cannot collide.
-        let file = if component.len() <= MAX_FILE_NAME {
-            component
-        } else {
-            format!("%h{:016x}", crate::state::stable_hash(name.as_bytes()))
-        };
-        Ok(self
-            .state
-            .root
-            .join("provisioned")
-            .join(driver.dir_name())
-            .join(format!("{file}.json")))
+        Ok(crate::controller_records::provisioned_path(
+            &self.state.root,
+            driver,
+            name,
+        )?)
     }
 
     /// The record of a volume flexd provisioned, if any.
@@ -178,18 +135,7 @@ impl Lifecycle {
         driver: &DriverName,
         name: &str,
     ) -> Result<Option<ProvisionedVolume>, LifecycleError> {
-        let path = self.provisioned_path(driver, name)?;
-        // The state dir's one reader of record files: never waits on a FIFO nor reads a link.
-        let Some(bytes) = crate::state::read_record_file(&path)? else {
-            return Ok(None);
-        };
-        let volume: ProvisionedVolume =
-            serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-        // A hashed file name of another (over-long) name is not this volume.
-        Ok(Some(volume).filter(|v| v.name == name && v.driver == driver.as_str()))
+        Ok(self.controller_records.provisioned(driver, name)?)
     }
 
     /// CSI CreateVolume: `provision`, recorded. A volume recorded as done under the same name
@@ -239,7 +185,10 @@ impl Lifecycle {
             options: request.parameters.clone(),
             done: false,
         };
-        save(&path, &volume)?;
+        let records = &self.controller_records;
+        records
+            .save_provisioned(driver, &volume)
+            .map_err(LifecycleError::from)?;
         let mut spec = volume.spec(driver);
         spec.secrets = request.secrets.clone();
         let options =
@@ -253,7 +202,9 @@ impl Lifecycle {
                 // The driver answered: nothing was made, and nothing may block a corrected
                 // retry. Anything else (a timeout) may have left a half-made volume.
                 if matches!(e, CallError::Failure { .. }) {
-                    remove_record(&path)?;
+                    records
+                        .remove_provisioned(driver, request.name)
+                        .map_err(LifecycleError::from)?;
                 }
                 return Err(LifecycleError::from(e).into());
             }
@@ -267,7 +218,9 @@ impl Lifecycle {
             volume.capacity_bytes = bytes;
         }
         volume.done = true;
-        save(&path, &volume)?;
+        records
+            .save_provisioned(driver, &volume)
+            .map_err(LifecycleError::from)?;
         Ok(ProvisionOutcome {
             volume,
             provisioned_now: true,
@@ -291,16 +244,23 @@ impl Lifecycle {
         let Some(volume) = self.provisioned(driver, name)? else {
             return Ok(false);
         };
-        let users: Vec<String> = self
-            .state
-            .list()?
+        // Attached anywhere (the controller records), or staged or published by this flexd.
+        let attached = self
+            .controller_records
+            .attachments(driver)
+            .map_err(LifecycleError::from)?;
+        let local = self.state.list()?;
+        let users: Vec<String> = attached
             .into_iter()
             .flatten()
+            .chain(local.into_iter().flatten())
             .filter(|r| r.driver == *driver && r.volume_name == name)
             .map(|r| match r.role {
                 Role::Attach => format!("attached to node {}", r.node),
                 _ => format!("{:?} at {}", r.role, r.target.display()).to_lowercase(),
             })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         if !users.is_empty() {
             return Err(ProvisionError::InUse {
@@ -309,7 +269,9 @@ impl Lifecycle {
             });
         }
         delete_call(&lc, plugin, &volume, secrets)?;
-        remove_record(&path)?;
+        self.controller_records
+            .remove_provisioned(driver, name)
+            .map_err(LifecycleError::from)?;
         Ok(true)
     }
 }
@@ -331,22 +293,6 @@ fn delete_call(
         Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(()),
         Err(e) => Err(LifecycleError::from(e).into()),
     }
-}
-
-fn remove_record(path: &Path) -> Result<(), StateError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(state_err(path)(e)),
-    }
-}
-
-fn save(path: &Path, volume: &ProvisionedVolume) -> Result<(), StateError> {
-    let json = serde_json::to_vec_pretty(volume).map_err(|e| StateError::Corrupt {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })?;
-    write_atomic(path, &json)
 }
 
 fn describe(request: &ProvisionRequest<'_>) -> String {
@@ -418,24 +364,5 @@ mod tests {
         assert!(volume
             .matches(&request(&plugin, &other, &none, 1 << 30, 0))
             .is_err());
-    }
-
-    #[test]
-    fn record_names_are_safe_and_long_names_are_hashed() {
-        let lc = Lifecycle {
-            runner: Default::default(),
-            state: crate::state::StateDir::new("/s"),
-            node: "n".into(),
-        };
-        let driver = DriverName::parse("acme/x").unwrap();
-        let short = lc.provisioned_path(&driver, "pvc-1").unwrap();
-        assert_eq!(short, Path::new("/s/provisioned/acme~x/pvc-1.json"));
-        let hostile = lc.provisioned_path(&driver, "../../etc/passwd").unwrap();
-        assert!(hostile.starts_with("/s/provisioned/acme~x/"));
-        assert_eq!(hostile.components().count(), short.components().count());
-        let long = lc.provisioned_path(&driver, &"é".repeat(128)).unwrap();
-        let file = long.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(file.starts_with("%h") && file.len() < 40, "{file}");
-        assert!(lc.provisioned_path(&driver, "").is_err());
     }
 }

@@ -43,14 +43,6 @@ struct Expect<'a> {
 }
 
 impl<'a> Expect<'a> {
-    /// A record of `role`, of any volume.
-    fn role(role: Role) -> Self {
-        Expect {
-            role: Some(role),
-            volume: None,
-        }
-    }
-
     /// A record of `role` for `volume` only.
     fn volume(role: Role, volume: &'a str) -> Self {
         Expect {
@@ -103,7 +95,31 @@ impl Lifecycle {
         resolve: &dyn DriverResolver,
     ) -> Result<UnmountOutcome, LifecycleError> {
         let key = self.attachment_key(driver, volume_id, node)?;
-        self.teardown(&key, resolve, Expect::role(Role::Attach))
+        let key_lock = self.state.lock(&key)?;
+        let lc = &self.holding(&[&key_lock]);
+        let records = &self.controller_records;
+        let mut outcome = UnmountOutcome {
+            target: key.clone(),
+            managed: false,
+            unmounted_device: false,
+            detached: false,
+        };
+        let Some(record) = records.attachment(driver, volume_id, node)? else {
+            // Not ours: nothing to undo.
+            return Ok(outcome);
+        };
+        if record.role != Role::Attach {
+            return Err(LifecycleError::WrongRole {
+                target: key,
+                expected: Role::Attach,
+                found: record.role,
+            });
+        }
+        let plugin = plugin_of(resolve, &record)?;
+        outcome.managed = true;
+        outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
+        records.remove_attachment(driver, volume_id, node)?;
+        Ok(outcome)
     }
 
     /// Tears down what the record of `target` says was done.

@@ -80,20 +80,4 @@ impl StateDir {
             }),
         }
     }
-
-    /// The nodes `driver`'s volume `volume` is recorded as attached to (ControllerPublish).
-    /// Unreadable records cannot be attributed and are skipped; `list` reports them.
-    pub fn attached_nodes(
-        &self,
-        driver: &DriverName,
-        volume: &str,
-    ) -> Result<Vec<String>, StateError> {
-        Ok(self
-            .list()?
-            .into_iter()
-            .flatten()
-            .filter(|r| r.role == Role::Attach && r.driver == *driver && r.volume_name == volume)
-            .map(|r| r.node)
-            .collect())
-    }
 }
