@@ -5,6 +5,7 @@
 //! everything that runs (the CLI, `flexd serve`) lives in the binary (src/main.rs, src/cli/,
 //! src/serve/).
 
+pub mod controller_records;
 pub mod deploy;
 pub mod errors;
 pub mod migrate;

@@ -57,10 +57,6 @@ pub struct ManifestsArgs {
     /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
     #[arg(long = "host-dir", value_name = "PATH", value_parser = checks::node_path)]
     pub host_dirs: Vec<PathBuf>,
-    /// StorageClass of the controller's state claim (a DNS-1123 subdomain); default: the
-    /// cluster's default class.
-    #[arg(long, value_name = "CLASS", value_parser = checks::dns_subdomain)]
-    pub state_storage_class: Option<String>,
     /// csi-attacher image, for drivers that attach.
     #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_ATTACHER_IMAGE)]
     pub attacher_image: String,
@@ -120,7 +116,6 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         attacher_image: args.attacher_image,
         provisioner_image: args.provisioner_image,
         resizer_image: args.resizer_image,
-        state_storage_class: args.state_storage_class,
         expose_metrics: args.expose_metrics,
     };
     let objects = deploy::render(&settings, &drivers)?;

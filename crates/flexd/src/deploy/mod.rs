@@ -18,20 +18,22 @@
 //!     (`deploy/installer-daemonset.yaml`) already puts every driver on every node, control plane
 //!     included, so the controller runs exactly the driver version the nodes run, with no image
 //!     per driver to keep in step. This is where kube-controller-manager ran FlexVolume attach.
-//!   - Its **state lives on a PersistentVolumeClaim** of the cluster's default (or a named)
-//!     StorageClass, provisioned volumes' records included: detach uses the name recorded at
-//!     attach (older records hold `getvolumename`'s answer, which
-//!     ControllerUnpublishVolume could not recompute: it carries only the volume id and the
-//!     node), and a provisioned volume's options live only there. One replica with the
-//!     Recreate strategy, because the claim is ReadWriteOnce and two controllers must never
-//!     attach the same volume.
+//!   - **Two replicas, no PersistentVolumeClaim.** What the controller must remember (its
+//!     attachments, with the name detach will need, and the volumes it provisioned, with the
+//!     options `delete` will need) is kept as `FlexdRecord` objects in the API server, where
+//!     any replica reads them after any node is lost; its state dir is an emptyDir of
+//!     scratch. Every sidecar elects a leader, replicas prefer different nodes, a rolling
+//!     update starts the new replica before the old one goes, and a PodDisruptionBudget lets a
+//!     drain take one replica at a time.
 //!   - Root, as FlexVolume drivers expect (they ran in the controller manager), but privileged
 //!     with the host's `/dev` only when the operator says a driver's attach sets up devices
 //!     (not the builtin loop driver: its attach claims the volume, its node sets up the
 //!     device); otherwise no capability but CHOWN (to give its sockets to the sidecars'
 //!     group), no escalation, a read-only root filesystem.
-//!   - No ServiceAccount token in flexd's containers: it is projected into the sidecars alone,
-//!     so driver code running as root never holds the sidecars' cluster-wide permissions.
+//!   - The sidecars' ServiceAccount token is projected into the sidecars alone, so driver
+//!     code running as root never holds their cluster-wide permissions. flexd's container
+//!     holds another token, of `flexd-controller-records`, whose Role allows `flexdrecords` in
+//!     flexd's namespace and nothing else.
 //!   - The sidecars run as uid and gid 65532 with no capability, no escalation and a read-only
 //!     root filesystem; flexd's CSI sockets are 0660 with that group (`--socket-group`).
 //! - **Sidecars**, each with `--leader-election` (a lease per sidecar and driver) and a
@@ -69,9 +71,12 @@ use std::path::PathBuf;
 
 use flexvolume_host::{Capabilities, DriverName};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::Subject;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
@@ -84,8 +89,9 @@ mod sidecar;
 mod tests;
 
 use objects::{
-    controller_deployment, controller_subject, csi_driver, meta, node_daemonset, role_ref,
-    service_account, state_claim, CONTROLLER, NODE,
+    controller_deployment, controller_disruption_budget, controller_subject, csi_driver, meta,
+    node_daemonset, records_definition, records_token, role_ref, service_account, CONTROLLER,
+    CONTROLLER_RECORDS, NODE,
 };
 use sidecar::rule;
 use sidecar::Sidecar;
@@ -168,8 +174,6 @@ pub struct Settings {
     pub attacher_image: String,
     pub provisioner_image: String,
     pub resizer_image: String,
-    /// The controller state claim's StorageClass; `None`: the cluster's default.
-    pub state_storage_class: Option<String>,
     /// The node's metrics on every address of the node, for scraping from the network; by
     /// default only on its loopback.
     pub expose_metrics: bool,
@@ -191,7 +195,9 @@ pub enum Object {
     ClusterRoleBinding(Box<ClusterRoleBinding>),
     Role(Box<Role>),
     RoleBinding(Box<RoleBinding>),
-    PersistentVolumeClaim(Box<PersistentVolumeClaim>),
+    CustomResourceDefinition(Box<CustomResourceDefinition>),
+    Secret(Box<Secret>),
+    PodDisruptionBudget(Box<PodDisruptionBudget>),
     DaemonSet(Box<DaemonSet>),
     Deployment(Box<Deployment>),
     CSIDriver(Box<CSIDriver>),
@@ -275,9 +281,34 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
             role_ref: role_ref("Role", election),
             subjects: Some(controller_subject(ns)),
         })));
-        objects.push(Object::PersistentVolumeClaim(Box::new(state_claim(
-            settings,
+        // The controller's records: their resource, and an identity allowed them alone.
+        objects.push(Object::CustomResourceDefinition(Box::new(
+            records_definition(),
+        )));
+        objects.push(Object::ServiceAccount(Box::new(service_account(
+            CONTROLLER_RECORDS,
+            ns,
+            false,
         ))));
+        objects.push(Object::Role(Box::new(Role {
+            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
+            rules: Some(vec![rule(
+                crate::controller_records::GROUP,
+                &[crate::controller_records::PLURAL],
+                &["get", "list", "create", "update", "delete"],
+            )]),
+        })));
+        objects.push(Object::RoleBinding(Box::new(RoleBinding {
+            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
+            role_ref: role_ref("Role", CONTROLLER_RECORDS),
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: CONTROLLER_RECORDS.to_owned(),
+                namespace: Some(ns.to_owned()),
+                ..Default::default()
+            }]),
+        })));
+        objects.push(Object::Secret(Box::new(records_token(settings))));
     }
     objects.push(Object::DaemonSet(Box::new(node_daemonset(settings))));
     if !controlled.is_empty() {
@@ -285,6 +316,9 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
             settings,
             &controlled,
         ))));
+        objects.push(Object::PodDisruptionBudget(Box::new(
+            controller_disruption_budget(settings),
+        )));
     }
     objects.extend(
         drivers

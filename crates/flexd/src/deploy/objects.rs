@@ -6,19 +6,25 @@ use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, DeploymentSpec,
-    DeploymentStrategy,
+    DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities as LinuxCapabilities, ConfigMapProjection, Container, ContainerPort,
+    Affinity, Capabilities as LinuxCapabilities, ConfigMapProjection, Container, ContainerPort,
     DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecurityContext, ServiceAccount, ServiceAccountTokenProjection, Toleration, Volume,
-    VolumeMount, VolumeProjection, VolumeResourceRequirements,
+    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+    ServiceAccount, ServiceAccountTokenProjection, Toleration, Volume, VolumeMount,
+    VolumeProjection, WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{RoleRef, Subject};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
+    CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, CustomResourceValidation,
+    JSONSchemaProps, JSON,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -31,7 +37,12 @@ use super::{
 
 pub(super) const NODE: &str = "flexd-node";
 pub(super) const CONTROLLER: &str = "flexd-controller";
-pub(super) const CONTROLLER_STATE: &str = "flexd-controller-state";
+/// The ServiceAccount (and its token Secret) of the controller's records.
+pub(super) const CONTROLLER_RECORDS: &str = "flexd-controller-records";
+/// Where the records token is mounted in the controller's flexd container.
+pub(super) const CONTROLLER_RECORDS_DIR: &str = crate::controller_records::DEFAULT_CREDENTIALS;
+/// Replicas of the controller Deployment.
+pub(super) const CONTROLLER_REPLICAS: i32 = 2;
 
 pub(super) fn labels(app: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -413,6 +424,8 @@ pub(crate) fn controller_args(settings: &Settings) -> Vec<String> {
         "--log-format=json".to_owned(),
         "serve".to_owned(),
         "--mode=controller".to_owned(),
+        "--controller-records=kubernetes".to_owned(),
+        format!("--records-credentials={CONTROLLER_RECORDS_DIR}"),
         format!("--csi-dir={CONTROLLER_CSI_DIR}"),
         format!("--socket-group={SIDECAR_USER}"),
         format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
@@ -485,10 +498,17 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                 empty_dir: Some(EmptyDirVolumeSource::default()),
                 ..Default::default()
             },
+            // Scratch (locks, pinned drivers): what must outlive the pod is in the API server.
             Volume {
                 name: "state".to_owned(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: CONTROLLER_STATE.to_owned(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Volume {
+                name: "records-credentials".to_owned(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(CONTROLLER_RECORDS.to_owned()),
+                    default_mode: Some(0o400),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -500,6 +520,7 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
             mount("plugin-dir", &plugin_dir, None, true),
             mount("socket-dir", CONTROLLER_CSI_DIR, None, false),
             mount("state", CONTROLLER_STATE_DIR, None, false),
+            mount("records-credentials", CONTROLLER_RECORDS_DIR, None, true),
             tmp_mount.clone(),
         ],
     );
@@ -550,16 +571,23 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
     Deployment {
         metadata: meta(CONTROLLER, Some(&settings.namespace)),
         spec: Some(DeploymentSpec {
-            replicas: Some(1),
+            // Every sidecar elects a leader, and any replica reads the records: a lost node
+            // leaves a replica elsewhere to take over.
+            replicas: Some(CONTROLLER_REPLICAS),
             selector: selector(CONTROLLER),
-            // The state claim is ReadWriteOnce, and one controller attaches at a time.
+            // One replica at a time, the new one up before the old one goes.
             strategy: Some(DeploymentStrategy {
-                type_: Some("Recreate".to_owned()),
-                ..Default::default()
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
             }),
             template: pod_template(
                 CONTROLLER,
                 PodSpec {
+                    // Replicas on different nodes where there are several.
+                    affinity: Some(spread_by_node(CONTROLLER)),
                     service_account_name: Some(CONTROLLER.to_owned()),
                     // Only the sidecars get the token (api_access): not flexd, not drivers.
                     automount_service_account_token: Some(false),
@@ -576,21 +604,144 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
     }
 }
 
-pub(super) fn state_claim(settings: &Settings) -> PersistentVolumeClaim {
-    PersistentVolumeClaim {
-        metadata: meta(CONTROLLER_STATE, Some(&settings.namespace)),
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: settings.state_storage_class.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Gi".to_owned()),
-                )])),
-                ..Default::default()
-            }),
+/// Preferred, not required: a one-node cluster still runs every replica.
+fn spread_by_node(app: &str) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: selector(app).match_labels.map(|labels| LabelSelector {
+                            match_labels: Some(labels),
+                            ..Default::default()
+                        }),
+                        topology_key: "kubernetes.io/hostname".to_owned(),
+                        ..Default::default()
+                    },
+                },
+            ]),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// At most one controller replica down at a time by a drain.
+pub(super) fn controller_disruption_budget(settings: &Settings) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(CONTROLLER, Some(&settings.namespace)),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(selector(CONTROLLER)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The resource the controller's records are kept as ([`crate::serve`]'s
+/// `kubernetes_records`): namespaced, so that a Role in flexd's namespace is all the
+/// controller's records credentials allow.
+pub(super) fn records_definition() -> CustomResourceDefinition {
+    use crate::controller_records::{GROUP, KIND, PLURAL, VERSION};
+    let string = || JSONSchemaProps {
+        type_: Some("string".to_owned()),
+        ..Default::default()
+    };
+    let spec = JSONSchemaProps {
+        type_: Some("object".to_owned()),
+        required: Some(
+            ["record", "driver", "volume", "data"]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        properties: Some(BTreeMap::from([
+            (
+                "record".to_owned(),
+                JSONSchemaProps {
+                    enum_: Some(vec![
+                        JSON(serde_json::json!("attachment")),
+                        JSON(serde_json::json!("provisioned")),
+                    ]),
+                    ..string()
+                },
+            ),
+            ("driver".to_owned(), string()),
+            ("volume".to_owned(), string()),
+            ("node".to_owned(), string()),
+            (
+                "data".to_owned(),
+                JSONSchemaProps {
+                    type_: Some("object".to_owned()),
+                    x_kubernetes_preserve_unknown_fields: Some(true),
+                    ..Default::default()
+                },
+            ),
+        ])),
+        ..Default::default()
+    };
+    let mut metadata = meta(&format!("{PLURAL}.{GROUP}"), None);
+    metadata.labels = Some(labels(CONTROLLER));
+    CustomResourceDefinition {
+        metadata,
+        spec: CustomResourceDefinitionSpec {
+            group: GROUP.to_owned(),
+            scope: "Namespaced".to_owned(),
+            names: CustomResourceDefinitionNames {
+                kind: KIND.to_owned(),
+                plural: PLURAL.to_owned(),
+                singular: Some(KIND.to_lowercase()),
+                list_kind: Some(format!("{KIND}List")),
+                ..Default::default()
+            },
+            versions: vec![CustomResourceDefinitionVersion {
+                name: VERSION.to_owned(),
+                served: true,
+                storage: true,
+                schema: Some(CustomResourceValidation {
+                    open_api_v3_schema: Some(JSONSchemaProps {
+                        type_: Some("object".to_owned()),
+                        properties: Some(BTreeMap::from([("spec".to_owned(), spec)])),
+                        required: Some(vec!["spec".to_owned()]),
+                        ..Default::default()
+                    }),
+                }),
+                additional_printer_columns: Some(
+                    [
+                        ("Record", ".spec.record"),
+                        ("Driver", ".spec.driver"),
+                        ("Volume", ".spec.volume"),
+                        ("Node", ".spec.node"),
+                    ]
+                    .map(|(name, path)| CustomResourceColumnDefinition {
+                        name: name.to_owned(),
+                        type_: "string".to_owned(),
+                        json_path: path.to_owned(),
+                        ..Default::default()
+                    })
+                    .to_vec(),
+                ),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The token the controller's flexd container holds: of its own ServiceAccount, whose Role
+/// allows the records and nothing else. The sidecars' token never reaches flexd nor its
+/// drivers.
+pub(super) fn records_token(settings: &Settings) -> Secret {
+    let mut metadata = meta(CONTROLLER_RECORDS, Some(&settings.namespace));
+    metadata.annotations = Some(BTreeMap::from([(
+        "kubernetes.io/service-account.name".to_owned(),
+        CONTROLLER_RECORDS.to_owned(),
+    )]));
+    Secret {
+        metadata,
+        type_: Some("kubernetes.io/service-account-token".to_owned()),
         ..Default::default()
     }
 }

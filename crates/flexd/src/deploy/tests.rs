@@ -13,7 +13,6 @@ fn settings() -> Settings {
         attacher_image: DEFAULT_ATTACHER_IMAGE.to_owned(),
         provisioner_image: DEFAULT_PROVISIONER_IMAGE.to_owned(),
         resizer_image: DEFAULT_RESIZER_IMAGE.to_owned(),
-        state_storage_class: None,
         expose_metrics: false,
     }
 }
@@ -43,7 +42,10 @@ fn a_node_only_driver_gets_no_controller_and_is_inline_only_when_the_operator_as
     let objects = render(&settings(), &[driver("acme/tmpfs", false, true, false)]).unwrap();
     assert!(!objects.iter().any(|o| matches!(
         o,
-        Object::Deployment(_) | Object::ClusterRole(_) | Object::PersistentVolumeClaim(_)
+        Object::Deployment(_)
+            | Object::ClusterRole(_)
+            | Object::CustomResourceDefinition(_)
+            | Object::Secret(_)
     )));
     let spec = &csi_drivers(&objects)[0].spec;
     assert_eq!(spec.attach_required, Some(false));

@@ -14,6 +14,7 @@ pub mod grpc_code;
 pub mod health;
 pub mod http_listener;
 pub mod identity;
+pub mod kubernetes_records;
 pub mod list;
 pub mod locks;
 pub mod metrics;
@@ -69,6 +70,24 @@ pub struct ServeArgs {
     /// non-root CSI sidecars' group in the controller pod. Registration sockets stay root's.
     #[arg(long, value_name = "GID", value_parser = clap::value_parser!(u32).range(..u32::MAX as i64))]
     pub socket_group: Option<u32>,
+    /// Where the controller keeps its attachments and provisioned volumes: this flexd's state
+    /// dir, or the API server, where every replica of a highly available controller reads
+    /// them (docs/csi.md#controller-records).
+    #[arg(long, value_enum, default_value_t = RecordsHome::StateDir)]
+    pub controller_records: RecordsHome,
+    /// With --controller-records=kubernetes: the directory holding the controller's own
+    /// `token`, `ca.crt` and `namespace`.
+    #[arg(long, value_name = "DIR", default_value = kubernetes_records::DEFAULT_CREDENTIALS)]
+    pub records_credentials: PathBuf,
+}
+
+/// Where the controller's records are kept (`--controller-records`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecordsHome {
+    /// The state dir: one controller (or `--mode both`).
+    StateDir,
+    /// `flexdrecords.flexd.io` objects in the API server: replicas.
+    Kubernetes,
 }
 
 /// The drivers currently served, by name.
@@ -314,7 +333,16 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e).context("cannot create the state dir"),
     }
     state.watch_records();
-    let lifecycle = Arc::new(Lifecycle::new(runner.clone(), state, global.node_name()));
+    let mut lifecycle = Lifecycle::new(runner.clone(), state, global.node_name());
+    if args.controller_records == RecordsHome::Kubernetes {
+        anyhow::ensure!(
+            args.mode == Mode::Controller,
+            "--controller-records=kubernetes is for --mode controller: a node keeps its own records"
+        );
+        let records = runtime.block_on(kubernetes_records::connect(&args.records_credentials))?;
+        lifecycle.controller_records = Arc::new(records);
+    }
+    let lifecycle = Arc::new(lifecycle);
     let config = ProberConfig::for_host(
         global.plugin_dir.clone(),
         global.layout_policy(),
@@ -413,6 +441,8 @@ mod tests {
                 registration_dir: dir.join("registry"),
                 metrics_address: ([127, 0, 0, 1], 0).into(),
                 socket_group: None,
+                controller_records: RecordsHome::StateDir,
+                records_credentials: kubernetes_records::DEFAULT_CREDENTIALS.into(),
             },
             endpoints: HashMap::new(),
             unserved: BTreeMap::new(),

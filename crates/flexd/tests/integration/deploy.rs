@@ -8,11 +8,12 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, PersistentVolumeClaim, PodSpec, PodTemplateSpec, ServiceAccount, Volume,
-    VolumeMount,
+    Container, Namespace, PodSpec, PodTemplateSpec, Secret, ServiceAccount, Volume, VolumeMount,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -132,7 +133,11 @@ fn every_manifest_is_a_valid_typed_object() {
                 "apps/v1/Deployment" => check_deployment(&typed::<Deployment>(&doc)),
                 "v1/Namespace" => drop(typed::<Namespace>(&doc)),
                 "v1/ServiceAccount" => drop(typed::<ServiceAccount>(&doc)),
-                "v1/PersistentVolumeClaim" => drop(typed::<PersistentVolumeClaim>(&doc)),
+                "v1/Secret" => drop(typed::<Secret>(&doc)),
+                "policy/v1/PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(&doc)),
+                "apiextensions.k8s.io/v1/CustomResourceDefinition" => {
+                    drop(typed::<CustomResourceDefinition>(&doc))
+                }
                 "rbac.authorization.k8s.io/v1/ClusterRole" => drop(typed::<ClusterRole>(&doc)),
                 "rbac.authorization.k8s.io/v1/ClusterRoleBinding" => {
                     drop(typed::<ClusterRoleBinding>(&doc))
@@ -307,14 +312,67 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
     let controller = flexd_container(template);
     let args = controller.args.clone().unwrap();
     assert_flexd_accepts(&args);
-    // The state detach needs lives on the claim.
-    let claim: PersistentVolumeClaim = one(&docs, "PersistentVolumeClaim");
+    // No claim: the state dir is scratch, and what detach and delete need is kept in the API
+    // server, by a token of the records' own ServiceAccount that only the flexd container
+    // mounts, whose Role allows the records and nothing else.
+    assert!(!docs.iter().any(|d| d["kind"] == "PersistentVolumeClaim"));
+    let spec = deployment.spec.as_ref().unwrap();
+    assert!(spec.replicas.unwrap_or(1) >= 2, "{:?}", spec.replicas);
+    assert_eq!(
+        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("RollingUpdate")
+    );
     let pod = template.spec.as_ref().unwrap();
-    let state_volume = volume_where(pod, |v| {
-        v.persistent_volume_claim.as_ref().map(|c| &c.claim_name) == claim.metadata.name.as_ref()
+    let state_mount = mount_where(&controller, |m| {
+        m.mount_path == value_of(&args, "--state-dir")
     });
-    let state_mount = mount_where(&controller, |m| m.name == state_volume.name);
-    assert_eq!(state_mount.mount_path, value_of(&args, "--state-dir"));
+    let state_volume = volume_where(pod, |v| v.name == state_mount.name);
+    assert!(state_volume.empty_dir.is_some(), "{state_volume:?}");
+    assert!(args.contains(&"--controller-records=kubernetes".to_owned()));
+    let token: Secret = one(&docs, "Secret");
+    let records_sa =
+        token.metadata.annotations.as_ref().unwrap()["kubernetes.io/service-account.name"].clone();
+    let credentials = mount_where(&controller, |m| {
+        m.mount_path == value_of(&args, "--records-credentials")
+    });
+    let credentials_volume = volume_where(pod, |v| v.name == credentials.name);
+    assert_eq!(
+        credentials_volume.secret.as_ref().unwrap().secret_name,
+        token.metadata.name
+    );
+    for container in &pod.containers {
+        let holds = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == credentials.name);
+        assert_eq!(holds, container.name == "flexd", "{}", container.name);
+    }
+    let binding: RoleBinding = docs
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding")
+        .map(typed::<RoleBinding>)
+        .find(|b| b.subjects.iter().flatten().any(|s| s.name == records_sa))
+        .unwrap();
+    assert_eq!(binding.subjects.as_ref().unwrap().len(), 1);
+    let role: Role = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role")
+        .map(typed::<Role>)
+        .find(|r| r.metadata.name.as_ref() == Some(&binding.role_ref.name))
+        .unwrap();
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["flexdrecords".to_owned()][..])
+    );
+    assert!(!docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+        && d["subjects"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["name"] == records_sa.as_str()))));
+    let crd: CustomResourceDefinition = one(&docs, "CustomResourceDefinition");
+    assert_eq!(crd.spec.scope, "Namespaced");
 
     // The controller attaches and provisions for any node; the resizers' flexd only answers
     // capabilities.
@@ -378,12 +436,13 @@ fn the_flexd_pods_arguments_are_accepted_by_flexd() {
             .any(|m| &m.name == volume && std::path::Path::new(&m.mount_path) == dir);
         assert!(shared, "{} does not see {address}", sidecar.name);
     }
-    // The controller's account is what the sidecars' roles are bound to.
+    // The controller's account is what the sidecars' roles are bound to (the records' own
+    // account aside).
     let account = pod.service_account_name.clone().unwrap();
-    for doc in docs
-        .iter()
-        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
-    {
+    for doc in docs.iter().filter(|d| {
+        (d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+            && d["metadata"]["name"] != binding.metadata.name.as_deref().unwrap()
+    }) {
         let subjects = doc["subjects"].as_array().unwrap();
         assert!(
             subjects.iter().any(|s| s["name"] == account.as_str()),

@@ -171,10 +171,7 @@ fn values_kubernetes_would_refuse_are_bad_usage_and_print_nothing() {
             "is not a DNS-1123 label (at most 63",
         ),
         (&["--namespace", "Flexd"], "is not a DNS-1123 label"),
-        (
-            &["--state-storage-class", "fast\nssd"],
-            "is not a DNS-1123 subdomain",
-        ),
+        (&["--namespace", "a.b"], "is not a DNS-1123 label"),
         (&["--image", "flexd:1\n---\nkind: x"], "holds '\\n'"),
         (&["--attacher-image", "a\u{1b}[2J"], "holds '\\u{1b}'"),
         (
@@ -205,15 +202,7 @@ fn values_kubernetes_would_refuse_are_bad_usage_and_print_nothing() {
     test_support::assert_fails_saying(&out, 2, &["invalid value for '--state-dir'"]);
 
     // What is accepted is what the header and the objects say.
-    let out = manifests(
-        p,
-        &[
-            "--namespace",
-            "storage-1",
-            "--state-storage-class",
-            "fast.ssd",
-        ],
-    );
+    let out = manifests(p, &["--namespace", "storage-1"]);
     let text = stdout_ok(&out);
     assert!(text.contains("\n# in namespace storage-1. "), "{text}");
     let docs = yaml_documents(&text);
