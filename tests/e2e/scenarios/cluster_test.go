@@ -18,6 +18,7 @@ import (
 	"github.com/onsi/gomega"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -39,6 +40,8 @@ type Cluster struct {
 	Repo              string // the repository's root
 	Here              string // tests/e2e
 	Kube              kubernetes.Interface
+	// Config is the admin's client configuration the clients are made from.
+	Config *rest.Config
 }
 
 var cluster *Cluster
@@ -68,6 +71,7 @@ func loadCluster() *Cluster {
 	c.Here = filepath.Join(c.Repo, "tests", "e2e")
 	config, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.Dir, "kubeconfig"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the cluster's kubeconfig")
+	c.Config = config
 	c.Kube, err = kubernetes.NewForConfig(config)
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "a client of the cluster's API server")
 	return c

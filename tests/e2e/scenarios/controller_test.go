@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
@@ -16,6 +17,12 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 )
 
 const (
@@ -37,10 +44,11 @@ func (c *Cluster) attachmentOf(ctx context.Context, pv string) (string, error) {
 	return "", nil
 }
 
-// scenarioController: the manifests' controller runs unprivileged (root with CHOWN alone, no
-// /dev, no token), its non-root csi-attacher attaches through the 0660 socket, a pod writes to
-// the volume (attach, then on the node mountdevice and the default bind mount), and the volume
-// is detached when the pod goes.
+// scenarioController: the manifests' controller runs as two unprivileged replicas (root with
+// CHOWN alone, no /dev, no sidecar token), its non-root csi-attacher attaches through the 0660
+// socket, a pod writes to the volume (attach, then on the node mountdevice and the default bind
+// mount), and the attachment is recorded in the API server. The replica leading csi-attacher
+// is killed: the other detaches what the first attached, and attaches a new pod's volume.
 func scenarioController(ctx context.Context) {
 	c := cluster
 	ginkgo.By("the attachable example driver installed as " + attachDriver)
@@ -56,7 +64,6 @@ func scenarioController(ctx context.Context) {
 	})
 
 	ginkgo.By("flexd's manifests for both drivers, a controller with csi-attacher")
-	c.ControllerStatePV(ctx)
 	c.ApplyManifests(ctx, "flexd-controller", append([]string{"--driver", c.Driver, "--driver", attachDriver}, c.SidecarImageFlags...)...)
 	c.WaitCSINodeLists(ctx, attachCSIName)
 
@@ -71,20 +78,148 @@ func scenarioController(ctx context.Context) {
 	target := c.VolumeTarget(c.PodUID(ctx, "e2e-attach"), "e2e-attach")
 	gomega.Expect(MountCount(target)).To(gomega.Equal(1), "mounts of %s", target)
 
-	ginkgo.By("the pod deleted: unmounted and detached")
+	ginkgo.By("two replicas, the attachment recorded in the API server, by a token allowed nothing else")
+	gomega.Expect(c.ControllerPods(ctx)).To(gomega.HaveLen(2), "Running controller replicas")
+	gomega.Expect(c.attachmentRecords(ctx, "e2e-attach")).To(gomega.Equal(1), "attachment records of e2e-attach")
+	c.expectRecordsTokenNarrow(ctx)
+
+	ginkgo.By("the replica leading csi-attacher killed: the other detaches what it attached")
+	leader := c.attacherLeader(ctx)
+	c.killReplica(ctx, leader)
 	c.DeletePod(ctx, "e2e-attach")
 	WaitFor(ctx, 60*time.Second, target+" to be unmounted", notMounted(target))
-	WaitFor(ctx, 120*time.Second, "the VolumeAttachment of e2e-attach to go", func(ctx context.Context) error {
-		attached, err := c.attachmentOf(ctx, "e2e-attach")
+	c.waitDetached(ctx, "e2e-attach", 240*time.Second)
+	gomega.Expect(c.attachmentRecords(ctx, "e2e-attach")).To(gomega.Equal(0), "attachment records of e2e-attach once detached")
+	gomega.Expect(c.attacherLeader(ctx)).NotTo(gomega.Equal(leader), "csi-attacher's leader after the kill")
+
+	ginkgo.By("a new pod attaches through the replica that took over")
+	c.StaticClaim(ctx, PersistentVolume("e2e-attach-2", "1Gi", CSISource(attachCSIName, "e2e-attach-2", map[string]string{"greeting": "again"})))
+	log = c.RunPod(ctx, c.ToolsPod("e2e-attach-2", "echo after-failover > /data/pod; cat /data/pod", ClaimVolume("e2e-attach-2"), nil), 180*time.Second)
+	gomega.Expect(LogLines(log)).To(gomega.ContainElement("after-failover"))
+	gomega.Expect(c.attachmentOf(ctx, "e2e-attach-2")).To(gomega.Equal("true"), "the VolumeAttachment of e2e-attach-2")
+	gomega.Expect(c.attachmentRecords(ctx, "e2e-attach-2")).To(gomega.Equal(1), "attachment records of e2e-attach-2")
+
+	ginkgo.By("the pods deleted: unmounted and detached")
+	c.DeletePod(ctx, "e2e-attach-2")
+	c.waitDetached(ctx, "e2e-attach-2", 120*time.Second)
+	gomega.Expect(c.attachmentRecords(ctx, "e2e-attach-2")).To(gomega.Equal(0), "attachment records of e2e-attach-2 once detached")
+	for _, volume := range []string{"e2e-attach", "e2e-attach-2"} {
+		c.DeleteClaimIfThere(ctx, volume)
+		c.DeletePVIfThere(ctx, volume)
+	}
+	c.MustFlexd(ctx, "uninstall", "--driver", attachDriver)
+}
+
+// waitDetached waits for the PV's VolumeAttachment to go.
+func (c *Cluster) waitDetached(ctx context.Context, pv string, timeout time.Duration) {
+	ginkgo.GinkgoHelper()
+	WaitFor(ctx, timeout, "the VolumeAttachment of "+pv+" to go", func(ctx context.Context) error {
+		attached, err := c.attachmentOf(ctx, pv)
 		if err != nil {
 			return err
 		}
 		if attached != "" {
-			return fmt.Errorf("the VolumeAttachment of e2e-attach is still there (attached: %s)", attached)
+			return fmt.Errorf("the VolumeAttachment of %s is still there (attached: %s)", pv, attached)
 		}
 		return nil
 	})
-	c.DeleteClaimIfThere(ctx, "e2e-attach")
-	c.DeletePVIfThere(ctx, "e2e-attach")
-	c.MustFlexd(ctx, "uninstall", "--driver", attachDriver)
+}
+
+// flexdRecords is the resource the controller keeps its records as.
+var flexdRecords = schema.GroupVersionResource{Group: "flexd.io", Version: "v1alpha1", Resource: "flexdrecords"}
+
+// attachmentRecords counts the controller's attachment records of a volume.
+func (c *Cluster) attachmentRecords(ctx context.Context, volume string) (int, error) {
+	client, err := dynamic.NewForConfig(c.Config)
+	if err != nil {
+		return 0, err
+	}
+	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "flexd.io/record=attachment"})
+	if err != nil {
+		return 0, err
+	}
+	count := 0
+	for _, item := range list.Items {
+		if name, _, _ := unstructured.NestedString(item.Object, "spec", "volume"); name == volume {
+			count++
+		}
+	}
+	return count, nil
+}
+
+// expectRecordsTokenNarrow: the token flexd's container holds lists the records, and is
+// refused everything else: pods, secrets and VolumeAttachments, and records elsewhere.
+func (c *Cluster) expectRecordsTokenNarrow(ctx context.Context) {
+	ginkgo.GinkgoHelper()
+	secret, err := c.Kube.CoreV1().Secrets(c.Namespace).Get(ctx, "flexd-controller-records", metav1.GetOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the records token Secret")
+	config := rest.AnonymousClientConfig(c.Config)
+	config.BearerToken = string(secret.Data["token"])
+	gomega.Expect(config.BearerToken).NotTo(gomega.BeEmpty(), "the records token")
+	records, err := dynamic.NewForConfig(config)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	_, err = records.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "listing the records with the records token")
+	kube, err := kubernetes.NewForConfig(config)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	refused := map[string]func() error{
+		"pods": func() error {
+			_, err := kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"secrets": func() error {
+			_, err := kube.CoreV1().Secrets(c.Namespace).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"volumeattachments": func() error {
+			_, err := kube.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"records in namespace default": func() error {
+			_, err := records.Resource(flexdRecords).Namespace("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+	}
+	for what, list := range refused {
+		err := list()
+		gomega.Expect(apierrors.IsForbidden(err)).To(gomega.BeTrue(), "listing %s with the records token: %v", what, err)
+	}
+}
+
+// attacherLeader is the controller pod holding csi-attacher's leader lease for the attach
+// driver, once one holds it.
+func (c *Cluster) attacherLeader(ctx context.Context) string {
+	ginkgo.GinkgoHelper()
+	var holder string
+	WaitFor(ctx, 120*time.Second, "csi-attacher's leader lease for "+attachCSIName, func(ctx context.Context) error {
+		leases, err := c.Kube.CoordinationV1().Leases(c.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, lease := range leases.Items {
+			if !strings.Contains(lease.Name, "attacher") || !strings.HasSuffix(lease.Name, attachCSIName) {
+				continue
+			}
+			if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+				return fmt.Errorf("lease %s has no holder", lease.Name)
+			}
+			for _, pod := range c.ControllerPods(ctx) {
+				if pod.Name == *lease.Spec.HolderIdentity {
+					holder = pod.Name
+					return nil
+				}
+			}
+			return fmt.Errorf("lease %s is held by %s, no Running controller replica", lease.Name, *lease.Spec.HolderIdentity)
+		}
+		return fmt.Errorf("no csi-attacher lease for %s in %s", attachCSIName, c.Namespace)
+	})
+	return holder
+}
+
+// killReplica deletes a controller replica at once (no grace: its processes are killed, as
+// when its node is lost); the Deployment makes another.
+func (c *Cluster) killReplica(ctx context.Context, pod string) {
+	ginkgo.GinkgoHelper()
+	err := c.Kube.CoreV1().Pods(c.Namespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "killing controller replica %s", pod)
 }

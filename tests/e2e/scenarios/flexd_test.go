@@ -19,10 +19,7 @@ import (
 	"github.com/onsi/gomega"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 )
 
 // pluginDirName is a driver's directory name in the plugin dir: VENDOR/NAME as VENDOR~NAME.
@@ -77,35 +74,10 @@ func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...strin
 	return manifests
 }
 
-// ApplyAllManifests deploys flexd for every installed driver with the sidecars built here, the
-// controller's state claim on a PV made for it (the cluster has no default StorageClass).
+// ApplyAllManifests deploys flexd for every installed driver with the sidecars built here.
 func (c *Cluster) ApplyAllManifests(ctx context.Context, name string) string {
 	ginkgo.GinkgoHelper()
-	c.ControllerStatePV(ctx)
 	return c.ApplyManifests(ctx, name, c.SidecarImageFlags...)
-}
-
-// ControllerStatePV is the PV of the controller's state claim, on a host dir.
-func (c *Cluster) ControllerStatePV(ctx context.Context) {
-	ginkgo.GinkgoHelper()
-	dir := c.Path("controller-state")
-	gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: "flexd-controller-state"},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
-				Path: dir, Type: ptr.To(corev1.HostPathDirectory),
-			}},
-			ClaimRef: &corev1.ObjectReference{Namespace: c.Namespace, Name: "flexd-controller-state"},
-		},
-	}
-	_, err := c.Kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the controller's state PV")
-	}
 }
 
 // CSINodeDrivers are the drivers kubelet has registered on the node.
@@ -202,8 +174,8 @@ func healthz(address string) func(context.Context) error {
 	}
 }
 
-// ControllerPod is flexd's Running controller pod.
-func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
+// ControllerPods are the Running replicas of the controller.
+func (c *Cluster) ControllerPods(ctx context.Context) []corev1.Pod {
 	ginkgo.GinkgoHelper()
 	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: "app.kubernetes.io/name=flexd-controller",
@@ -211,7 +183,18 @@ func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
 	})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
-	return &pods.Items[0]
+	return pods.Items
+}
+
+// ControllerLogs are the flexd logs of every Running controller replica: whichever leads
+// may have served a call.
+func (c *Cluster) ControllerLogs(ctx context.Context) string {
+	ginkgo.GinkgoHelper()
+	var logs strings.Builder
+	for _, pod := range c.ControllerPods(ctx) {
+		logs.WriteString(c.MustKubectl(ctx, "-n", c.Namespace, "logs", pod.Name, "-c", "flexd"))
+	}
+	return logs.String()
 }
 
 // ExpectControllerHardened: the controller pod as flexd's manifests harden it: its flexd
@@ -221,7 +204,13 @@ func (c *Cluster) ControllerPod(ctx context.Context) *corev1.Pod {
 // for their group 65532.
 func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, sidecars ...string) {
 	ginkgo.GinkgoHelper()
-	pod := c.ControllerPod(ctx)
+	for _, pod := range c.ControllerPods(ctx) {
+		c.expectReplicaHardened(ctx, &pod, csiName, sidecars...)
+	}
+}
+
+func (c *Cluster) expectReplicaHardened(ctx context.Context, pod *corev1.Pod, csiName string, sidecars ...string) {
+	ginkgo.GinkgoHelper()
 
 	pid := podProcess(string(pod.UID), "flexd", "--mode=controller")
 	gomega.Expect(pid).NotTo(gomega.BeZero(), "a flexd --mode=controller in the controller pod %s", pod.Name)

@@ -140,7 +140,7 @@ func scenarioReconciler(ctx context.Context) {
 // volume.
 func (c *Cluster) controllerPublishes(ctx context.Context, volume string) int {
 	ginkgo.GinkgoHelper()
-	logs := c.MustKubectl(ctx, "-n", c.Namespace, "logs", c.ControllerPod(ctx).Name, "-c", "flexd")
+	logs := c.ControllerLogs(ctx)
 	count := 0
 	for _, line := range LogLines(logs) {
 		if strings.Contains(line, "ControllerPublishVolume") && strings.Contains(line, volume) {

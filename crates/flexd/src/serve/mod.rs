@@ -22,6 +22,8 @@ pub mod node;
 pub mod pagination;
 pub mod provision;
 pub mod registration;
+#[cfg(test)]
+mod replicas_tests;
 pub mod request;
 
 use std::collections::{BTreeMap, HashMap};
