@@ -100,6 +100,11 @@ impl Server {
         }
     }
 
+    /// The state dir it serves with.
+    pub fn state_dir(&self) -> PathBuf {
+        self.sandbox.state()
+    }
+
     /// Where `/metrics` and `/healthz` are served.
     pub fn metrics_address(&self) -> &str {
         &self.metrics_address

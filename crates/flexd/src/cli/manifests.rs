@@ -69,6 +69,12 @@ pub struct ManifestsArgs {
     /// Timeout of each driver's init.
     #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
     pub timeout: std::time::Duration,
+    /// Print instead what upgrades a controller that kept its records on the claim CLAIM (its
+    /// old `flexd-controller-state`): the records' resource and identity, and a Job importing
+    /// the claim's records into the API server. Apply it, wait for the Job, then apply the
+    /// manifests (docs/operator-guide.md#upgrade-state-claim).
+    #[arg(long, value_name = "CLAIM", value_parser = checks::dns_subdomain)]
+    pub import_state_claim: Option<String>,
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
@@ -95,6 +101,12 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
             ),
         ));
     }
+    if let Some(claim) = &args.import_state_claim {
+        let settings = settings(global, &args, Vec::new());
+        let objects = deploy::render_import(&settings, claim);
+        print!("{}", deploy::import_to_yaml(&settings, claim, &objects)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut host_dirs = args.host_dirs.clone();
     let mut drivers = profiles(global, &args, &mut host_dirs)?;
     host_dirs.sort();
@@ -106,21 +118,25 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     operator_choices(&args, &mut drivers)?;
-    let settings = Settings {
-        namespace: args.namespace,
-        image: args.image,
-        kubelet_dir: args.kubelet_dir,
-        plugin_dir: args.node_plugin_dir,
-        state_dir: global.state_dir.clone(),
-        host_dirs,
-        attacher_image: args.attacher_image,
-        provisioner_image: args.provisioner_image,
-        resizer_image: args.resizer_image,
-        expose_metrics: args.expose_metrics,
-    };
+    let settings = settings(global, &args, host_dirs);
     let objects = deploy::render(&settings, &drivers)?;
     print!("{}", deploy::to_yaml(&settings, &drivers, &objects)?);
     Ok(ExitCode::SUCCESS)
+}
+
+fn settings(global: &Global, args: &ManifestsArgs, host_dirs: Vec<PathBuf>) -> Settings {
+    Settings {
+        namespace: args.namespace.clone(),
+        image: args.image.clone(),
+        kubelet_dir: args.kubelet_dir.clone(),
+        plugin_dir: args.node_plugin_dir.clone(),
+        state_dir: global.state_dir.clone(),
+        host_dirs,
+        attacher_image: args.attacher_image.clone(),
+        provisioner_image: args.provisioner_image.clone(),
+        resizer_image: args.resizer_image.clone(),
+        expose_metrics: args.expose_metrics,
+    }
 }
 
 /// What the operator chose per driver: inline volumes, a privileged controller. A name that is

@@ -9,6 +9,7 @@ pub mod install;
 pub mod manifests;
 pub mod migrate;
 pub mod ownership;
+pub mod records;
 pub mod volume;
 pub mod watch;
 
@@ -67,6 +68,8 @@ pub enum Command {
     /// Serve every discovered driver to Kubernetes through CSI.
     #[command(after_help = exit::UNTIL_SIGNAL)]
     Serve(crate::serve::ServeArgs),
+    /// The CSI controller's records: import those an older controller kept in its state dir.
+    Records(records::RecordsArgs),
     /// Print the CSI equivalents of FlexVolume PersistentVolumes, Pods and workloads.
     #[command(after_help = migrate::EXIT)]
     Migrate(migrate::MigrateArgs),
@@ -89,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(&cli.global, args),
         Command::Ownership(args) => ownership::run(&cli.global, args),
         Command::Serve(args) => crate::serve::run(&cli.global, args),
+        Command::Records(args) => records::run(&cli.global, args),
         Command::Migrate(args) => migrate::run(&cli.global, args),
         Command::Manifests(args) => manifests::run(&cli.global, *args),
         Command::Completions(args) => completions::run(args),

@@ -71,6 +71,7 @@ use std::path::PathBuf;
 
 use flexvolume_host::{Capabilities, DriverName};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::Subject;
@@ -89,9 +90,9 @@ mod sidecar;
 mod tests;
 
 use objects::{
-    controller_deployment, controller_disruption_budget, controller_subject, csi_driver, meta,
-    node_daemonset, records_definition, records_token, role_ref, service_account, CONTROLLER,
-    CONTROLLER_RECORDS, NODE,
+    controller_deployment, controller_disruption_budget, controller_subject, csi_driver,
+    import_job, meta, node_daemonset, records_definition, records_token, role_ref, service_account,
+    CONTROLLER, CONTROLLER_RECORDS, IMPORT_JOB, NODE,
 };
 use sidecar::rule;
 use sidecar::Sidecar;
@@ -198,6 +199,7 @@ pub enum Object {
     CustomResourceDefinition(Box<CustomResourceDefinition>),
     Secret(Box<Secret>),
     PodDisruptionBudget(Box<PodDisruptionBudget>),
+    Job(Box<Job>),
     DaemonSet(Box<DaemonSet>),
     Deployment(Box<Deployment>),
     CSIDriver(Box<CSIDriver>),
@@ -281,34 +283,7 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
             role_ref: role_ref("Role", election),
             subjects: Some(controller_subject(ns)),
         })));
-        // The controller's records: their resource, and an identity allowed them alone.
-        objects.push(Object::CustomResourceDefinition(Box::new(
-            records_definition(),
-        )));
-        objects.push(Object::ServiceAccount(Box::new(service_account(
-            CONTROLLER_RECORDS,
-            ns,
-            false,
-        ))));
-        objects.push(Object::Role(Box::new(Role {
-            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
-            rules: Some(vec![rule(
-                crate::controller_records::GROUP,
-                &[crate::controller_records::PLURAL],
-                &["get", "list", "create", "update", "delete"],
-            )]),
-        })));
-        objects.push(Object::RoleBinding(Box::new(RoleBinding {
-            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
-            role_ref: role_ref("Role", CONTROLLER_RECORDS),
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".to_owned(),
-                name: CONTROLLER_RECORDS.to_owned(),
-                namespace: Some(ns.to_owned()),
-                ..Default::default()
-            }]),
-        })));
-        objects.push(Object::Secret(Box::new(records_token(settings))));
+        objects.extend(records_objects(settings));
     }
     objects.push(Object::DaemonSet(Box::new(node_daemonset(settings))));
     if !controlled.is_empty() {
@@ -326,6 +301,63 @@ pub fn render(settings: &Settings, drivers: &[DriverProfile]) -> Result<Vec<Obje
             .map(|d| Object::CSIDriver(Box::new(csi_driver(d)))),
     );
     Ok(objects)
+}
+
+/// The controller's records: their resource, and an identity allowed them alone, whose token
+/// the controller's flexd container (and the import Job) mounts.
+fn records_objects(settings: &Settings) -> Vec<Object> {
+    let ns = settings.namespace.as_str();
+    vec![
+        Object::CustomResourceDefinition(Box::new(records_definition())),
+        Object::ServiceAccount(Box::new(service_account(CONTROLLER_RECORDS, ns, false))),
+        Object::Role(Box::new(Role {
+            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
+            rules: Some(vec![rule(
+                crate::controller_records::GROUP,
+                &[crate::controller_records::PLURAL],
+                &["get", "list", "create", "update", "delete"],
+            )]),
+        })),
+        Object::RoleBinding(Box::new(RoleBinding {
+            metadata: meta(CONTROLLER_RECORDS, Some(ns)),
+            role_ref: role_ref("Role", CONTROLLER_RECORDS),
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: CONTROLLER_RECORDS.to_owned(),
+                namespace: Some(ns.to_owned()),
+                ..Default::default()
+            }]),
+        })),
+        Object::Secret(Box::new(records_token(settings))),
+    ]
+}
+
+/// The upgrade from a controller that kept its records on the claim `claim`: the records'
+/// resource and identity, and a Job that imports the claim's records into the API server
+/// (`flexd records import`). Applied and completed before the new controller serves.
+pub fn render_import(settings: &Settings, claim: &str) -> Vec<Object> {
+    let mut objects = records_objects(settings);
+    objects.push(Object::Job(Box::new(import_job(settings, claim))));
+    objects
+}
+
+/// [`render_import`]'s objects as YAML, after a comment saying what they are for.
+pub fn import_to_yaml(
+    settings: &Settings,
+    claim: &str,
+    objects: &[Object],
+) -> Result<String, RenderError> {
+    let mut out = format!(
+        "# flexd: import the controller records kept on claim {claim} into the API server\n\
+         # (namespace {}). Apply, wait for job/{IMPORT_JOB} to complete, then apply the\n\
+         # manifests: docs/operator-guide.md#upgrade-state-claim\n",
+        settings.namespace
+    );
+    for object in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(object)?);
+    }
+    Ok(out)
 }
 
 /// The objects as one multi-document YAML stream, after a comment saying what it is for.

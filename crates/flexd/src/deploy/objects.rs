@@ -8,14 +8,15 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, DeploymentSpec,
     DeploymentStrategy, RollingUpdateDeployment,
 };
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities as LinuxCapabilities, ConfigMapProjection, Container, ContainerPort,
     DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
-    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
-    ServiceAccount, ServiceAccountTokenProjection, Toleration, Volume, VolumeMount,
-    VolumeProjection, WeightedPodAffinityTerm,
+    HTTPGetAction, HostPathVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, ServiceAccount, ServiceAccountTokenProjection,
+    Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{RoleRef, Subject};
@@ -41,6 +42,8 @@ pub(super) const CONTROLLER: &str = "flexd-controller";
 pub(super) const CONTROLLER_RECORDS: &str = "flexd-controller-records";
 /// Where the records token is mounted in the controller's flexd container.
 pub(super) const CONTROLLER_RECORDS_DIR: &str = crate::controller_records::DEFAULT_CREDENTIALS;
+/// The Job that imports an older controller's records (`flexd manifests --import-state-claim`).
+pub(super) const IMPORT_JOB: &str = "flexd-import-records";
 /// Replicas of the controller Deployment.
 pub(super) const CONTROLLER_REPLICAS: i32 = 2;
 
@@ -726,6 +729,76 @@ pub(super) fn records_definition() -> CustomResourceDefinition {
             }],
             ..Default::default()
         },
+        ..Default::default()
+    }
+}
+
+/// `flexd records import` of the claim's records into the API server: root's uid (the old
+/// state dir is root's, 0700) with no capability, the claim read-only, the records token.
+pub(super) fn import_job(settings: &Settings, claim: &str) -> Job {
+    let old = "/var/lib/flexd-import/old-state";
+    let (tmp, tmp_mount) = tmp_volume();
+    let container = Container {
+        name: "import".to_owned(),
+        image: Some(settings.image.clone()),
+        args: Some(vec![
+            "--state-dir=/tmp/state".to_owned(),
+            "--log-format=json".to_owned(),
+            "records".to_owned(),
+            "import".to_owned(),
+            format!("--from={old}"),
+            "--controller-records=kubernetes".to_owned(),
+            format!("--records-credentials={CONTROLLER_RECORDS_DIR}"),
+        ]),
+        security_context: Some(unprivileged(None, &[])),
+        resources: Some(resources("10m", "32Mi", "128Mi")),
+        volume_mounts: Some(vec![
+            mount("old-state", old, None, true),
+            mount("records-credentials", CONTROLLER_RECORDS_DIR, None, true),
+            tmp_mount,
+        ]),
+        ..Default::default()
+    };
+    Job {
+        metadata: meta(IMPORT_JOB, Some(&settings.namespace)),
+        spec: Some(JobSpec {
+            backoff_limit: Some(3),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(IMPORT_JOB)),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("OnFailure".to_owned()),
+                    service_account_name: Some(CONTROLLER_RECORDS.to_owned()),
+                    automount_service_account_token: Some(false),
+                    security_context: Some(pod_security()),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "old-state".to_owned(),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: claim.to_owned(),
+                                read_only: Some(true),
+                            }),
+                            ..Default::default()
+                        },
+                        Volume {
+                            name: "records-credentials".to_owned(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(CONTROLLER_RECORDS.to_owned()),
+                                default_mode: Some(0o400),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        tmp,
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -720,3 +720,60 @@ fn inline_volumes_only_for_the_drivers_the_operator_names() {
         );
     }
 }
+
+/// `--import-state-claim`: the records' resource and identity, and a Job whose flexd
+/// arguments flexd accepts, reading the claim read-only with the records token alone.
+#[test]
+fn the_import_job_reads_the_old_claim_read_only_with_the_records_token() {
+    let out = manifests(&["--import-state-claim", "flexd-controller-state"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("docs/operator-guide.md#upgrade-state-claim"),
+        "{text}"
+    );
+    let docs = test_support::yaml_documents(&text);
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "Job"
+        ]
+    );
+    let job: k8s_openapi::api::batch::v1::Job = one(&docs, "Job");
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap();
+    assert_flexd_accepts(&args);
+    assert!(args.contains(&"--controller-records=kubernetes".to_owned()));
+    let old = mount_where(container, |m| m.mount_path == value_of(&args, "--from"));
+    assert_eq!(old.read_only, Some(true));
+    let claim = volume_where(&pod, |v| v.name == old.name);
+    let source = claim.persistent_volume_claim.as_ref().unwrap();
+    assert_eq!(source.claim_name, "flexd-controller-state");
+    assert_eq!(source.read_only, Some(true));
+    let credentials = mount_where(container, |m| {
+        m.mount_path == value_of(&args, "--records-credentials")
+    });
+    let secret = volume_where(&pod, |v| v.name == credentials.name);
+    assert_eq!(
+        secret.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some("flexd-controller-records")
+    );
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        security.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_owned()][..])
+    );
+}

@@ -296,6 +296,68 @@ async fn provisioned_volumes_are_idempotent_across_restarts_attach_and_delete() 
 /// issue 29: a failed CreateVolume blocked its name (ALREADY_EXISTS for the corrected retry)
 /// until a DeleteVolume. A Failure reply leaves no record; a provision cut short (no reply)
 /// is deleted, with its own options, before a retry that asks for another volume.
+/// `flexd records import --output json` of `from` into the state dir `into`: its report.
+fn import(from: &Path, into: &Path) -> serde_json::Value {
+    let out = test_support::output_ok(
+        test_support::clean_flexd()
+            .arg("--state-dir")
+            .arg(into)
+            .args(["--output", "json", "records", "import", "--from"])
+            .arg(from),
+        "flexd records import",
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The upgrade from a controller that kept its records on a claim: its state dir, imported
+/// into another controller's records, is that controller's. The new one answers a repeated
+/// CreateVolume without provisioning, detaches under the recorded name, and deletes with the
+/// options the old one's provision returned; a second import changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_imported_from_an_older_controllers_state_dir_serve_the_new_one() {
+    let old = Prov::start();
+    let mut c = old.client().await;
+    created(&mut c, create("pvc-1", 1 << 20, "gold")).await;
+    c.controller_publish_volume(attach_to_node_7("pvc-1"))
+        .await
+        .unwrap();
+    let new = Prov::start();
+    let report = import(&old.server.state_dir(), &new.server.state_dir());
+    assert_eq!(report["imported"]["provisioned"], 1, "{report}");
+    assert_eq!(report["imported"]["attachments"], 1, "{report}");
+    let again = import(&old.server.state_dir(), &new.server.state_dir());
+    assert_eq!(again["imported"]["provisioned"], 0, "{again}");
+    assert_eq!(again["already_there"]["provisioned"], 1, "{again}");
+    assert_eq!(again["already_there"]["attachments"], 1, "{again}");
+
+    let mut c = new.client().await;
+    let volume = created(&mut c, create("pvc-1", 1 << 20, "gold")).await;
+    assert_eq!(volume.volume_context["volumeID"], "vol-made");
+    assert!(
+        new.calls("provision").is_empty(),
+        "{:?}",
+        new.calls("provision")
+    );
+    c.controller_publish_volume(attach_to_node_7("pvc-1"))
+        .await
+        .unwrap();
+    assert!(
+        new.calls("attach").is_empty(),
+        "answered from the imported record"
+    );
+    c.controller_unpublish_volume(detach_from_node_7("pvc-1"))
+        .await
+        .unwrap();
+    assert_eq!(new.calls("detach"), ["detach pvc-1 node-7"]);
+    c.delete_volume(delete("pvc-1")).await.unwrap();
+    let deletes = new.calls("delete");
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(
+        deletes[0].contains(r#""volumeID":"vol-made""#),
+        "{deletes:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_cut_short_create_volume_does_not_block_the_corrected_retry() {
     let server = Prov::start();

@@ -93,6 +93,31 @@ impl StateDirRecords {
         Self { state }
     }
 
+    /// Every driver this state dir holds controller records of (attachments or provisioned
+    /// volumes), sorted: what an import reads.
+    pub fn drivers(&self) -> Result<Vec<DriverName>, RecordsError> {
+        let mut drivers = std::collections::BTreeSet::new();
+        for record in self.state.list()?.into_iter().flatten() {
+            if record.role == Role::Attach {
+                drivers.insert(record.driver);
+            }
+        }
+        let dir = self.state.root.join("provisioned");
+        match fs::read_dir(&dir) {
+            Ok(entries) => {
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    if let Ok(driver) = DriverName::from_dir_name(&name.to_string_lossy()) {
+                        drivers.insert(driver);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&dir)(e).into()),
+        }
+        Ok(drivers.into_iter().collect())
+    }
+
     /// The provisioned record in the file at `path`, as written.
     fn read_provisioned(path: &Path) -> Result<Option<ProvisionedVolume>, RecordsError> {
         // The state dir's one reader of record files: never waits on a FIFO nor reads a link.
