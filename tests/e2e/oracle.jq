@@ -77,8 +77,9 @@ def context($who): map(select(.caller | test($who))) | map({cwd, umask, uid, gid
 # How the driver runs (#environment): the node side in the very same mount namespace, same
 # working directory, umask, user and stdin; the environment is each caller's own.
 | ($k | context("^kube kubelet ")) as $kn | ($f | context("--mode=node")) as $fn
-| ($k | context("^kube kube-controller-manager ") | map(del(.mountNamespace))) as $kc
-| ($f | context("--mode=controller") | map(del(.mountNamespace))) as $fc
+# The controller's mount namespace is each replica's own: left out, then one entry per context.
+| ($k | context("^kube kube-controller-manager ") | map(del(.mountNamespace)) | unique) as $kc
+| ($f | context("--mode=controller") | map(del(.mountNamespace)) | unique) as $fc
 | [ $volume_diffs[],
     (if $kg != $fg then "getvolumename differs:\n  kubelet \($kg | tojson)\n  flexd   \($fg | tojson)" else empty end),
     (if $ki != $fi then "init differs:\n  kubelet \($ki | tojson)\n  flexd   \($fi | tojson)" else empty end),

@@ -190,14 +190,23 @@ func (c *Cluster) expectRecordsTokenNarrow(ctx context.Context) {
 // driver, once one holds it.
 func (c *Cluster) attacherLeader(ctx context.Context) string {
 	ginkgo.GinkgoHelper()
+	return c.leaseHolder(ctx, "csi-attacher's leader lease for "+attachCSIName, func(lease string) bool {
+		return strings.Contains(lease, "attacher") && strings.HasSuffix(lease, attachCSIName)
+	})
+}
+
+// leaseHolder is the Running controller replica holding the leader lease `pick` chooses by
+// name, once one holds it.
+func (c *Cluster) leaseHolder(ctx context.Context, what string, pick func(lease string) bool) string {
+	ginkgo.GinkgoHelper()
 	var holder string
-	WaitFor(ctx, 120*time.Second, "csi-attacher's leader lease for "+attachCSIName, func(ctx context.Context) error {
+	WaitFor(ctx, 120*time.Second, what, func(ctx context.Context) error {
 		leases, err := c.Kube.CoordinationV1().Leases(c.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
 		for _, lease := range leases.Items {
-			if !strings.Contains(lease.Name, "attacher") || !strings.HasSuffix(lease.Name, attachCSIName) {
+			if !pick(lease.Name) {
 				continue
 			}
 			if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
@@ -211,7 +220,7 @@ func (c *Cluster) attacherLeader(ctx context.Context) string {
 			}
 			return fmt.Errorf("lease %s is held by %s, no Running controller replica", lease.Name, *lease.Spec.HolderIdentity)
 		}
-		return fmt.Errorf("no csi-attacher lease for %s in %s", attachCSIName, c.Namespace)
+		return fmt.Errorf("no lease in %s for %s", c.Namespace, what)
 	})
 	return holder
 }

@@ -174,7 +174,7 @@ func healthz(address string) func(context.Context) error {
 	}
 }
 
-// ControllerPods are the Running replicas of the controller.
+// ControllerPods are the Running replicas of the controller that are not being deleted.
 func (c *Cluster) ControllerPods(ctx context.Context) []corev1.Pod {
 	ginkgo.GinkgoHelper()
 	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
@@ -182,8 +182,10 @@ func (c *Cluster) ControllerPods(ctx context.Context) []corev1.Pod {
 		FieldSelector: "status.phase=Running",
 	})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(pods.Items).NotTo(gomega.BeEmpty(), "a Running controller pod")
-	return pods.Items
+	// Not one a rollout is deleting: its processes may be gone already.
+	running := slices.DeleteFunc(pods.Items, func(pod corev1.Pod) bool { return pod.DeletionTimestamp != nil })
+	gomega.Expect(running).NotTo(gomega.BeEmpty(), "a Running controller pod")
+	return running
 }
 
 // ControllerLogs are the flexd logs of every Running controller replica: whichever leads

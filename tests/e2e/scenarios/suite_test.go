@@ -45,5 +45,6 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
+	ginkgo.It("failover", ginkgo.Label("failover"), scenarioFailover)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
 })
