@@ -130,11 +130,22 @@ var flexdRecords = schema.GroupVersionResource{Group: "flexd.io", Version: "v1al
 
 // attachmentRecords counts the controller's attachment records of a volume.
 func (c *Cluster) attachmentRecords(ctx context.Context, volume string) (int, error) {
+	return c.controllerRecords(ctx, "attachment", volume)
+}
+
+// provisionedRecords counts the controller's provisioned records of a volume.
+func (c *Cluster) provisionedRecords(ctx context.Context, volume string) (int, error) {
+	return c.controllerRecords(ctx, "provisioned", volume)
+}
+
+// controllerRecords counts the controller's records of a kind (attachment, provisioned) of a
+// volume.
+func (c *Cluster) controllerRecords(ctx context.Context, kind, volume string) (int, error) {
 	client, err := dynamic.NewForConfig(c.Config)
 	if err != nil {
 		return 0, err
 	}
-	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "flexd.io/record=attachment"})
+	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "flexd.io/record=" + kind})
 	if err != nil {
 		return 0, err
 	}

@@ -20,9 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 )
 
 const (
@@ -60,17 +58,7 @@ func scenarioFailover(ctx context.Context) {
 		return strings.Contains(lease, "attacher") && strings.HasSuffix(lease, loopCSIName)
 	})
 	for _, name := range names {
-		_, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				StorageClassName: ptr.To(failoverClass),
-				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-					corev1.ResourceStorage: resource.MustParse("16Mi"),
-				}},
-			},
-		}, metav1.CreateOptions{})
-		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating claim %s", name)
+		c.CreateClaim(ctx, name, failoverClass, "16Mi")
 		c.CreatePod(ctx, c.ToolsPod(name, "echo "+name+" > /data/name; cat /data/name", ClaimVolume(name), nil))
 	}
 	start := time.Now()

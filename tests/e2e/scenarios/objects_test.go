@@ -251,6 +251,22 @@ func (c *Cluster) WaitClaimBound(ctx context.Context, name string, timeout time.
 	})
 }
 
+// CreateClaim creates a ReadWriteOnce claim of the StorageClass for size (e.g. "16Mi").
+func (c *Cluster) CreateClaim(ctx context.Context, name, class, size string) {
+	ginkgo.GinkgoHelper()
+	_, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: ptr.To(class),
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: resource.MustParse(size),
+			}},
+		},
+	}, metav1.CreateOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating claim %s", name)
+}
+
 // DeleteClaimIfThere deletes the claim, if it is there, and waits until it is gone.
 func (c *Cluster) DeleteClaimIfThere(ctx context.Context, name string) {
 	err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, name, metav1.DeleteOptions{})

@@ -21,8 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
@@ -54,17 +52,7 @@ func scenarioUpgrade(ctx context.Context) {
 		Provisioner: loopCSIName,
 	}, metav1.CreateOptions{})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	_, err = c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: upgradeClaim},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr.To(upgradeClass),
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse("16Mi"),
-			}},
-		},
-	}, metav1.CreateOptions{})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	c.CreateClaim(ctx, upgradeClaim, upgradeClass, "16Mi")
 	c.WaitClaimBound(ctx, upgradeClaim, 180*time.Second)
 	claim, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, upgradeClaim, metav1.GetOptions{})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
@@ -160,25 +148,6 @@ func oldController(manifests string) string {
 	}
 	ginkgo.Fail("no controller Deployment in the manifests")
 	return ""
-}
-
-// provisionedRecords counts the controller's provisioned records of a volume.
-func (c *Cluster) provisionedRecords(ctx context.Context, volume string) (int, error) {
-	client, err := dynamic.NewForConfig(c.Config)
-	if err != nil {
-		return 0, err
-	}
-	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "flexd.io/record=provisioned"})
-	if err != nil {
-		return 0, err
-	}
-	count := 0
-	for _, item := range list.Items {
-		if name, _, _ := unstructured.NestedString(item.Object, "spec", "volume"); name == volume {
-			count++
-		}
-	}
-	return count, nil
 }
 
 // deleteUpgrade deletes what the scenario made, the deployment back to the manifests' own.

@@ -507,15 +507,7 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                 empty_dir: Some(EmptyDirVolumeSource::default()),
                 ..Default::default()
             },
-            Volume {
-                name: "records-credentials".to_owned(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(CONTROLLER_RECORDS.to_owned()),
-                    default_mode: Some(0o400),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            records_credentials().0,
             tmp,
             api,
         ],
@@ -523,7 +515,7 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
             mount("plugin-dir", &plugin_dir, None, true),
             mount("socket-dir", CONTROLLER_CSI_DIR, None, false),
             mount("state", CONTROLLER_STATE_DIR, None, false),
-            mount("records-credentials", CONTROLLER_RECORDS_DIR, None, true),
+            records_credentials().1,
             tmp_mount.clone(),
         ],
     );
@@ -733,6 +725,24 @@ pub(super) fn records_definition() -> CustomResourceDefinition {
     }
 }
 
+/// The records token Secret (token, CA, namespace), owner-only, and its read-only mount where
+/// `--records-credentials` looks.
+fn records_credentials() -> (Volume, VolumeMount) {
+    let name = "records-credentials";
+    (
+        Volume {
+            name: name.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(CONTROLLER_RECORDS.to_owned()),
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        mount(name, CONTROLLER_RECORDS_DIR, None, true),
+    )
+}
+
 /// `flexd records import` of the claim's records into the API server: root's uid (the old
 /// state dir is root's, 0700) with no capability, the claim read-only, the records token.
 pub(super) fn import_job(settings: &Settings, claim: &str) -> Job {
@@ -754,7 +764,7 @@ pub(super) fn import_job(settings: &Settings, claim: &str) -> Job {
         resources: Some(resources("10m", "32Mi", "128Mi")),
         volume_mounts: Some(vec![
             mount("old-state", old, None, true),
-            mount("records-credentials", CONTROLLER_RECORDS_DIR, None, true),
+            records_credentials().1,
             tmp_mount,
         ]),
         ..Default::default()
@@ -783,15 +793,7 @@ pub(super) fn import_job(settings: &Settings, claim: &str) -> Job {
                             }),
                             ..Default::default()
                         },
-                        Volume {
-                            name: "records-credentials".to_owned(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(CONTROLLER_RECORDS.to_owned()),
-                                default_mode: Some(0o400),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
+                        records_credentials().0,
                         tmp,
                     ]),
                     ..Default::default()

@@ -198,15 +198,20 @@ fn manifests(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[test]
-fn the_committed_manifests_are_what_flexd_manifests_prints() {
-    let out = manifests(&["--driver", "flexd/loop"]);
+/// What `flexd manifests` with the arguments prints; it must succeed.
+fn manifests_ok(args: &[&str]) -> String {
+    let out = manifests(args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_committed_manifests_are_what_flexd_manifests_prints() {
+    let printed = manifests_ok(&["--driver", "flexd/loop"]);
     let committed = std::fs::read_to_string(deploy_dir().join("flexd.yaml")).unwrap();
     assert!(
         printed == committed,
@@ -725,13 +730,7 @@ fn inline_volumes_only_for_the_drivers_the_operator_names() {
 /// arguments flexd accepts, reading the claim read-only with the records token alone.
 #[test]
 fn the_import_job_reads_the_old_claim_read_only_with_the_records_token() {
-    let out = manifests(&["--import-state-claim", "flexd-controller-state"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = manifests_ok(&["--import-state-claim", "flexd-controller-state"]);
     assert!(
         text.contains("docs/operator-guide.md#upgrade-state-claim"),
         "{text}"
