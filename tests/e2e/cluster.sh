@@ -735,6 +735,7 @@ up() {
   local started=$SECONDS i
   build
   mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
+  echo "$E2E_NODES" >"$D/run/nodes"
   for i in $(worker_indexes); do
     mkdir -p "$(node_dir $i)"/{run,plugins,flexd-state,kubelet,var-log,pki}
   done

@@ -92,6 +92,8 @@ func (c *Cluster) oraclePodYAML() string {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Name: oraclePod, Namespace: podNamespace},
 		Spec: corev1.PodSpec{
+			// On node 0, as ToolsPod: the recorders are in its plugin dir.
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": c.Node},
 			HostNetwork:                   true,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](1),

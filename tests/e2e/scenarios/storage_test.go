@@ -109,7 +109,10 @@ func (c *Cluster) StorageDefinition(ctx context.Context, driver string, inline m
 		// and applies the ownership itself; kubelet then leaves fsGroupChangePolicy aside.
 		"volumeMountGroup":    notFalse(caps.FSGroup),
 		"multipods":           true,
-		"singleNodeVolume":    true,
+		// A volume of one node only, unless there are several nodes and the driver attaches:
+		// the loop driver's images are in the nodes' shared dir (cluster.sh), so its volumes
+		// move between nodes; the hostdir driver's are inline and stay on theirs.
+		"singleNodeVolume":    len(c.Nodes) == 1 || !controller,
 		"controllerExpansion": expands,
 		"nodeExpansion":       expands,
 		"onlineExpansion":     expands,
@@ -211,7 +214,7 @@ func scenarioStorage(ctx context.Context) {
 	gomega.Expect(os.Remove(c.Path("logs", "scenario-storage.summary"))).To(gomega.Or(gomega.Succeed(), gomega.MatchError(os.ErrNotExist)))
 
 	ginkgo.By("the builtin loop driver installed, flexd deployed for every installed driver")
-	c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
+	c.MustFlexdEverywhere(ctx, "install", "--builtin", "loop", "--image-dir", c.SharedDir)
 	c.ApplyAllManifests(ctx, "flexd-storage")
 	c.ExpectControllerHardened(ctx, loopCSIName, "csi-attacher", "csi-provisioner", "csi-resizer")
 	c.WaitCSINodeLists(ctx, loopCSIName)
