@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster (pinned in tests/e2e/go.mod) for flexd, as root: what
+# A real Kubernetes cluster (pinned in tests/e2e/go.mod; one node, or E2E_NODES) for flexd, as root: what
 # tests/e2e/run.sh brings up and tears down, and what the scenarios (tests/e2e/scenarios, Go)
 # call for the node's own faults. Sourced by run.sh and bench/pod-startup.sh; run directly:
 #
@@ -8,6 +8,9 @@
 #   tests/e2e/cluster.sh restart-kubelet kill kubelet and start it again (the faults scenarios)
 #   tests/e2e/cluster.sh restart-node    kill every process of the cluster, unmount and remove
 #                                        its cgroups, start it all again (a node's reboot)
+#   tests/e2e/cluster.sh stop-node NAME  a worker lost: every process of it killed, its mounts
+#                                        and loop devices gone; it stays down
+#   tests/e2e/cluster.sh start-node NAME that worker booted again, until it is Ready
 #
 # Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
 # default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
@@ -862,6 +865,79 @@ restart_node() {
   wait_for 180 "node $NODE Ready" node_ready || die "node $NODE is not Ready again"
 }
 
+# --- a worker's loss, for the scenarios -------------------------------------------------------
+
+# worker_index NAME: the index of the worker named NAME, or failure.
+worker_index() {
+  local w
+  for w in $(workers_made); do
+    if [ "$(node_name $w)" = "$1" ]; then echo $w; return 0; fi
+  done
+  return 1
+}
+
+# loop_devices_mounted_on I: the loop devices that are a mount's source in node I's mount
+# namespace (a worker's: its init's view).
+loop_devices_mounted_on() {
+  local init; init=$(cat "$(node_dir $1)/run/init.pid" 2>/dev/null) || return 0
+  # ID PARENT MAJ:MIN ROOT TARGET OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
+  sed -n 's|.* - [^ ]* \(/dev/loop[0-9]*\) .*|\1|p' "/proc/$init/mountinfo" 2>/dev/null | sort -u
+}
+
+# A worker lost (stop-node NAME): every process of the node killed, its containers too, and so
+# its mount namespace and every mount in it gone; the node stays down (NotReady, then its pods
+# evicted as Kubernetes decides) until start-node. What a lost machine would not leave: the loop
+# devices its mounts used, which are the kernel's (every node's) and outlive the mounts, are
+# detached, as the machine's would be with it; the cgroups its kubelet made are removed. Its
+# network namespace and disk stay, for start-node.
+stop_node() {
+  local i device devices others=() j files
+  i=$(worker_index "$1") || die "stop-node: no worker named $1 (node 0, $NODE, has the control plane: restart-node)"
+  [ -f "$(node_dir $i)/run/init.pid" ] || die "stop-node: $1 is not running"
+  devices=$(loop_devices_mounted_on $i)
+  log "stop-node $1: every process killed; loop devices of its mounts: $(echo $devices)"
+  stop_worker $i
+  # Only devices backed by the cluster's files, and that no other node mounts.
+  for j in $(workers_made); do ((j == i)) || others+=($(loop_devices_mounted_on $j)); done
+  others+=($(findmnt -rn -o SOURCE | grep '^/dev/loop' || true))
+  files=$(cluster_files)
+  for device in $devices; do
+    if ! loop_devices_of "$files" | grep -qx "$device"; then continue; fi
+    if printf '%s\n' "${others[@]}" | grep -qx "$device"; then
+      log "stop-node $1: $device is mounted on another node too: kept"
+      continue
+    fi
+    # A device still mounted by the dying namespace is detached once its last mount goes.
+    losetup -d "$device" 2>/dev/null || true
+    wait_for 30 "$device to be detached" sh -c "! losetup --noheadings --output NAME --list | grep -qx '$device'" ||
+      die "stop-node $1: $device is still attached"
+  done
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/"$(node_cgroup_root $i)"; do
+    [ -d "$hierarchy" ] || continue
+    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  done
+  log "stop-node $1: down"
+}
+
+# start-node NAME: a worker stopped by stop-node booted again: its namespaces, containerd and
+# kubelet as up made them, its disk as it was; returns once the node is Ready.
+start_node() {
+  local i
+  i=$(worker_index "$1") || die "start-node: no worker named $1"
+  [ ! -f "$(node_dir $i)/run/init.pid" ] || die "start-node: $1 is running (stop-node first)"
+  start_worker_init $i
+  start_containerd $i
+  start_kubelet $i
+  # The node may still be Ready in the API (its last status is not stale yet): kubelet's own
+  # health first.
+  wait_for 120 "kubelet's /healthz on $1" sh -c "[ \"\$(nsenter --net=/run/netns/$(node_netns $i) curl -s http://127.0.0.1:10248/healthz)\" = ok ]" ||
+    die "kubelet of $1 is not healthy"
+  wait_for 180 "node $1 Ready" node_ready "$1" || die "node $1 is not Ready again"
+  log "start-node $1: Ready"
+}
+
 # Sourced (by run.sh, by the bench, or to call its functions by hand), it stops here.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
@@ -870,5 +946,7 @@ case "${1:-}" in
   down) [ "$(id -u)" = 0 ] || skip "not root"; down ;;
   restart-kubelet) restart_kubelet ;;
   restart-node) restart_node ;;
-  *) echo "usage: $0 up|down|restart-kubelet|restart-node" >&2; exit 2 ;;
+  stop-node) stop_node "${2:?stop-node NAME}" ;;
+  start-node) start_node "${2:?start-node NAME}" ;;
+  *) echo "usage: $0 up|down|restart-kubelet|restart-node|stop-node NAME|start-node NAME" >&2; exit 2 ;;
 esac
