@@ -270,7 +270,7 @@ func scenarioNodes(ctx context.Context) {
 	gomega.Expect(second.UID).NotTo(gomega.Equal(first.UID), "a new pod")
 	log = c.ScriptLog(ctx, second.Name, 60*time.Second)
 	gomega.Expect(LogLines(log)).To(gomega.ContainElement("first node: "+a.Name), "what the pod on %s read (written on %s)", b.Name, a.Name)
-	gomega.Expect(ReadFileInPod(ctx, c, second.Name, "/data/first-node")).To(gomega.Equal(a.Name+"\n"))
+	gomega.Expect(ReadFileInPod(ctx, c, second.Name, "/data/first-node")).To(gomega.Equal(a.Name + "\n"))
 
 	ginkgo.By("the VolumeAttachment for " + a.Name + " gone, " + b.Name + "'s attached; one loop device, " + b.Name + "'s")
 	WaitFor(ctx, 120*time.Second, pv+" attached to "+b.Name+" only", c.attachedOnlyTo(pv, b.Name))

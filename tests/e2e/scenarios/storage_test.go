@@ -91,6 +91,11 @@ func (c *Cluster) StorageDefinition(ctx context.Context, driver string, inline m
 	controller := notFalse(caps.Attach) || isTrue(caps.Provision)
 	expands := isTrue(caps.RequiresFSResize) && controller
 
+	// A volume of one node only, unless there are several nodes and the driver attaches: the
+	// loop driver's images are in the nodes' shared dir (cluster.sh), so its volumes move
+	// between nodes; the hostdir driver's are inline and stay on theirs.
+	singleNode := len(c.Nodes) == 1 || !controller
+
 	var d storageDefinition
 	d.StorageClass.FromName = isTrue(caps.Provision)
 	d.InlineVolumes = []inlineVolume{}
@@ -109,10 +114,7 @@ func (c *Cluster) StorageDefinition(ctx context.Context, driver string, inline m
 		// and applies the ownership itself; kubelet then leaves fsGroupChangePolicy aside.
 		"volumeMountGroup":    notFalse(caps.FSGroup),
 		"multipods":           true,
-		// A volume of one node only, unless there are several nodes and the driver attaches:
-		// the loop driver's images are in the nodes' shared dir (cluster.sh), so its volumes
-		// move between nodes; the hostdir driver's are inline and stay on theirs.
-		"singleNodeVolume":    len(c.Nodes) == 1 || !controller,
+		"singleNodeVolume":    singleNode,
 		"controllerExpansion": expands,
 		"nodeExpansion":       expands,
 		"onlineExpansion":     expands,
