@@ -24,9 +24,9 @@ import (
 
 // Cluster is what cluster.sh made: names and paths on the node, and a client of its API server.
 type Cluster struct {
-	Dir       string // the scratch dir (E2E_DIR): kubelet's dir, the plugin dir, flexd's state...
-	Node      string // node 0's name: the node with the control plane, where ToolsPod runs
-	NodeIP    string
+	Dir    string // the scratch dir (E2E_DIR): kubelet's dir, the plugin dir, flexd's state...
+	Node   string // node 0's name: the node with the control plane, where ToolsPod runs
+	NodeIP string
 	// Every node, node 0 first (E2E_NODES of them: cluster.sh's node table).
 	Nodes []Node
 	// A dir every node sees at this same path: the nodes' shared storage (the loop images).
@@ -177,6 +177,14 @@ func (c *Cluster) MustFlexdEverywhere(ctx context.Context, args ...string) strin
 		}
 	}
 	return first
+}
+
+// FlexdEverywhere runs flexd for every node's plugin dir and state dir whatever it answers (a
+// cleanup's uninstall, of a driver that may be on some nodes only).
+func (c *Cluster) FlexdEverywhere(ctx context.Context, args ...string) {
+	for _, node := range c.Nodes {
+		_, _ = c.FlexdOn(ctx, node, args...)
+	}
 }
 
 // MustFlexd is Flexd that fails the spec when flexd fails.

@@ -46,15 +46,20 @@ const (
 // container).
 func (c *Cluster) oracleDir() string { return c.Path("loop-images", "oracle") }
 
-// oracleInstall installs the recorder as driver name in front of the executable real.
+// oracleInstall installs the recorder as driver name in front of the executable real, on every
+// node (the controller pod, wherever it runs, reads its own node's plugin dir; real is at the
+// same path on every node).
 func (c *Cluster) oracleInstall(ctx context.Context, name, real string) {
 	ginkgo.GinkgoHelper()
-	dir := c.Path("plugins", pluginDirName(name))
-	gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
 	config, err := json.Marshal(map[string]string{"exec": real, "log": filepath.Join(c.oracleDir(), "records.jsonl")})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(os.WriteFile(filepath.Join(dir, "recorder.json"), config, 0o644)).To(gomega.Succeed())
-	c.MustFlexd(ctx, "install", "--driver", name, c.Path("bin", "recorder"))
+	for _, node := range c.Nodes {
+		dir := node.Path("plugins", pluginDirName(name))
+		gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
+		gomega.Expect(os.WriteFile(filepath.Join(dir, "recorder.json"), config, 0o644)).To(gomega.Succeed())
+		_, err := c.FlexdOn(ctx, node, "install", "--driver", name, c.Path("bin", "recorder"))
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "installing %s on %s", name, node.Name)
+	}
 }
 
 // oracleObjects are the FlexVolume objects: the Secret, two PVs and their claims, Bound.
