@@ -15,7 +15,8 @@
 # Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
 # default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
 # dir, default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to
-# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`).
+# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`), E2E_NODES
+# (default 1: how many nodes; stop-node, start-node and down find the workers by themselves).
 #
 # Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
 # the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
@@ -33,6 +34,10 @@
 # dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
 # /$E2E_NAME in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
 # cluster's mount namespace.
+#
+# With E2E_NODES > 1, all that is node 0, and each worker is a kubelet and containerd in network,
+# pid, mount and uts namespaces of its own, on a bridge in node 0's network namespace (which then
+# holds the node's address): the node table below says what is whose.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)

@@ -131,20 +131,45 @@ func loopDevicesOf(ctx context.Context, file string) []string {
 func unixMajor(dev uint64) uint64 { return (dev>>8)&0xfff | (dev>>32)&^0xfff }
 func unixMinor(dev uint64) uint64 { return dev&0xff | (dev>>12)&^0xff }
 
-// MountSourcesOn are the sources (the device, for a block filesystem) of the mounts in the
-// node's mount namespace, one per mount.
+// MountSourcesOn are the sources (the device, for a block filesystem) of the mounts visible in
+// the node's mount namespace, one per mount. A worker's namespace also holds copies of node 0's
+// mounts under the dirs its own are mounted over (it is a slave of the host's), hidden by its
+// own: those are not its mounts, and are left out.
 func MountSourcesOn(node Node) []string {
 	ginkgo.GinkgoHelper()
 	path := "/proc/self/mountinfo"
 	if node.Worker() {
 		path = "/proc/" + strings.TrimSpace(ReadFile(node.Path("run", "init.pid"))) + "/mountinfo"
 	}
-	var sources []string
+	type mount struct{ id, parent, target, source string }
+	var mounts []mount
+	byID := map[string]mount{}
 	for _, line := range strings.Split(ReadFile(path), "\n") {
 		// ID PARENT MAJ:MIN ROOT TARGET OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
-		_, after, ok := strings.Cut(line, " - ")
-		if fields := strings.Fields(after); ok && len(fields) >= 2 {
-			sources = append(sources, unescapeMountinfo(fields[1]))
+		before, after, ok := strings.Cut(line, " - ")
+		fields, tail := strings.Fields(before), strings.Fields(after)
+		if !ok || len(fields) < 5 || len(tail) < 2 {
+			continue
+		}
+		m := mount{id: fields[0], parent: fields[1], target: unescapeMountinfo(fields[4]), source: unescapeMountinfo(tail[1])}
+		mounts = append(mounts, m)
+		byID[m.id] = m
+	}
+	under := func(path, dir string) bool {
+		return path == dir || dir == "/" || strings.HasPrefix(path, dir+"/")
+	}
+	var sources []string
+	for _, m := range mounts {
+		ancestors := map[string]bool{m.id: true}
+		for p, ok := byID[m.parent]; ok && !ancestors[p.id]; p, ok = byID[p.parent] {
+			ancestors[p.id] = true
+		}
+		// Hidden when another mount, not one it is mounted on, covers its mount point.
+		hidden := slices.ContainsFunc(mounts, func(other mount) bool {
+			return !ancestors[other.id] && under(m.target, other.target) && other.target != "/"
+		})
+		if !hidden {
+			sources = append(sources, m.source)
 		}
 	}
 	return sources
