@@ -62,6 +62,18 @@ func (n Node) Path(parts ...string) string {
 	return filepath.Join(append([]string{n.Dir}, parts...)...)
 }
 
+// NodeNamed is the cluster's node of that name, failing the spec when there is none.
+func (c *Cluster) NodeNamed(name string) Node {
+	ginkgo.GinkgoHelper()
+	for _, node := range c.Nodes {
+		if node.Name == name {
+			return node
+		}
+	}
+	ginkgo.Fail(fmt.Sprintf("no node %q in %v", name, c.Nodes))
+	return Node{}
+}
+
 // Worker says whether the node is a worker (not node 0).
 func (n Node) Worker() bool { return n.Name != cluster.Node }
 

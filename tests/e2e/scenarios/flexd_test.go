@@ -263,7 +263,8 @@ func (c *Cluster) ExpectControllerHardened(ctx context.Context, csiName string, 
 		gomega.Expect(status["CapEff"]).To(gomega.Equal([]string{"0000000000000000"}), "%s's effective capabilities", sidecar)
 	}
 
-	sock := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
+	// In the kubelet dir of the controller pod's node: on the host, a worker's is its own dir's.
+	sock := c.NodeNamed(pod.Spec.NodeName).Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
 	info, err := os.Stat(sock)
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd's CSI socket in the controller pod")
 	mode := info.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
