@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster (pinned in tests/e2e/go.mod) for flexd, as root: what
+# A real Kubernetes cluster (pinned in tests/e2e/go.mod; one node, or E2E_NODES) for flexd, as root: what
 # tests/e2e/run.sh brings up and tears down, and what the scenarios (tests/e2e/scenarios, Go)
 # call for the node's own faults. Sourced by run.sh and bench/pod-startup.sh; run directly:
 #
@@ -8,11 +8,15 @@
 #   tests/e2e/cluster.sh restart-kubelet kill kubelet and start it again (the faults scenarios)
 #   tests/e2e/cluster.sh restart-node    kill every process of the cluster, unmount and remove
 #                                        its cgroups, start it all again (a node's reboot)
+#   tests/e2e/cluster.sh stop-node NAME  a worker lost: every process of it killed, its mounts
+#                                        and loop devices gone; it stays down
+#   tests/e2e/cluster.sh start-node NAME that worker booted again, until it is Ready
 #
 # Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
 # default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
 # dir, default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to
-# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`).
+# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`), E2E_NODES
+# (default 1: how many nodes; stop-node, start-node and down find the workers by themselves).
 #
 # Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
 # the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
@@ -30,6 +34,10 @@
 # dir, the FlexVolume plugin dir, flexd's state dir, the volumes' data; cgroups are under
 # /$E2E_NAME in every hierarchy (kubelet's cgroupRoot); /run/containerd is a tmpfs of the
 # cluster's mount namespace.
+#
+# With E2E_NODES > 1, all that is node 0, and each worker is a kubelet and containerd in network,
+# pid, mount and uts namespaces of its own, on a bridge in node 0's network namespace (which then
+# holds the node's address): the node table below says what is whose.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -61,6 +69,45 @@ for sidecar in "${SIDECARS[@]}"; do SIDECAR_IMAGES+=("--${sidecar#csi-}-image" "
 # The one Service pods use (in-cluster config of the sidecars), made reachable without kube-proxy.
 API_SERVICE_IP=10.0.0.1
 POD_SUBNET=10.88.0.0/24
+# How many nodes (issue #35): node 0 is the one above, with the control plane; every other one
+# (a worker) is a kubelet and containerd of its own in namespaces of its own (see the node table).
+E2E_NODES=${E2E_NODES:-1}
+case $E2E_NODES in '' | *[!0-9]* | 0*) echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2 ;; esac
+((E2E_NODES <= 50)) || { echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2; }
+# The bridge in node 0's network namespace that the workers' network namespaces hang on, once
+# there is more than one node.
+NODES_BRIDGE=e2e-nodes
+
+# --- the node table ---------------------------------------------------------------------------
+#
+# Node I (0 <= I < E2E_NODES). Node 0 is the single node of before, unchanged: its name, network
+# namespace, address, pod subnet, cgroup root and files (at the scratch dir's top). Worker I has
+# its own network namespace $NETNS-wI (a veth to the bridge $NODES_BRIDGE in node 0's, address
+# 10.77.0.<I+1>, pods on 10.88.<I>.0/24, routed to and from every other node's), its own pid,
+# mount and uts namespaces (hostname: the node's name, which flexd's default node name is), its
+# own containerd and kubelet, its cgroups under /$CGROUP_ROOT/NAME (so that down's removal of
+# /$CGROUP_ROOT takes them too) and its own files under $D/nodes/NAME. One DaemonSet has one
+# hostPath per dir, so a worker's kubelet dir, plugin dir and flexd state dir are bind mounts of
+# its own over the same paths as node 0's ($D/kubelet, $D/plugins, $D/flexd-state) in its mount
+# namespace, which is a slave of the host's: it sees everything else under $D (the volumes, the
+# loop images: the nodes' shared storage), and nothing it mounts reaches the host or another node.
+node_name() { if (($1 == 0)); then echo $NODE; else echo $NODE-w$1; fi; }
+node_netns() { if (($1 == 0)); then echo $NETNS; else echo $NETNS-w$1; fi; }
+node_ip() { echo 10.77.0.$(($1 + 1)); }
+node_subnet() { if (($1 == 0)); then echo $POD_SUBNET; else echo 10.88.$1.0/24; fi; }
+node_dir() { if (($1 == 0)); then echo "$D"; else echo "$D/nodes/$(node_name $1)"; fi; }
+node_cgroup_root() { if (($1 == 0)); then echo $CGROUP_ROOT; else echo $CGROUP_ROOT/$(node_name $1); fi; }
+# node_log I NAME: the log of a node's daemon NAME (node 0's as before).
+node_log() { if (($1 == 0)); then echo "$D/logs/$2.log"; else echo "$D/logs/$(node_name $1).$2.log"; fi; }
+node_indexes() { seq 0 $((E2E_NODES - 1)); }
+worker_indexes() { seq 1 $((E2E_NODES - 1)); }
+# The workers a scratch dir holds, whatever E2E_NODES says now (down removes what up made).
+workers_made() {
+  local dir
+  for dir in "$D"/nodes/"$NODE"-w*; do
+    [ -d "$dir" ] && echo "${dir##*-w}"
+  done | sort -n
+}
 
 log() { echo "[e2e $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -69,8 +116,16 @@ skip() { echo "E2E SKIPPED: $*"; echo "0 passed, 0 failed"; exit 0; }
 # Commands in the cluster's network namespace; daemons also in its pid namespace.
 innet() { nsenter --net=/run/netns/$NETNS "$@"; }
 incluster() { nsenter --target "$(cat "$D/run/init.pid")" --pid --mount --net "$@"; }
+# innode I COMMAND...: in node I's namespaces (a worker's uts namespace too).
+innode() {
+  if (($1 == 0)); then shift; incluster "$@"; return; fi
+  local dir; dir=$(node_dir $1); shift
+  nsenter --target "$(cat "$dir/run/init.pid")" --pid --mount --net --uts "$@"
+}
 kubectl() { innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" "$@"; }
 ctr() { command ctr --address "$D/containerd/containerd.sock" --namespace k8s.io "$@"; }
+# ctr_on I ARGS...: ctr for node I's containerd (its socket is a file on the host too).
+ctr_on() { local i=$1; shift; command ctr --address "$(node_dir $i)/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
 # wait_for SECONDS WHAT COMMAND...: polls COMMAND (quietly) until it succeeds.
 wait_for() {
@@ -132,7 +187,7 @@ cluster_pids() {
 cluster_gone() { [ -z "$(cluster_pids)" ]; }
 
 
-kubelet_pids() { pgrep -f -x "$(kubelet_command)"; }
+kubelet_pids() { pgrep -f -x "$(kubelet_command 0)"; }
 kubelet_healthz() { [ "$(innet curl -s http://127.0.0.1:10248/healthz)" = ok ]; }
 
 # --- down ------------------------------------------------------------------------------------
@@ -150,8 +205,44 @@ loop_devices_of() {
     awk -v fs="$fs" 'NR == FNR { file[$1] = 1; next } $2 == fs && ($3 in file) { print $1 }' <(printf '%s\n' "$1") -
 }
 
+# The workers whose network namespace exists, whatever E2E_NODES says now.
+worker_netns_made() {
+  ip netns list 2>/dev/null | awk -v p="$NETNS-w" 'index($1, p) == 1 && substr($1, length(p) + 1) ~ /^[0-9]+$/ { print substr($1, length(p) + 1) }'
+}
+
+# stop_worker I: every process of worker I killed (its init, the pid namespace's every process
+# with it: containerd, kubelet, the containers) and its network namespace's; its mounts, which
+# only its mount namespace had, go with the namespace.
+stop_worker() {
+  local i=$1 dir ns pid
+  dir=$(node_dir $i) ns=$(node_netns $i)
+  if [ -e /run/netns/$ns ]; then
+    # Its init among them: the pause in its pid namespace, which entered its network namespace.
+    for pid in $(ip netns pids $ns 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    wait_for 30 "the processes of netns $ns to end" sh -c "[ -z \"\$(ip netns pids $ns)\" ]" || true
+  fi
+  if [ -f "$dir/run/init.pid" ]; then
+    pid=$(cat "$dir/run/init.pid")
+    wait_for 30 "node $(node_name $i)'s init to end" sh -c "[ ! -d /proc/$pid ]" || true
+    rm -f "$dir/run/init.pid"
+  fi
+  if [ -f "$dir/run/unshare.pid" ]; then
+    pid=$(cat "$dir/run/unshare.pid")
+    # unshare ends with its child; only if it is still the one this node started.
+    if grep -qs -- "--uts" "/proc/$pid/cmdline" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    rm -f "$dir/run/unshare.pid"
+  fi
+}
+
 down() {
   log "down: stopping the cluster in $D"
+  # The workers first (they are clients of node 0's control plane), every one up made.
+  local w
+  for w in $( (workers_made; worker_netns_made) | sort -nu); do
+    log "down: worker $(node_name $w)"
+    stop_worker $w
+    if [ -e /run/netns/$(node_netns $w) ]; then ip netns del $(node_netns $w); fi
+  done
   # Every process of the cluster is in the pid namespace of init: killing init kills them all.
   if [ -f "$D/run/init.pid" ]; then
     local init; init=$(cat "$D/run/init.pid")
@@ -213,6 +304,7 @@ down() {
   [ ! -e "$D" ] || left+=("$D")
   [ -z "$loop_left" ] || left+=("loop devices $loop_left")
   [ ! -e /run/netns/$NETNS ] || left+=("netns $NETNS")
+  [ -z "$(worker_netns_made)" ] || left+=("netns $(worker_netns_made | sed "s/^/$NETNS-w/" | tr '\n' ' ')")
   ! pgrep -f "$D/" >/dev/null || left+=("processes $(pgrep -f "$D/" | tr '\n' ' ')")
   for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
     [ ! -d "$hierarchy" ] || left+=("$hierarchy")
@@ -286,8 +378,12 @@ image() {
   umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
   umoci gc --layout "$work/oci"
   tar -C "$work/oci" -cf "$work/image.tar" .
-  ctr images import --base-name "$name" "$work/image.tar" >/dev/null
-  ctr images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in containerd after the import"
+  # Into every node's containerd: nothing is pulled, each node has what it runs.
+  local i
+  for i in $(node_indexes); do
+    ctr_on $i images import --base-name "$name" "$work/image.tar" >/dev/null
+    ctr_on $i images ls -q | grep -x "$ref" >/dev/null || die "image $ref is not in node $(node_name $i)'s containerd after the import"
+  done
   rm -rf --one-file-system "$work"
 }
 
@@ -400,12 +496,19 @@ start() {
   incluster setsid "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
 }
 
+# start_on I NAME COMMAND...: a daemon in node I's namespaces, its log node_log I NAME.
+start_on() {
+  local i=$1 name=$2; shift 2
+  innode $i setsid "$@" >"$(node_log $i $name)" 2>&1 </dev/null &
+}
+
 apiserver_ready() {
   innet curl -fsS --cacert "$D/pki/ca.crt" -H "Authorization: Bearer $TOKEN" "https://$NODE_IP:6443/readyz"
 }
 
+# node_ready [NAME]: the node (node 0 by default) is Ready.
 node_ready() {
-  [ "$(kubectl get node $NODE -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+  [ "$(kubectl get node "${1:-$NODE}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 
 # The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
@@ -468,81 +571,124 @@ start_control_plane() {
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
 }
 
+# start_containerd [I]: node I's containerd (node 0's by default).
 start_containerd() {
-  start containerd containerd --config "$D/containerd/config.toml"
-  wait_for 60 "containerd" ctr version
+  local i=${1:-0}
+  start_on $i containerd containerd --config "$(node_dir $i)/containerd/config.toml"
+  wait_for 60 "containerd of $(node_name $i)" ctr_on $i version
 }
 
+# kubelet_command I: node I's kubelet. Its root dir is $D/kubelet on every node (a worker's own
+# dir is mounted there in its mount namespace); its config and serving certificate are its own.
 kubelet_command() {
-  echo "$D/bin/kube" kubelet --config="$D/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
-    --root-dir="$D/kubelet" --cert-dir="$D/pki/kubelet" \
-    --hostname-override=$NODE --node-ip=$NODE_IP
+  local dir; dir=$(node_dir $1)
+  echo "$D/bin/kube" kubelet --config="$dir/kubelet.yaml" --kubeconfig="$D/kubeconfig" \
+    --root-dir="$D/kubelet" --cert-dir="$dir/pki/kubelet" \
+    --hostname-override=$(node_name $1) --node-ip=$(node_ip $1)
 }
 
+# start_kubelet [I]: node I's kubelet (node 0's by default).
 start_kubelet() {
+  local i=${1:-0}
   # Appended: a restarted kubelet's log follows the first one's.
-  incluster setsid $(kubelet_command) >>"$D/logs/kubelet.log" 2>&1 </dev/null &
+  innode $i setsid $(kubelet_command $i) >>"$(node_log $i kubelet)" 2>&1 </dev/null &
 }
 
-up() {
-  preflight
-  down
-  rm -rf "$D.logs"
-  local started=$SECONDS
-  build
-  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
-  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
-  mount --bind "$D" "$D"
-  mount --make-rshared "$D"
-
-  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
-  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
-  [ -d /run/netns ] || touch "$D/run/made-run-netns"
-  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
-  ip netns add $NETNS
-  ip -n $NETNS link set lo up
-  # What kube-proxy would do for the API server's Service (default/kubernetes, the first address of
-  # the service range, port 443): the sidecars reach the API server by their in-cluster config.
-  # The cluster has no kube-proxy; this is the one Service its pods use.
-  innet nft -f - <<EOF
+# service_nat NETNS: what kube-proxy would do for the API server's Service (default/kubernetes,
+# the first address of the service range, port 443) in a node's network namespace: the sidecars
+# reach the API server by their in-cluster config. The cluster has no kube-proxy; this is the one
+# Service its pods use.
+service_nat() {
+  nsenter --net=/run/netns/$1 nft -f - <<EOF
 table ip e2e-services {
   chain prerouting { type nat hook prerouting priority dstnat; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
   chain output { type nat hook output priority -100; ip daddr $API_SERVICE_IP tcp dport 443 dnat to $NODE_IP:6443; }
 }
 EOF
-  # The node's address on a dummy interface where the kernel has one, else on lo: either way
-  # it is local to this namespace, which has no other interface.
-  if ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
-    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
-    ip -n $NETNS link set e2e0 up
-  else
-    ip -n $NETNS addr add $NODE_IP/32 dev lo
-  fi
+}
 
-  start_init
-  certificates
-  start_control_plane
-  log "up: containerd"
-  # Pods that are not hostNetwork (the controller Deployment, the storage suite's pods) get an
-  # address on a bridge inside the cluster's netns: probes reach them, they reach the node's
-  # address, and nothing leads further.
-  cat >"$D/cni/net.d/10-bridge.conflist" <<EOF
+# nodes_network: with workers, node 0's address is on a bridge in its network namespace, and each
+# worker's network namespace has a veth on it, its address in the same /24; every node routes the
+# others' pod subnets to them. The bridge has no other port: nothing leads out.
+nodes_network() {
+  local i j ns
+  ip -n $NETNS link add $NODES_BRIDGE type bridge
+  ip -n $NETNS addr add $NODE_IP/24 dev $NODES_BRIDGE
+  ip -n $NETNS link set $NODES_BRIDGE up
+  for i in $(worker_indexes); do
+    ns=$(node_netns $i)
+    ip netns add $ns
+    ip -n $ns link set lo up
+    ip -n $NETNS link add name e2e-w$i type veth peer name eth0 netns $ns
+    ip -n $NETNS link set e2e-w$i master $NODES_BRIDGE up
+    ip -n $ns addr add "$(node_ip $i)/24" dev eth0
+    ip -n $ns link set eth0 up
+    service_nat $ns
+  done
+  # Pod to pod across nodes: each node's netns routes (forwards) between its pods' bridge and
+  # the nodes' bridge.
+  for i in $(node_indexes); do
+    nsenter --net=/run/netns/$(node_netns $i) sysctl -qw net.ipv4.ip_forward=1
+    for j in $(node_indexes); do
+      ((i == j)) || ip -n $(node_netns $i) route add "$(node_subnet $j)" via "$(node_ip $j)"
+    done
+  done
+}
+
+# start_worker_init I: worker I's pid, mount and uts namespaces, as start_init node 0's, and its
+# own mounts in them: $D a slave of the host's (the host's mounts reach it, its own never leave
+# it), its hostname, its /run/containerd and /var/log, its kubelet, plugin and flexd state dirs
+# over node 0's paths, shared again (for the Bidirectional mounts of flexd's node pod).
+start_worker_init() {
+  local i=$1 dir name hierarchy
+  dir=$(node_dir $i) name=$(node_name $i)
+  log "up: node $name: pid, mount and uts namespaces, init = pause"
+  setsid unshare --pid --fork --kill-child --mount --uts --propagation unchanged --mount-proc \
+    nsenter --net=/run/netns/$(node_netns $i) "$D/bin/pause" \
+    >"$(node_log $i init)" 2>&1 </dev/null &
+  echo $! >"$dir/run/unshare.pid"
+  wait_for 10 "node $name's init" pgrep -P "$(cat "$dir/run/unshare.pid")"
+  pgrep -P "$(cat "$dir/run/unshare.pid")" >"$dir/run/init.pid"
+  touch "$dir/var-log/.$E2E_NAME-$name"
+  innode $i sh -euc '
+    D=$1 dir=$2 name=$3 tmpfs=$4
+    mount --make-rslave "$D"
+    hostname "$name"
+    mount -t tmpfs -o mode=0711 "$tmpfs" /run/containerd
+    mount --bind "$dir/var-log" /var/log
+    for sub in kubelet plugins flexd-state; do
+      mount --bind "$dir/$sub" "$D/$sub"
+      mount --make-shared "$D/$sub"
+    done' sh "$D" "$dir" "$name" "$E2E_NAME-$name-containerd"
+  [ ! -e "/var/log/.$E2E_NAME-$name" ] || die "node $name's /var/log propagated to the host's"
+  [ "$(findmnt -rn -o TARGET | grep -c "^$D/kubelet\$")" = 0 ] || die "node $name's mounts propagated to the host"
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$(node_cgroup_root $i)"
+  done
+}
+
+# containerd_config I: node I's containerd config and CNI config (pods on the node's subnet, on
+# a bridge in its network namespace).
+containerd_config() {
+  local i=$1 dir; dir=$(node_dir $i)
+  mkdir -p "$dir/cni/net.d" "$dir/containerd"
+  cat >"$dir/cni/net.d/10-bridge.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "e2e-pods", "plugins": [{"type": "bridge", "bridge": "e2e-pods",
-  "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "dataDir": "$D/cni/ipam",
-  "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+  "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam",
+  "ranges": [[{"subnet": "$(node_subnet $i)"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
-  cat >"$D/containerd/config.toml" <<EOF
+  cat >"$dir/containerd/config.toml" <<EOF
 version = 2
-root = "$D/containerd/root"
-state = "$D/containerd/state"
+root = "$dir/containerd/root"
+state = "$dir/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
-  address = "$D/containerd/containerd.sock"
+  address = "$dir/containerd/containerd.sock"
 [ttrpc]
-  address = "$D/containerd/containerd.sock.ttrpc"
+  address = "$dir/containerd/containerd.sock.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "$D/containerd/opt"
+  path = "$dir/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   stream_server_address = "127.0.0.1"
@@ -560,9 +706,86 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$D/cni/net.d"
+    conf_dir = "$dir/cni/net.d"
 EOF
-  start_containerd
+}
+
+# kubelet_config I: node I's kubelet config.
+kubelet_config() {
+  local i=$1 dir; dir=$(node_dir $i)
+  cat >"$dir/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $(node_ip $i)
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: unix://$dir/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$(node_cgroup_root $i)
+failCgroupV1: false
+failSwapOn: false
+volumePluginDir: $D/plugins
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+serializeImagePulls: false
+EOF
+}
+
+up() {
+  preflight
+  down
+  rm -rf "$D.logs"
+  local started=$SECONDS i
+  build
+  mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
+  echo "$E2E_NODES" >"$D/run/nodes"
+  for i in $(worker_indexes); do
+    mkdir -p "$(node_dir $i)"/{run,plugins,flexd-state,kubelet,var-log,pki}
+  done
+  # A shared mount: kubelet and the flexd pod's Bidirectional mounts propagate through it.
+  mount --bind "$D" "$D"
+  mount --make-rshared "$D"
+
+  log "up: network namespace $NETNS ($NODE_IP; nothing leads out)"
+  # `ip netns add` makes /run/netns a mount (and the dir) when it is not one: down undoes that.
+  [ -d /run/netns ] || touch "$D/run/made-run-netns"
+  mountpoint -q /run/netns 2>/dev/null || touch "$D/run/made-run-netns-mount"
+  ip netns add $NETNS
+  ip -n $NETNS link set lo up
+  service_nat $NETNS
+  if ((E2E_NODES > 1)); then
+    log "up: the workers' network namespaces on the bridge $NODES_BRIDGE ($NODE_IP/24)"
+    nodes_network
+  # The node's address on a dummy interface where the kernel has one, else on lo: either way
+  # it is local to this namespace, which has no other interface.
+  elif ip -n $NETNS link add e2e0 type dummy 2>/dev/null; then
+    ip -n $NETNS addr add $NODE_IP/32 dev e2e0
+    ip -n $NETNS link set e2e0 up
+  else
+    ip -n $NETNS addr add $NODE_IP/32 dev lo
+  fi
+
+  start_init
+  certificates
+  start_control_plane
+  log "up: containerd"
+  # Pods that are not hostNetwork (the controller Deployment, the storage suite's pods) get an
+  # address on a bridge inside their node's netns: probes reach them, they reach the nodes'
+  # addresses and the other nodes' pods, and nothing leads further.
+  containerd_config 0
+  start_containerd 0
+  # The workers' namespaces are made before any pod runs on node 0: none of its mounts is
+  # copied into theirs.
+  for i in $(worker_indexes); do
+    start_worker_init $i
+    containerd_config $i
+    start_containerd $i
+  done
 
   log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]}, the storage suite's, $INSTALLER_IMAGE"
   image "$PAUSE_IMAGE" populate_pause /pause
@@ -590,35 +813,21 @@ EOF
     'exec /usr/local/bin/flexd --plugin-dir /flexmnt install --driver "$FLEXD_DRIVER" /driver --then-sleep'
   IMAGE_ENV=()
 
-  log "up: the driver $DRIVER in the plugin dir"
+  log "up: the driver $DRIVER in every node's plugin dir"
   sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/hostdir"
   chmod 0755 "$D/run/hostdir"
-  "$D/bin/flexd" --plugin-dir "$D/plugins" install --driver "$DRIVER" "$D/run/hostdir" >&2
+  for i in $(node_indexes); do
+    "$D/bin/flexd" --plugin-dir "$(node_dir $i)/plugins" install --driver "$DRIVER" "$D/run/hostdir" >&2
+  done
 
-  log "up: kubelet"
-  cat >"$D/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-authentication:
-  anonymous: {enabled: true}
-  webhook: {enabled: false}
-authorization: {mode: AlwaysAllow}
-containerRuntimeEndpoint: unix://$D/containerd/containerd.sock
-cgroupDriver: cgroupfs
-cgroupRoot: /$CGROUP_ROOT
-failCgroupV1: false
-failSwapOn: false
-volumePluginDir: $D/plugins
-evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-imageGCHighThresholdPercent: 100
-serializeImagePulls: false
-EOF
-  start_kubelet
-  wait_for 180 "node $NODE Ready" node_ready
+  log "up: kubelet on $E2E_NODES node(s)"
+  for i in $(node_indexes); do
+    kubelet_config $i
+    start_kubelet $i
+  done
+  for i in $(node_indexes); do
+    wait_for 180 "node $(node_name $i) Ready" node_ready "$(node_name $i)"
+  done
   wait_for 60 "the default service account" kubectl get serviceaccount default
   log "up: cluster ready in $((SECONDS - started))s"
   cat >"$D/env" <<EOF
@@ -637,7 +846,7 @@ restart_kubelet() {
   local pids; pids=$(kubelet_pids) || die "no kubelet to kill"
   # shellcheck disable=SC2086
   kill -KILL $pids
-  wait_for 30 "kubelet to end" sh -c "! pgrep -f -x '$(kubelet_command)'" || die "kubelet did not end"
+  wait_for 30 "kubelet to end" sh -c "! pgrep -f -x '$(kubelet_command 0)'" || die "kubelet did not end"
   start_kubelet
   wait_for 120 "kubelet's /healthz" kubelet_healthz || die "kubelet is not healthy again"
   wait_for 120 "node $NODE Ready" node_ready || die "node $NODE is not Ready again"
@@ -661,6 +870,79 @@ restart_node() {
   wait_for 180 "node $NODE Ready" node_ready || die "node $NODE is not Ready again"
 }
 
+# --- a worker's loss, for the scenarios -------------------------------------------------------
+
+# worker_index NAME: the index of the worker named NAME, or failure.
+worker_index() {
+  local w
+  for w in $(workers_made); do
+    if [ "$(node_name $w)" = "$1" ]; then echo $w; return 0; fi
+  done
+  return 1
+}
+
+# loop_devices_mounted_on I: the loop devices that are a mount's source in node I's mount
+# namespace (a worker's: its init's view).
+loop_devices_mounted_on() {
+  local init; init=$(cat "$(node_dir $1)/run/init.pid" 2>/dev/null) || return 0
+  # ID PARENT MAJ:MIN ROOT TARGET OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
+  sed -n 's|.* - [^ ]* \(/dev/loop[0-9]*\) .*|\1|p' "/proc/$init/mountinfo" 2>/dev/null | sort -u
+}
+
+# A worker lost (stop-node NAME): every process of the node killed, its containers too, and so
+# its mount namespace and every mount in it gone; the node stays down (NotReady, then its pods
+# evicted as Kubernetes decides) until start-node. What a lost machine would not leave: the loop
+# devices its mounts used, which are the kernel's (every node's) and outlive the mounts, are
+# detached, as the machine's would be with it; the cgroups its kubelet made are removed. Its
+# network namespace and disk stay, for start-node.
+stop_node() {
+  local i device devices others=() j files
+  i=$(worker_index "$1") || die "stop-node: no worker named $1 (node 0, $NODE, has the control plane: restart-node)"
+  [ -f "$(node_dir $i)/run/init.pid" ] || die "stop-node: $1 is not running"
+  devices=$(loop_devices_mounted_on $i)
+  log "stop-node $1: every process killed; loop devices of its mounts: $(echo $devices)"
+  stop_worker $i
+  # Only devices backed by the cluster's files, and that no other node mounts.
+  for j in $(workers_made); do ((j == i)) || others+=($(loop_devices_mounted_on $j)); done
+  others+=($(findmnt -rn -o SOURCE | grep '^/dev/loop' || true))
+  files=$(cluster_files)
+  for device in $devices; do
+    if ! loop_devices_of "$files" | grep -qx "$device"; then continue; fi
+    if printf '%s\n' "${others[@]}" | grep -qx "$device"; then
+      log "stop-node $1: $device is mounted on another node too: kept"
+      continue
+    fi
+    # A device still mounted by the dying namespace is detached once its last mount goes.
+    losetup -d "$device" 2>/dev/null || true
+    wait_for 30 "$device to be detached" sh -c "! losetup --noheadings --output NAME --list | grep -qx '$device'" ||
+      die "stop-node $1: $device is still attached"
+  done
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/"$(node_cgroup_root $i)"; do
+    [ -d "$hierarchy" ] || continue
+    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  done
+  log "stop-node $1: down"
+}
+
+# start-node NAME: a worker stopped by stop-node booted again: its namespaces, containerd and
+# kubelet as up made them, its disk as it was; returns once the node is Ready.
+start_node() {
+  local i
+  i=$(worker_index "$1") || die "start-node: no worker named $1"
+  [ ! -f "$(node_dir $i)/run/init.pid" ] || die "start-node: $1 is running (stop-node first)"
+  start_worker_init $i
+  start_containerd $i
+  start_kubelet $i
+  # The node may still be Ready in the API (its last status is not stale yet): kubelet's own
+  # health first.
+  wait_for 120 "kubelet's /healthz on $1" sh -c "[ \"\$(nsenter --net=/run/netns/$(node_netns $i) curl -s http://127.0.0.1:10248/healthz)\" = ok ]" ||
+    die "kubelet of $1 is not healthy"
+  wait_for 180 "node $1 Ready" node_ready "$1" || die "node $1 is not Ready again"
+  log "start-node $1: Ready"
+}
+
 # Sourced (by run.sh, by the bench, or to call its functions by hand), it stops here.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
@@ -669,5 +951,7 @@ case "${1:-}" in
   down) [ "$(id -u)" = 0 ] || skip "not root"; down ;;
   restart-kubelet) restart_kubelet ;;
   restart-node) restart_node ;;
-  *) echo "usage: $0 up|down|restart-kubelet|restart-node" >&2; exit 2 ;;
+  stop-node) stop_node "${2:?stop-node NAME}" ;;
+  start-node) start_node "${2:?start-node NAME}" ;;
+  *) echo "usage: $0 up|down|restart-kubelet|restart-node|stop-node NAME|start-node NAME" >&2; exit 2 ;;
 esac

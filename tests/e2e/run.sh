@@ -9,6 +9,8 @@
 #   tests/e2e/run.sh         up, every scenario, down (always); last line `N passed, M failed`
 #   tests/e2e/run.sh test    the scenarios against a cluster that is up
 #
+# E2E_NODES=3 brings up (and tests) three nodes instead of one: cluster.sh's node table; `test`
+# needs the E2E_NODES the cluster was brought up with.
 # E2E_SCENARIOS="deploy inline" runs those only (in the suite's order; deploy first: the others
 # need flexd deployed); E2E_KEEP=1 leaves the cluster up at the end. A failed run keeps its logs
 # in $E2E_DIR.logs. The rest of the environment (E2E_NAME, E2E_DIR, FLEXD): cluster.sh.
@@ -16,7 +18,7 @@ set -euo pipefail
 # shellcheck source=tests/e2e/cluster.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
 
-SCENARIOS=${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example discovery oracle reconciler upgrade failover controller}
+SCENARIOS=${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example nodes discovery oracle reconciler upgrade failover controller}
 
 # scenarios LABEL-FILTER [ENV...]: the Go scenarios of the filter, in the cluster's network
 # namespace; counts the specs that passed and failed into $passed and $failed.
@@ -24,7 +26,14 @@ scenarios() {
   local filter=$1 report=$D/logs/scenarios.json status; shift
   rm -f "$report"
   set +e
+  # The nodes, node 0 first: names, addresses, own dirs (see cluster.sh's node table).
+  local i names=() ips=() dirs=()
+  for i in $(node_indexes); do names+=("$(node_name $i)") ips+=("$(node_ip $i)") dirs+=("$(node_dir $i)"); done
+  [ "$(cat "$D/run/nodes" 2>/dev/null)" = "$E2E_NODES" ] ||
+    die "the cluster in $D has $(cat "$D/run/nodes" 2>/dev/null || echo no) node(s) recorded, E2E_NODES says $E2E_NODES"
   env E2E_DIR="$D" E2E_NODE=$NODE E2E_NODE_IP=$NODE_IP E2E_NAMESPACE=$NAMESPACE E2E_DRIVER=$DRIVER \
+    E2E_NODES=$E2E_NODES E2E_NODE_NAMES="${names[*]}" E2E_NODE_IPS="${ips[*]}" E2E_NODE_DIRS="${dirs[*]}" \
+    E2E_SHARED_DIR="$D/loop-images" \
     E2E_CSI_NAME=$CSI_NAME E2E_FLEXD_IMAGE=$FLEXD_IMAGE E2E_TOOLS_IMAGE=$TOOLS_IMAGE \
     E2E_INSTALLER_IMAGE=$INSTALLER_IMAGE E2E_SIDECAR_IMAGE_FLAGS="${SIDECAR_IMAGES[*]}" \
     E2E_REPO="$repo" E2E_NAME="$E2E_NAME" E2E_DIR="$D" "$@" \

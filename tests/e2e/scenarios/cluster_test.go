@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,9 +25,13 @@ import (
 
 // Cluster is what cluster.sh made: names and paths on the node, and a client of its API server.
 type Cluster struct {
-	Dir       string // the scratch dir (E2E_DIR): kubelet's dir, the plugin dir, flexd's state...
-	Node      string
-	NodeIP    string
+	Dir    string // the scratch dir (E2E_DIR): kubelet's dir, the plugin dir, flexd's state...
+	Node   string // node 0's name: the node with the control plane, where ToolsPod runs
+	NodeIP string
+	// Every node, node 0 first (E2E_NODES of them: cluster.sh's node table).
+	Nodes []Node
+	// A dir every node sees at this same path: the nodes' shared storage (the loop images).
+	SharedDir string
 	Namespace string // flexd's namespace
 	// The node-only hostdir driver every cluster has installed, and its CSI name.
 	Driver  string
@@ -45,6 +50,48 @@ type Cluster struct {
 }
 
 var cluster *Cluster
+
+// Node is one of the cluster's nodes. Node 0's files are the scratch dir's own; a worker's are
+// under nodes/NAME, and its kubelet, plugin and flexd state dirs are mounted over node 0's paths
+// in its own mount namespace (which the host does not see: MountsOn reads it).
+type Node struct {
+	Name string
+	IP   string
+	Dir  string // its own files: plugins/, flexd-state/, kubelet/ (a worker's), run/init.pid
+}
+
+// Path is a path under the node's own dir.
+func (n Node) Path(parts ...string) string {
+	return filepath.Join(append([]string{n.Dir}, parts...)...)
+}
+
+// NodeNamed is the cluster's node of that name, failing the spec when there is none.
+func (c *Cluster) NodeNamed(name string) Node {
+	ginkgo.GinkgoHelper()
+	for _, node := range c.Nodes {
+		if node.Name == name {
+			return node
+		}
+	}
+	ginkgo.Fail(fmt.Sprintf("no node %q in %v", name, c.Nodes))
+	return Node{}
+}
+
+// Worker says whether the node is a worker (not node 0).
+func (n Node) Worker() bool { return n.Name != cluster.Node }
+
+// loadNodes is E2E_NODE_NAMES, E2E_NODE_IPS and E2E_NODE_DIRS, word by word.
+func loadNodes() []Node {
+	names, ips, dirs := strings.Fields(env("E2E_NODE_NAMES")), strings.Fields(env("E2E_NODE_IPS")), strings.Fields(env("E2E_NODE_DIRS"))
+	gomega.Expect(ips).To(gomega.HaveLen(len(names)), "E2E_NODE_IPS for E2E_NODE_NAMES")
+	gomega.Expect(dirs).To(gomega.HaveLen(len(names)), "E2E_NODE_DIRS for E2E_NODE_NAMES")
+	gomega.Expect(strconv.Itoa(len(names))).To(gomega.Equal(env("E2E_NODES")), "E2E_NODE_NAMES for E2E_NODES")
+	nodes := make([]Node, len(names))
+	for i := range names {
+		nodes[i] = Node{Name: names[i], IP: ips[i], Dir: dirs[i]}
+	}
+	return nodes
+}
 
 func env(name string) string {
 	value := os.Getenv(name)
@@ -67,7 +114,10 @@ func loadCluster() *Cluster {
 		InstallerImage:    env("E2E_INSTALLER_IMAGE"),
 		SidecarImageFlags: strings.Fields(env("E2E_SIDECAR_IMAGE_FLAGS")),
 		Repo:              env("E2E_REPO"),
+		Nodes:             loadNodes(),
+		SharedDir:         env("E2E_SHARED_DIR"),
 	}
+	gomega.Expect(c.Nodes[0].Name).To(gomega.Equal(c.Node), "node 0")
 	c.Here = filepath.Join(c.Repo, "tests", "e2e")
 	config, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.Dir, "kubeconfig"))
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the cluster's kubeconfig")
@@ -122,6 +172,35 @@ func (c *Cluster) MustKubectl(ctx context.Context, args ...string) string {
 // Flexd runs flexd on the node, as the operator does: the node's plugin dir and state dir.
 func (c *Cluster) Flexd(ctx context.Context, args ...string) (string, error) {
 	return Run(ctx, c.Path("bin", "flexd"), append([]string{"--plugin-dir", c.Path("plugins"), "--state-dir", c.Path("flexd-state")}, args...)...)
+}
+
+// FlexdOn runs flexd on the host for one node's plugin dir and state dir (node 0's are Flexd's).
+func (c *Cluster) FlexdOn(ctx context.Context, node Node, args ...string) (string, error) {
+	return Run(ctx, c.Path("bin", "flexd"), append([]string{"--plugin-dir", node.Path("plugins"), "--state-dir", node.Path("flexd-state")}, args...)...)
+}
+
+// MustFlexdEverywhere runs flexd for every node's plugin dir and state dir (installing a
+// driver on every node, as the installer DaemonSet would), failing the spec when one fails;
+// node 0's output.
+func (c *Cluster) MustFlexdEverywhere(ctx context.Context, args ...string) string {
+	ginkgo.GinkgoHelper()
+	var first string
+	for i, node := range c.Nodes {
+		out, err := c.FlexdOn(ctx, node, args...)
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd on node %s", node.Name)
+		if i == 0 {
+			first = out
+		}
+	}
+	return first
+}
+
+// FlexdEverywhere runs flexd for every node's plugin dir and state dir whatever it answers (a
+// cleanup's uninstall, of a driver that may be on some nodes only).
+func (c *Cluster) FlexdEverywhere(ctx context.Context, args ...string) {
+	for _, node := range c.Nodes {
+		_, _ = c.FlexdOn(ctx, node, args...)
+	}
 }
 
 // MustFlexd is Flexd that fails the spec when flexd fails.
@@ -194,6 +273,26 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// MountsOn are the mount points in the node's mount namespace: the host's for node 0 (whose
+// mounts propagate to it), the worker's own (its init's) for a worker.
+func MountsOn(node Node) []string {
+	ginkgo.GinkgoHelper()
+	if !node.Worker() {
+		return Mounts()
+	}
+	init := strings.TrimSpace(ReadFile(node.Path("run", "init.pid")))
+	data, err := os.ReadFile("/proc/" + init + "/mountinfo")
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "node %s's mounts", node.Name)
+	var targets []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 {
+			targets = append(targets, unescapeMountinfo(fields[4]))
+		}
+	}
+	return targets
 }
 
 // MountCount is how many times path is a mount point.

@@ -7,7 +7,6 @@ package scenarios
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -52,11 +51,10 @@ func (c *Cluster) attachmentOf(ctx context.Context, pv string) (string, error) {
 func scenarioController(ctx context.Context) {
 	c := cluster
 	ginkgo.By("the attachable example driver installed as " + attachDriver)
-	c.MustFlexd(ctx, "install", "--driver", attachDriver, filepath.Join(c.Repo, "examples", "drivers", "attachable", "attachable"))
+	// On every node: the controller pod, wherever it runs, reads its own node's plugin dir.
+	c.MustFlexdEverywhere(ctx, "install", "--driver", attachDriver, filepath.Join(c.Repo, "examples", "drivers", "attachable", "attachable"))
 	ginkgo.DeferCleanup(func(ctx context.Context) {
-		if _, err := os.Stat(c.Path("plugins", pluginDirName(attachDriver))); err == nil {
-			_, _ = c.Flexd(ctx, "uninstall", "--driver", attachDriver)
-		}
+		c.FlexdEverywhere(ctx, "uninstall", "--driver", attachDriver)
 		err := c.Kube.StorageV1().CSIDrivers().Delete(ctx, attachCSIName, metav1.DeleteOptions{})
 		if !apierrors.IsNotFound(err) {
 			gomega.Expect(err).NotTo(gomega.HaveOccurred())
@@ -107,7 +105,7 @@ func scenarioController(ctx context.Context) {
 		c.DeleteClaimIfThere(ctx, volume)
 		c.DeletePVIfThere(ctx, volume)
 	}
-	c.MustFlexd(ctx, "uninstall", "--driver", attachDriver)
+	c.MustFlexdEverywhere(ctx, "uninstall", "--driver", attachDriver)
 }
 
 // waitDetached waits for the PV's VolumeAttachment to go.

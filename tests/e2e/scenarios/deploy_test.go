@@ -25,7 +25,7 @@ func scenarioDeploy(ctx context.Context) {
 	ginkgo.By("checking the node DaemonSet is Ready and there is no controller")
 	daemonset, err := c.Kube.AppsV1().DaemonSets(c.Namespace).Get(ctx, "flexd-node", metav1.GetOptions{})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(daemonset.Status.NumberReady).To(gomega.BeEquivalentTo(1), "ready node pods")
+	gomega.Expect(daemonset.Status.NumberReady).To(gomega.BeEquivalentTo(len(c.Nodes)), "ready node pods (one a node)")
 	deployments, err := c.Kube.AppsV1().Deployments(c.Namespace).List(ctx, metav1.ListOptions{})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	gomega.Expect(deployments.Items).To(gomega.BeEmpty(), "a node-only driver got a controller Deployment")

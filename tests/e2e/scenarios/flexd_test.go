@@ -80,9 +80,14 @@ func (c *Cluster) ApplyAllManifests(ctx context.Context, name string) string {
 	return c.ApplyManifests(ctx, name, c.SidecarImageFlags...)
 }
 
-// CSINodeDrivers are the drivers kubelet has registered on the node.
+// CSINodeDrivers are the drivers kubelet has registered on node 0.
 func (c *Cluster) CSINodeDrivers(ctx context.Context) ([]string, error) {
-	csinode, err := c.Kube.StorageV1().CSINodes().Get(ctx, c.Node, metav1.GetOptions{})
+	return c.CSINodeDriversOn(ctx, c.Node)
+}
+
+// CSINodeDriversOn are the drivers kubelet has registered on the node.
+func (c *Cluster) CSINodeDriversOn(ctx context.Context, node string) ([]string, error) {
+	csinode, err := c.Kube.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -93,42 +98,55 @@ func (c *Cluster) CSINodeDrivers(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// WaitCSINodeLists waits until kubelet lists the CSI driver in the node's CSINode.
+// WaitCSINodeLists waits until every node's kubelet lists the CSI driver in its CSINode.
 func (c *Cluster) WaitCSINodeLists(ctx context.Context, csiName string) {
 	ginkgo.GinkgoHelper()
-	WaitFor(ctx, 120*time.Second, "CSINode "+c.Node+" to list "+csiName, func(ctx context.Context) error {
-		names, err := c.CSINodeDrivers(ctx)
-		if err != nil {
-			return err
-		}
-		if !slices.Contains(names, csiName) {
-			return fmt.Errorf("CSINode lists %v", names)
-		}
-		return nil
-	})
+	for _, node := range c.Nodes {
+		WaitFor(ctx, 120*time.Second, "CSINode "+node.Name+" to list "+csiName, func(ctx context.Context) error {
+			names, err := c.CSINodeDriversOn(ctx, node.Name)
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(names, csiName) {
+				return fmt.Errorf("CSINode lists %v", names)
+			}
+			return nil
+		})
+	}
 }
 
-// WaitCSINodeLacks waits until kubelet no longer lists the CSI driver.
+// WaitCSINodeLacks waits until no node's kubelet lists the CSI driver.
 func (c *Cluster) WaitCSINodeLacks(ctx context.Context, csiName string) {
 	ginkgo.GinkgoHelper()
-	WaitFor(ctx, 120*time.Second, "CSINode "+c.Node+" to drop "+csiName, func(ctx context.Context) error {
-		names, err := c.CSINodeDrivers(ctx)
-		if err != nil {
-			return err
-		}
-		if slices.Contains(names, csiName) {
-			return fmt.Errorf("CSINode still lists %s", csiName)
-		}
-		return nil
-	})
+	for _, node := range c.Nodes {
+		WaitFor(ctx, 120*time.Second, "CSINode "+node.Name+" to drop "+csiName, func(ctx context.Context) error {
+			names, err := c.CSINodeDriversOn(ctx, node.Name)
+			if err != nil {
+				return err
+			}
+			if slices.Contains(names, csiName) {
+				return fmt.Errorf("CSINode still lists %s", csiName)
+			}
+			return nil
+		})
+	}
 }
 
-// NodePod is flexd's node pod.
+// NodePod is flexd's node pod on node 0.
 func (c *Cluster) NodePod(ctx context.Context) *corev1.Pod {
 	ginkgo.GinkgoHelper()
-	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=flexd-node"})
+	return c.NodePodOn(ctx, c.Node)
+}
+
+// NodePodOn is flexd's node pod on the node.
+func (c *Cluster) NodePodOn(ctx context.Context, node string) *corev1.Pod {
+	ginkgo.GinkgoHelper()
+	pods, err := c.Kube.CoreV1().Pods(c.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=flexd-node",
+		FieldSelector: "spec.nodeName=" + node,
+	})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(pods.Items).To(gomega.HaveLen(1), "flexd's node pods")
+	gomega.Expect(pods.Items).To(gomega.HaveLen(1), "flexd's node pods on %s", node)
 	return &pods.Items[0]
 }
 
@@ -236,7 +254,8 @@ func (c *Cluster) expectReplicaHardened(ctx context.Context, pod *corev1.Pod, cs
 		gomega.Expect(status["CapEff"]).To(gomega.Equal([]string{"0000000000000000"}), "%s's effective capabilities", sidecar)
 	}
 
-	sock := c.Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
+	// In the kubelet dir of the controller pod's node: on the host, a worker's is its own dir's.
+	sock := c.NodeNamed(pod.Spec.NodeName).Path("kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "socket-dir", csiName, "csi.sock")
 	info, err := os.Stat(sock)
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd's CSI socket in the controller pod")
 	mode := info.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
@@ -296,11 +315,11 @@ const (
 	loopCSIName = "flexvolume-flexd--loop"
 )
 
-// InstallLoop installs flexd's builtin loop driver, its images under the scratch dir, unless
-// it is installed.
+// InstallLoop installs flexd's builtin loop driver on every node, its images in the nodes'
+// shared dir, unless it is installed.
 func (c *Cluster) InstallLoop(ctx context.Context) {
 	ginkgo.GinkgoHelper()
 	if !c.Installed(loopDriver) {
-		c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
+		c.MustFlexdEverywhere(ctx, "install", "--builtin", "loop", "--image-dir", c.SharedDir)
 	}
 }

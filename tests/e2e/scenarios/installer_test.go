@@ -74,9 +74,8 @@ func scenarioInstaller(ctx context.Context) {
 	// Whatever happens, the driver goes at the end (after its pods and volumes, which the later
 	// cleanups remove first), and so do its CSIDriver and the installer.
 	ginkgo.DeferCleanup(func(ctx context.Context) {
-		if _, err := os.Stat(lateDir); err == nil {
-			_, _ = c.Flexd(ctx, "uninstall", "--driver", lateDriver)
-		}
+		// The installer DaemonSet installed it on every node.
+		c.FlexdEverywhere(ctx, "uninstall", "--driver", lateDriver)
 	})
 	ginkgo.DeferCleanup(func(ctx context.Context) {
 		err := c.Kube.StorageV1().CSIDrivers().Delete(ctx, lateCSIName, metav1.DeleteOptions{})
@@ -140,7 +139,7 @@ func scenarioInstaller(ctx context.Context) {
 	gomega.Expect(executable(lateExecutable)(ctx)).To(gomega.Succeed(), "the driver after the refusal")
 
 	ginkgo.By("`flexd uninstall` on the node: the driver gone, kubelet forgets it")
-	c.MustFlexd(ctx, "uninstall", "--driver", lateDriver)
+	c.MustFlexdEverywhere(ctx, "uninstall", "--driver", lateDriver)
 	gomega.Expect(lateDir).NotTo(gomega.BeAnExistingFile())
 	c.WaitCSINodeLacks(ctx, lateCSIName)
 	gomega.Expect(c.NodePodState(ctx)).To(gomega.Equal(before), "flexd's node pod (uid, restarts)")

@@ -22,15 +22,23 @@ import (
 // The namespace of the scenarios' pods and claims.
 const podNamespace = "default"
 
-// ToolsPod is a pod on the node running script in busybox with volume at /data; it prints
-// DONE when the script has run, then sleeps. hostNetwork: it needs no address.
+// ToolsPod is a pod on node 0 running script in busybox with volume at /data; it prints
+// DONE when the script has run, then sleeps. hostNetwork: it needs no address. On node 0 (by
+// its hostname label, still through the scheduler) whatever the number of nodes: the scenarios
+// look for its mounts in the host's mount namespace, which is node 0's.
 func (c *Cluster) ToolsPod(name, script string, volume corev1.VolumeSource, security *corev1.PodSecurityContext) *corev1.Pod {
+	return c.ToolsPodOn(c.Node, name, script, volume, security)
+}
+
+// ToolsPodOn is ToolsPod on the node.
+func (c *Cluster) ToolsPodOn(node, name, script string, volume corev1.VolumeSource, security *corev1.PodSecurityContext) *corev1.Pod {
 	if security == nil {
 		security = &corev1.PodSecurityContext{}
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
 		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": node},
 			HostNetwork:                   true,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](1),

@@ -46,15 +46,20 @@ const (
 // container).
 func (c *Cluster) oracleDir() string { return c.Path("loop-images", "oracle") }
 
-// oracleInstall installs the recorder as driver name in front of the executable real.
+// oracleInstall installs the recorder as driver name in front of the executable real, on every
+// node (the controller pod, wherever it runs, reads its own node's plugin dir; real is at the
+// same path on every node).
 func (c *Cluster) oracleInstall(ctx context.Context, name, real string) {
 	ginkgo.GinkgoHelper()
-	dir := c.Path("plugins", pluginDirName(name))
-	gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
 	config, err := json.Marshal(map[string]string{"exec": real, "log": filepath.Join(c.oracleDir(), "records.jsonl")})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	gomega.Expect(os.WriteFile(filepath.Join(dir, "recorder.json"), config, 0o644)).To(gomega.Succeed())
-	c.MustFlexd(ctx, "install", "--driver", name, c.Path("bin", "recorder"))
+	for _, node := range c.Nodes {
+		dir := node.Path("plugins", pluginDirName(name))
+		gomega.Expect(os.MkdirAll(dir, 0o755)).To(gomega.Succeed())
+		gomega.Expect(os.WriteFile(filepath.Join(dir, "recorder.json"), config, 0o644)).To(gomega.Succeed())
+		_, err := c.FlexdOn(ctx, node, "install", "--driver", name, c.Path("bin", "recorder"))
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "installing %s on %s", name, node.Name)
+	}
 }
 
 // oracleObjects are the FlexVolume objects: the Secret, two PVs and their claims, Bound.
@@ -92,6 +97,8 @@ func (c *Cluster) oraclePodYAML() string {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Name: oraclePod, Namespace: podNamespace},
 		Spec: corev1.PodSpec{
+			// On node 0, as ToolsPod: the recorders are in its plugin dir.
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": c.Node},
 			HostNetwork:                   true,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](1),
@@ -183,6 +190,7 @@ func (c *Cluster) noAttachments(ctx context.Context) error {
 // difference docs/oracle.md does not list.
 func (c *Cluster) oracleCompare(ctx context.Context, summary *Summary, records string) {
 	ginkgo.GinkgoHelper()
+	records = c.oracleNode0Records(summary, records)
 	report := MustRun(ctx, "jq", "-n", "-r", "--slurpfile", "records", records, "--arg", "root", c.Dir, "-f", filepath.Join(c.Here, "oracle.jq"))
 	summary.Printf("%s", report)
 	lines := LogLines(report)
@@ -519,4 +527,43 @@ func (c *Cluster) controllerManagerDetached(context.Context) error {
 		}
 	}
 	return fmt.Errorf("no detach of oracle-loop by kube-controller-manager recorded yet")
+}
+
+// oracleNode0Records are the records (a copy in run/, when there are workers) of node 0 and of
+// the controller, wherever it runs: the oracle compares kubelet and flexd on one node. With
+// several nodes, the workers' kubelets and flexd node pods probe the recorders too (init), in
+// their own mount namespaces, into the same shared log; those calls are left out, and counted.
+func (c *Cluster) oracleNode0Records(summary *Summary, records string) string {
+	ginkgo.GinkgoHelper()
+	workers := map[string]bool{}
+	for _, node := range c.Nodes {
+		if node.Worker() {
+			init := strings.TrimSpace(ReadFile(node.Path("run", "init.pid")))
+			ns, err := os.Readlink("/proc/" + init + "/ns/mnt")
+			gomega.Expect(err).NotTo(gomega.HaveOccurred(), "node %s's mount namespace", node.Name)
+			workers[ns] = true
+		}
+	}
+	if len(workers) == 0 {
+		return records
+	}
+	var kept []string
+	left := 0
+	for _, line := range strings.Split(ReadFile(records), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var record struct {
+			Caller  string `json:"caller"`
+			MountNS string `json:"mountNamespace"`
+		}
+		gomega.Expect(json.Unmarshal([]byte(line), &record)).To(gomega.Succeed(), "a record: %s", line)
+		if workers[record.MountNS] && !strings.Contains(record.Caller, "--mode=controller") {
+			left++
+			continue
+		}
+		kept = append(kept, line)
+	}
+	summary.Printf("oracle: %d call-outs on the workers (their probes) left out", left)
+	return c.WriteRun("oracle-records-node0.jsonl", strings.Join(kept, "\n")+"\n")
 }

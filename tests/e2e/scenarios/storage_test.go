@@ -91,6 +91,11 @@ func (c *Cluster) StorageDefinition(ctx context.Context, driver string, inline m
 	controller := notFalse(caps.Attach) || isTrue(caps.Provision)
 	expands := isTrue(caps.RequiresFSResize) && controller
 
+	// A volume of one node only, unless there are several nodes and the driver attaches: the
+	// loop driver's images are in the nodes' shared dir (cluster.sh), so its volumes move
+	// between nodes; the hostdir driver's are inline and stay on theirs.
+	singleNode := len(c.Nodes) == 1 || !controller
+
 	var d storageDefinition
 	d.StorageClass.FromName = isTrue(caps.Provision)
 	d.InlineVolumes = []inlineVolume{}
@@ -109,7 +114,7 @@ func (c *Cluster) StorageDefinition(ctx context.Context, driver string, inline m
 		// and applies the ownership itself; kubelet then leaves fsGroupChangePolicy aside.
 		"volumeMountGroup":    notFalse(caps.FSGroup),
 		"multipods":           true,
-		"singleNodeVolume":    true,
+		"singleNodeVolume":    singleNode,
 		"controllerExpansion": expands,
 		"nodeExpansion":       expands,
 		"onlineExpansion":     expands,
@@ -211,7 +216,7 @@ func scenarioStorage(ctx context.Context) {
 	gomega.Expect(os.Remove(c.Path("logs", "scenario-storage.summary"))).To(gomega.Or(gomega.Succeed(), gomega.MatchError(os.ErrNotExist)))
 
 	ginkgo.By("the builtin loop driver installed, flexd deployed for every installed driver")
-	c.MustFlexd(ctx, "install", "--builtin", "loop", "--image-dir", c.Path("loop-images"))
+	c.MustFlexdEverywhere(ctx, "install", "--builtin", "loop", "--image-dir", c.SharedDir)
 	c.ApplyAllManifests(ctx, "flexd-storage")
 	c.ExpectControllerHardened(ctx, loopCSIName, "csi-attacher", "csi-provisioner", "csi-resizer")
 	c.WaitCSINodeLists(ctx, loopCSIName)

@@ -28,7 +28,8 @@ var _ = ginkgo.BeforeSuite(func() {
 // last: its driver is installed and removed between two of kube-controller-manager's probes,
 // and that controller's FlexVolume prober then retries the removed driver on every probe for
 // good (its log fills with the errors); the oracle, which goes through kube-controller-manager,
-// runs before that. A failed scenario does not stop the ones after it.
+// runs before that. nodes (a volume moved between nodes) skips itself on a single node. A failed
+// scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
 	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
@@ -41,6 +42,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("faults_node", ginkgo.Label("faults_node"), scenarioFaultsNode)
 	ginkgo.It("storage", ginkgo.Label("storage"), scenarioStorage)
 	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
+	ginkgo.It("nodes", ginkgo.Label("nodes"), scenarioNodes)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
