@@ -479,7 +479,14 @@ func (c *Cluster) whereKubeletFails(ctx context.Context, summary *Summary, q qui
 	// deadline (also 2 min) and is retried.
 	WaitFor(ctx, 300*time.Second, "a FailedMount for oracle-hang-flexd", c.failedMountSays(hangFlexd, regexp.MustCompile(`.`)))
 	answered := c.firstFailedMountAfter(ctx, hangFlexd)
-	gomega.Expect(running(flexdDriver)).To(gomega.BeFalse(), "flexd answered, its driver (pid %d) still runs", flexdDriver)
+	// kubelet's deadline and flexd's timeout are both 2 min: the FailedMount may come from the
+	// first a moment before flexd kills the driver (with its kill grace) at the second.
+	WaitFor(ctx, 60*time.Second, fmt.Sprintf("flexd to kill its hanging driver (pid %d) at its call-out timeout", flexdDriver), func(context.Context) error {
+		if running(flexdDriver) {
+			return fmt.Errorf("flexd's hanging driver (pid %d) still runs", flexdDriver)
+		}
+		return nil
+	})
 	// kubelet's FlexVolume plugin has no timeout for mount: no answer, the driver still running.
 	// Its volume manager gives up waiting after 2m3s and says so in a FailedMount event of its own
 	// ("Unable to attach or mount volumes: … timed out waiting for the condition"), every sync;
