@@ -38,18 +38,14 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// missing CRD or permission fails the start, not the first attach.
 pub async fn connect(credentials: &Path) -> anyhow::Result<KubernetesRecords> {
     use anyhow::Context as _;
-    let records = std::sync::Arc::new(
-        KubernetesRecords::in_cluster(credentials)
-            .await
-            .context("cannot reach the controller records in the API server")?,
-    );
-    let checking = records.clone();
-    tokio::task::spawn_blocking(move || checking.check())
+    let records = KubernetesRecords::in_cluster(credentials)
         .await
-        .context("checking the controller records")?
-        .context("cannot list the controller records (is the FlexdRecord CRD installed, and may this controller list them?)")?;
+        .context("cannot reach the controller records in the API server")?;
+    records.check().await.context(
+        "cannot list the controller records (is the FlexdRecord CRD installed, and may this controller list them?)",
+    )?;
     tracing::info!(records = %records.describe(), "controller records are kept in the API server");
-    std::sync::Arc::into_inner(records).context("the records check is still running")
+    Ok(records)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,10 +194,16 @@ impl KubernetesRecords {
 
     /// Checks once, at start, that the records can be listed: a missing CRD or permission is
     /// an error at start rather than at the first attach.
-    pub fn check(&self) -> Result<usize, RecordsError> {
-        let api = self.api.clone();
-        self.wait(async move { api.list(&ListParams::default().limit(1)).await })
-            .map(|list| list.items.len())
+    async fn check(&self) -> Result<(), RecordsError> {
+        let params = ListParams::default().limit(1);
+        match tokio::time::timeout(CALL_TIMEOUT, self.api.list(&params)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => Err(unavailable(format!(
+                "no answer within {}s",
+                CALL_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     /// Runs an API call on the serving runtime and waits for it (from a blocking thread).
