@@ -21,19 +21,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
 
 const nodesName = "e2e-nodes"
 
-// nodesDeployment is one pod on the claim, on node A or B only (its affinity): it writes the
-// name of the node it first ran on to the volume unless the volume has it, and prints it.
-func (c *Cluster) nodesDeployment(a, b string) *appsv1.Deployment {
-	labels := map[string]string{"app": nodesName}
-	pod := c.ToolsPodOn(a, nodesName, `[ -s /data/first-node ] || echo "$NODE_NAME" > /data/first-node; echo "first node: $(cat /data/first-node)"`,
-		ClaimVolume(nodesName), nil)
+// movingDeployment is the Deployment NAME: one pod on the claim, on node A or B only (its
+// affinity): it writes the name of the node it first ran on to the volume unless the volume has
+// it, and prints it.
+func (c *Cluster) movingDeployment(name string, volume corev1.VolumeSource, a, b string) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	pod := c.ToolsPodOn(a, name, `[ -s /data/first-node ] || echo "$NODE_NAME" > /data/first-node; echo "first node: $(cat /data/first-node)"`,
+		volume, nil)
 	pod.Spec.NodeSelector = nil
 	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
@@ -44,7 +44,7 @@ func (c *Cluster) nodesDeployment(a, b string) *appsv1.Deployment {
 		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"},
 	}}}
 	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: nodesName, Namespace: podNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To[int32](1),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -55,13 +55,13 @@ func (c *Cluster) nodesDeployment(a, b string) *appsv1.Deployment {
 	}
 }
 
-// nodesPodOn waits until the Deployment's one pod is Ready on the node (and no other pod of it
-// is left), and returns it.
-func (c *Cluster) nodesPodOn(ctx context.Context, node string, timeout time.Duration) *corev1.Pod {
+// movingPodOn waits until the Deployment NAME's one pod is Ready on the node (and no other pod
+// of it is left), and returns it.
+func (c *Cluster) movingPodOn(ctx context.Context, name, node string, timeout time.Duration) *corev1.Pod {
 	ginkgo.GinkgoHelper()
 	var ready *corev1.Pod
-	WaitFor(ctx, timeout, "the pod of "+nodesName+" Ready on "+node, func(ctx context.Context) error {
-		pods, err := c.Kube.CoreV1().Pods(podNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + nodesName})
+	WaitFor(ctx, timeout, "the pod of "+name+" Ready on "+node, func(ctx context.Context) error {
+		pods, err := c.Kube.CoreV1().Pods(podNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
 		if err != nil {
 			return err
 		}
@@ -196,6 +196,64 @@ func (c *Cluster) mountedOnlyOn(image string, node Node) func(context.Context) e
 	}
 }
 
+// ProvisionedLoopClaim is the claim NAME of a StorageClass NAME of the loop driver, Bound; it
+// returns the PV's name. When the scenario ends the claim is deleted (after its pods: cleanups
+// run last in, first out) and the loop driver deletes the volume, then the class goes.
+func (c *Cluster) ProvisionedLoopClaim(ctx context.Context, name string) string {
+	ginkgo.GinkgoHelper()
+	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: loopCSIName}
+	_, err := c.Kube.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the StorageClass %s", name)
+	ginkgo.DeferCleanup(func(ctx context.Context) {
+		err := c.Kube.StorageV1().StorageClasses().Delete(ctx, name, metav1.DeleteOptions{})
+		if !apierrors.IsNotFound(err) {
+			gomega.Expect(err).NotTo(gomega.HaveOccurred(), "deleting the StorageClass %s", name)
+		}
+	})
+	c.CreateClaim(ctx, name, name, "64Mi")
+	var pv string
+	ginkgo.DeferCleanup(func(ctx context.Context) {
+		c.DeleteClaimIfThere(ctx, name)
+		if pv == "" {
+			return
+		}
+		WaitFor(ctx, 180*time.Second, "the provisioned volume "+pv+" to be deleted", func(ctx context.Context) error {
+			_, err := c.Kube.CoreV1().PersistentVolumes().Get(ctx, pv, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("PV %s is still there (%v)", pv, err)
+		})
+	})
+	c.WaitClaimBound(ctx, name, 180*time.Second)
+	bound, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, name, metav1.GetOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	pv = bound.Spec.VolumeName
+	return pv
+}
+
+// CreateMovingDeployment creates movingDeployment NAME; when the scenario ends it is deleted
+// and its pods are waited out.
+func (c *Cluster) CreateMovingDeployment(ctx context.Context, name string, volume corev1.VolumeSource, a, b string) {
+	ginkgo.GinkgoHelper()
+	_, err := c.Kube.AppsV1().Deployments(podNamespace).Create(ctx, c.movingDeployment(name, volume, a, b), metav1.CreateOptions{})
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the Deployment %s", name)
+	ginkgo.DeferCleanup(func(ctx context.Context) {
+		_, err := c.Kubectl(ctx, "delete", "deployment", name, "--ignore-not-found", "--wait=true", "--timeout=180s")
+		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "deleting the Deployment %s", name)
+		WaitFor(ctx, 180*time.Second, "the pods of "+name+" to go", func(ctx context.Context) error {
+			pods, err := c.Kube.CoreV1().Pods(podNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+			if err != nil {
+				return err
+			}
+			if len(pods.Items) > 0 {
+				return fmt.Errorf("%d pods left", len(pods.Items))
+			}
+			return nil
+		})
+	})
+}
+
 // scenarioNodes: a loop volume provisioned and attached to a worker A, where a Deployment's pod
 // writes to it; A drained: the pod comes up on B (another worker, or node 0 with two nodes) with
 // the data A's pod wrote, A's VolumeAttachment goes, and the one loop device backing the image
@@ -216,45 +274,7 @@ func scenarioNodes(ctx context.Context) {
 	c.WaitCSINodeLists(ctx, loopCSIName)
 
 	ginkgo.By("a claim of a StorageClass of the loop driver, provisioned")
-	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: nodesName}, Provisioner: loopCSIName}
-	_, err := c.Kube.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the StorageClass")
-	ginkgo.DeferCleanup(func(ctx context.Context) {
-		err := c.Kube.StorageV1().StorageClasses().Delete(ctx, nodesName, metav1.DeleteOptions{})
-		if !apierrors.IsNotFound(err) {
-			gomega.Expect(err).NotTo(gomega.HaveOccurred(), "deleting the StorageClass")
-		}
-	})
-	claim := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: nodesName, Namespace: podNamespace},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr.To(nodesName),
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
-		},
-	}
-	_, err = c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, claim, metav1.CreateOptions{})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the claim")
-	// Runs after the Deployment's deletion (cleanups run last in, first out): the claim, then
-	// the provisioned volume deleted by the loop driver.
-	var pv string
-	ginkgo.DeferCleanup(func(ctx context.Context) {
-		c.DeleteClaimIfThere(ctx, nodesName)
-		if pv == "" {
-			return
-		}
-		WaitFor(ctx, 180*time.Second, "the provisioned volume "+pv+" to be deleted", func(ctx context.Context) error {
-			_, err := c.Kube.CoreV1().PersistentVolumes().Get(ctx, pv, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return fmt.Errorf("PV %s is still there (%v)", pv, err)
-		})
-	})
-	c.WaitClaimBound(ctx, nodesName, 180*time.Second)
-	bound, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, nodesName, metav1.GetOptions{})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	pv = bound.Spec.VolumeName
+	pv := c.ProvisionedLoopClaim(ctx, nodesName)
 	image := filepath.Join(c.SharedDir, pv+".img")
 
 	ginkgo.By("a Deployment's pod on the claim, on " + a.Name + " (" + b.Name + " cordoned until it runs)")
@@ -266,23 +286,8 @@ func scenarioNodes(ctx context.Context) {
 		}
 	})
 	c.MustKubectl(ctx, "cordon", b.Name)
-	_, err = c.Kube.AppsV1().Deployments(podNamespace).Create(ctx, c.nodesDeployment(a.Name, b.Name), metav1.CreateOptions{})
-	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating the Deployment")
-	ginkgo.DeferCleanup(func(ctx context.Context) {
-		_, err := c.Kubectl(ctx, "delete", "deployment", nodesName, "--ignore-not-found", "--wait=true", "--timeout=180s")
-		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "deleting the Deployment")
-		WaitFor(ctx, 180*time.Second, "the pods of "+nodesName+" to go", func(ctx context.Context) error {
-			pods, err := c.Kube.CoreV1().Pods(podNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + nodesName})
-			if err != nil {
-				return err
-			}
-			if len(pods.Items) > 0 {
-				return fmt.Errorf("%d pods left", len(pods.Items))
-			}
-			return nil
-		})
-	})
-	first := c.nodesPodOn(ctx, a.Name, 240*time.Second)
+	c.CreateMovingDeployment(ctx, nodesName, ClaimVolume(nodesName), a.Name, b.Name)
+	first := c.movingPodOn(ctx, nodesName, a.Name, 240*time.Second)
 	c.MustKubectl(ctx, "uncordon", b.Name)
 	log := c.ScriptLog(ctx, first.Name, 60*time.Second)
 	gomega.Expect(LogLines(log)).To(gomega.ContainElement("first node: "+a.Name), "what the pod on %s wrote", a.Name)
@@ -291,7 +296,7 @@ func scenarioNodes(ctx context.Context) {
 
 	ginkgo.By("draining " + a.Name + ": the pod comes up on " + b.Name + " with its data")
 	c.MustKubectl(ctx, "drain", a.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s")
-	second := c.nodesPodOn(ctx, b.Name, 300*time.Second)
+	second := c.movingPodOn(ctx, nodesName, b.Name, 300*time.Second)
 	gomega.Expect(second.UID).NotTo(gomega.Equal(first.UID), "a new pod")
 	log = c.ScriptLog(ctx, second.Name, 60*time.Second)
 	gomega.Expect(LogLines(log)).To(gomega.ContainElement("first node: "+a.Name), "what the pod on %s read (written on %s)", b.Name, a.Name)

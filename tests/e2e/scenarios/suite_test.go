@@ -43,6 +43,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("storage", ginkgo.Label("storage"), scenarioStorage)
 	ginkgo.It("example", ginkgo.Label("example"), scenarioExample)
 	ginkgo.It("nodes", ginkgo.Label("nodes"), scenarioNodes)
+	ginkgo.It("multiattach", ginkgo.Label("multiattach"), scenarioMultiAttach)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
