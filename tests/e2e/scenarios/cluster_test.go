@@ -211,13 +211,13 @@ func (c *Cluster) MustFlexd(ctx context.Context, args ...string) string {
 	return out
 }
 
-// ClusterSh runs one of cluster.sh's commands for the node's own faults (restart-kubelet,
-// restart-node).
-func (c *Cluster) ClusterSh(ctx context.Context, command string) {
+// ClusterSh runs one of cluster.sh's commands for the nodes' faults (restart-kubelet,
+// restart-node, stop-node NAME, start-node NAME).
+func (c *Cluster) ClusterSh(ctx context.Context, args ...string) {
 	ginkgo.GinkgoHelper()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(c.Here, "cluster.sh"), command)
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(c.Here, "cluster.sh")}, args...)...)
 	cmd.Stdout, cmd.Stderr = ginkgo.GinkgoWriter, ginkgo.GinkgoWriter
-	gomega.Expect(cmd.Run()).To(gomega.Succeed(), "tests/e2e/cluster.sh %s", command)
+	gomega.Expect(cmd.Run()).To(gomega.Succeed(), "tests/e2e/cluster.sh %s", strings.Join(args, " "))
 }
 
 // WriteRun writes a file under the scratch dir's run/ (kept with the logs of a failed run).

@@ -176,7 +176,7 @@ func MountSourcesOn(node Node) []string {
 }
 
 // mountedOnlyOn fails until exactly one loop device backs the image and the node mounts it,
-// and no other node mounts a loop device of the image.
+// and no other node mounts a loop device of the image (a worker that is down mounts nothing).
 func (c *Cluster) mountedOnlyOn(image string, node Node) func(context.Context) error {
 	return func(ctx context.Context) error {
 		devices := loopDevicesOf(ctx, image)
@@ -184,6 +184,9 @@ func (c *Cluster) mountedOnlyOn(image string, node Node) func(context.Context) e
 			return fmt.Errorf("loop devices backed by %s: %v (one expected)", image, devices)
 		}
 		for _, other := range c.Nodes {
+			if !nodeUp(other) {
+				continue
+			}
 			mounts := MountSourcesOn(other)
 			if other.Name == node.Name && !slices.Contains(mounts, devices[0]) {
 				return fmt.Errorf("node %s does not mount %s (backed by %s)", other.Name, devices[0], image)

@@ -48,10 +48,10 @@ func (c *Cluster) oracleDir() string { return c.Path("loop-images", "oracle") }
 
 // oracleInstall installs the recorder as driver name in front of the executable real, on every
 // node (the controller pod, wherever it runs, reads its own node's plugin dir; real is at the
-// same path on every node).
-func (c *Cluster) oracleInstall(ctx context.Context, name, real string) {
+// same path on every node); it records into records, a file in oracleDir.
+func (c *Cluster) oracleInstall(ctx context.Context, name, real, records string) {
 	ginkgo.GinkgoHelper()
-	config, err := json.Marshal(map[string]string{"exec": real, "log": filepath.Join(c.oracleDir(), "records.jsonl")})
+	config, err := json.Marshal(map[string]string{"exec": real, "log": filepath.Join(c.oracleDir(), records)})
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	for _, node := range c.Nodes {
 		dir := node.Path("plugins", pluginDirName(name))
@@ -213,8 +213,8 @@ func scenarioOracle(ctx context.Context) {
 	for _, file := range old {
 		gomega.Expect(os.Remove(file)).To(gomega.Succeed())
 	}
-	c.oracleInstall(ctx, oracleHostdir, c.Path("run", "hostdir"))
-	c.oracleInstall(ctx, oracleLoop, c.Path("plugins", "flexd~loop", "loop"))
+	c.oracleInstall(ctx, oracleHostdir, c.Path("run", "hostdir"), "records.jsonl")
+	c.oracleInstall(ctx, oracleLoop, c.Path("plugins", "flexd~loop", "loop"), "records.jsonl")
 
 	ginkgo.By("applying flexd's manifests for every installed driver, with the controller")
 	c.ApplyAllManifests(ctx, "flexd-oracle")

@@ -46,6 +46,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("multiattach", ginkgo.Label("multiattach"), scenarioMultiAttach)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
+	ginkgo.It("nodeloss", ginkgo.Label("nodeloss"), scenarioNodeLoss)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
 	ginkgo.It("failover", ginkgo.Label("failover"), scenarioFailover)
