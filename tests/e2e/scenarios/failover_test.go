@@ -1,9 +1,11 @@
 package scenarios
 
 // Controller fail-over under load: the replicas leading the loop driver's csi-provisioner and
-// csi-attacher are killed while ten pods, each with a volume the loop driver provisions and
-// attaches, start. On one node the kill is the pods' (no grace, as when their node is lost);
-// the replica left takes over from the records in the API server.
+// csi-attacher are lost while ten pods, each with a volume the loop driver provisions and
+// attaches, start. On three nodes or more, the worker running one of them is lost (cluster.sh
+// stop-node: every process of it killed) and a leader elsewhere is killed; on fewer, the
+// leaders' pods are killed (no grace). The replica left takes over from the records in the API
+// server.
 
 import (
 	"context"
@@ -50,13 +52,8 @@ func scenarioFailover(ctx context.Context) {
 	ginkgo.DeferCleanup(c.deleteFailover, names)
 	imagesBefore := loopImages(c)
 
-	ginkgo.By("ten claims and pods created, and the replicas leading csi-provisioner and csi-attacher killed")
-	provisioner := c.leaseHolder(ctx, "csi-provisioner's leader lease for "+loopCSIName, func(lease string) bool {
-		return lease == loopCSIName
-	})
-	attacher := c.leaseHolder(ctx, "csi-attacher's leader lease for "+loopCSIName, func(lease string) bool {
-		return strings.Contains(lease, "attacher") && strings.HasSuffix(lease, loopCSIName)
-	})
+	ginkgo.By("ten claims and pods created, and the replicas leading csi-provisioner and csi-attacher lost")
+	provisioner, attacher, lose := c.failoverLeaders(ctx)
 	for _, name := range names {
 		c.CreateClaim(ctx, name, failoverClass, "16Mi")
 		c.CreatePod(ctx, c.ToolsPod(name, "echo "+name+" > /data/name; cat /data/name", ClaimVolume(name), nil))
@@ -66,10 +63,28 @@ func scenarioFailover(ctx context.Context) {
 	if attacher != provisioner {
 		killed = append(killed, attacher)
 	}
-	for _, pod := range killed {
-		c.killReplica(ctx, pod)
+	how := "killed"
+	if lose != "" {
+		// The worker of a leader lost; a leader elsewhere killed.
+		ginkgo.DeferCleanup(func(ctx context.Context) {
+			if !nodeUp(c.NodeNamed(lose)) {
+				c.ClusterSh(ctx, "start-node", lose)
+			}
+		})
+		c.ClusterSh(ctx, "stop-node", lose)
+		how = "lost with their node " + lose
+		for _, pod := range killed {
+			if c.controllerPodNode(ctx, pod) != lose {
+				c.killReplica(ctx, pod)
+				how += ", " + pod + " killed"
+			}
+		}
+	} else {
+		for _, pod := range killed {
+			c.killReplica(ctx, pod)
+		}
 	}
-	fmt.Fprintf(ginkgo.GinkgoWriter, "killed %v (csi-provisioner's leader %s, csi-attacher's %s)\n", killed, provisioner, attacher)
+	fmt.Fprintf(ginkgo.GinkgoWriter, "%v %s (csi-provisioner's leader %s, csi-attacher's %s)\n", killed, how, provisioner, attacher)
 
 	ginkgo.By("all ten ran with their data, the leases taken over")
 	for _, name := range names {
@@ -77,11 +92,16 @@ func scenarioFailover(ctx context.Context) {
 		gomega.Expect(LogLines(log)).To(gomega.ContainElement(name), "pod %s's log", name)
 	}
 	took := time.Since(start).Round(time.Second)
-	c.NewSummary("failover").Printf("%d pods with provisioned, attached loop volumes ran %s after the controller replicas leading csi-provisioner and csi-attacher were killed (%d killed)", failoverPods, took, len(killed))
+	c.NewSummary("failover").Printf("%d pods with provisioned, attached loop volumes ran %s after the controller replicas leading csi-provisioner and csi-attacher (%v) were %s", failoverPods, took, killed, how)
 	newProvisioner := c.leaseHolder(ctx, "csi-provisioner's leader lease for "+loopCSIName, func(lease string) bool {
 		return lease == loopCSIName
 	})
 	gomega.Expect(killed).NotTo(gomega.ContainElement(newProvisioner), "csi-provisioner's leader after the kill")
+
+	if lose != "" {
+		ginkgo.By(lose + " back")
+		c.ClusterSh(ctx, "start-node", lose)
+	}
 
 	ginkgo.By("one PV per claim, and exactly ten new images: none provisioned twice")
 	var volumes []string
@@ -117,6 +137,57 @@ func scenarioFailover(ctx context.Context) {
 		gomega.Expect(c.provisionedRecords(ctx, volume)).To(gomega.Equal(0), "provisioned records of %s", volume)
 		gomega.Expect(c.attachmentRecords(ctx, volume)).To(gomega.Equal(0), "attachment records of %s", volume)
 	}
+}
+
+// failoverLeaders are the controller replicas leading the loop driver's csi-provisioner and
+// csi-attacher, and, on three nodes or more, the worker to lose: the node of one of them. When
+// both lead from node 0 (it has the control plane: it is never lost), their replica is killed
+// with node 0 cordoned, so the leases move to replicas on workers.
+func (c *Cluster) failoverLeaders(ctx context.Context) (provisioner, attacher, lose string) {
+	ginkgo.GinkgoHelper()
+	leaders := func() (string, string) {
+		return c.leaseHolder(ctx, "csi-provisioner's leader lease for "+loopCSIName, func(lease string) bool {
+				return lease == loopCSIName
+			}), c.leaseHolder(ctx, "csi-attacher's leader lease for "+loopCSIName, func(lease string) bool {
+				return strings.Contains(lease, "attacher") && strings.HasSuffix(lease, loopCSIName)
+			})
+	}
+	provisioner, attacher = leaders()
+	if len(c.Nodes) < 3 {
+		return provisioner, attacher, ""
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		for _, pod := range []string{provisioner, attacher} {
+			if node := c.controllerPodNode(ctx, pod); c.NodeNamed(node).Worker() {
+				return provisioner, attacher, node
+			}
+		}
+		ginkgo.DeferCleanup(c.Kubectl, "uncordon", c.Node)
+		c.MustKubectl(ctx, "cordon", c.Node)
+		c.killReplica(ctx, provisioner)
+		WaitFor(ctx, 120*time.Second, "csi-provisioner's lease to leave "+provisioner, func(ctx context.Context) error {
+			if now, _ := leaders(); now == provisioner {
+				return fmt.Errorf("%s still leads", provisioner)
+			}
+			return nil
+		})
+		c.MustKubectl(ctx, "uncordon", c.Node)
+		provisioner, attacher = leaders()
+	}
+	ginkgo.Fail(fmt.Sprintf("the leaders %s and %s stay on node 0", provisioner, attacher))
+	return
+}
+
+// controllerPodNode is the node the controller replica runs on.
+func (c *Cluster) controllerPodNode(ctx context.Context, pod string) string {
+	ginkgo.GinkgoHelper()
+	for _, p := range c.ControllerPods(ctx) {
+		if p.Name == pod {
+			return p.Spec.NodeName
+		}
+	}
+	ginkgo.Fail("no Running controller replica " + pod)
+	return ""
 }
 
 // loopImages are the names of the loop driver's image files.
