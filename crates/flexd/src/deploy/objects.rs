@@ -123,6 +123,16 @@ pub(super) fn resources(cpu: &str, memory: &str, limit: &str) -> ResourceRequire
     }
 }
 
+/// `resources` with a CPU limit too: for a one-off Job, where throttling costs only time (the
+/// pods serving call-outs have none: deploy/checkov-accepted.txt says why).
+pub(super) fn capped(mut resources: ResourceRequirements, cpu: &str) -> ResourceRequirements {
+    resources
+        .limits
+        .get_or_insert_with(BTreeMap::new)
+        .insert("cpu".to_owned(), Quantity(cpu.to_owned()));
+    resources
+}
+
 /// Host directories the drivers use: volume names `host-dir-<n>`.
 pub(super) fn host_dirs(settings: &Settings) -> (Vec<Volume>, Vec<VolumeMount>) {
     settings
@@ -761,7 +771,7 @@ pub(super) fn import_job(settings: &Settings, claim: &str) -> Job {
             format!("--records-credentials={CONTROLLER_RECORDS_DIR}"),
         ]),
         security_context: Some(unprivileged(None, &[])),
-        resources: Some(resources("10m", "32Mi", "128Mi")),
+        resources: Some(capped(resources("10m", "32Mi", "128Mi"), "500m")),
         volume_mounts: Some(vec![
             mount("old-state", old, None, true),
             records_credentials().1,

@@ -358,8 +358,20 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         r#"acme/x={"attach":true}"#.to_owned(),
     );
     shapes.push(privileged.clone());
+    // The upgrade from a controller on a state claim: the records' objects and the import Job.
+    let import = (
+        "--import-state-claim (the upgrade's Job)".to_owned(),
+        "import-state-claim.yaml".to_owned(),
+        String::new(),
+    );
+    shapes.push(import.clone());
     for (_, file, driver) in &shapes {
-        let mut args = vec!["manifests", "--image", &image, "--driver", driver];
+        let mut args = vec!["manifests", "--image", &image];
+        if *file == import.1 {
+            args.extend(["--import-state-claim", "flexd-controller-state"]);
+        } else {
+            args.extend(["--driver", driver]);
+        }
         if *file == privileged.1 {
             args.extend(["--privileged-controller", "acme/x"]);
         }
