@@ -82,8 +82,27 @@ pub struct KubernetesRecords {
     resource: ApiResource,
     namespace: String,
     runtime: tokio::runtime::Handle,
-    /// The `resourceVersion` this replica last read or wrote, by object name.
-    versions: Mutex<HashMap<String, String>>,
+    /// What this replica last read or wrote of each object, by object name.
+    versions: Mutex<HashMap<String, Known>>,
+}
+
+/// An object as this replica last read or wrote it: its `resourceVersion`, the precondition of
+/// its next write, and the label selector of its kind and driver, so that a listing of them
+/// forgets the objects another replica deleted since (the map stays as big as the records).
+#[derive(Debug, Clone, PartialEq)]
+struct Known {
+    version: String,
+    selector: String,
+}
+
+/// The label selector of one kind of record of one driver.
+fn selector(kind: &str, driver_label: &str) -> String {
+    format!("{RECORD_LABEL}={kind},{DRIVER_LABEL}={driver_label}")
+}
+
+/// Forgets the objects of `selector` that a complete listing of it did not return.
+fn forget_unlisted(known: &mut HashMap<String, Known>, selector: &str, listed: &[&str]) {
+    known.retain(|name, k| k.selector != selector || listed.contains(&name.as_str()));
 }
 
 fn resource() -> ApiResource {
@@ -225,15 +244,29 @@ impl KubernetesRecords {
         }
     }
 
-    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
         self.versions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The `resourceVersion` this replica last read or wrote of the object.
+    fn version(&self, name: &str) -> Option<String> {
+        self.versions().get(name).map(|k| k.version.clone())
+    }
+
     fn remember(&self, object: &DynamicObject) {
+        let labels = object.metadata.labels.as_ref();
+        let label = |key: &str| labels.and_then(|l| l.get(key)).map_or("", String::as_str);
         if let (Some(name), Some(version)) =
             (&object.metadata.name, &object.metadata.resource_version)
         {
-            self.versions().insert(name.clone(), version.clone());
+            let selector = selector(label(RECORD_LABEL), label(DRIVER_LABEL));
+            self.versions().insert(
+                name.clone(),
+                Known {
+                    version: version.clone(),
+                    selector,
+                },
+            );
         }
     }
 
@@ -269,7 +302,7 @@ impl KubernetesRecords {
             .into(),
         );
         object.data = serde_json::json!({ "spec": spec });
-        let known = self.versions().get(name).cloned();
+        let known = self.version(name);
         let api = self.api.clone();
         let owned = name.to_owned();
         let written = match known {
@@ -312,7 +345,7 @@ impl KubernetesRecords {
         volume: &str,
         node: &str,
     ) -> Result<(), RecordsError> {
-        let known = self.versions().get(name).cloned();
+        let known = self.version(name);
         let api = self.api.clone();
         let owned = name.to_owned();
         let params = DeleteParams {
@@ -342,13 +375,15 @@ impl KubernetesRecords {
         driver: &DriverName,
     ) -> Result<Vec<Result<Spec, RecordsError>>, RecordsError> {
         let api = self.api.clone();
-        let selector = format!(
-            "{RECORD_LABEL}={},{DRIVER_LABEL}={}",
-            kind.as_str(),
-            driver_label(driver)
-        );
-        let list =
-            self.wait(async move { api.list(&ListParams::default().labels(&selector)).await })?;
+        let selector = selector(kind.as_str(), &driver_label(driver));
+        let params = ListParams::default().labels(&selector);
+        let list = self.wait(async move { api.list(&params).await })?;
+        let listed: Vec<&str> = list
+            .items
+            .iter()
+            .filter_map(|object| object.metadata.name.as_deref())
+            .collect();
+        forget_unlisted(&mut self.versions(), &selector, &listed);
         Ok(list
             .items
             .iter()
@@ -536,6 +571,32 @@ impl ControllerRecords for KubernetesRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_forgets_only_its_own_unlisted_objects() {
+        let attachments = selector("attachment", "aaaa");
+        let known = |version: &str, selector: &str| Known {
+            version: version.into(),
+            selector: selector.into(),
+        };
+        let mut map = HashMap::from([
+            ("kept".to_owned(), known("1", &attachments)),
+            ("deleted-elsewhere".to_owned(), known("2", &attachments)),
+            (
+                "provisioned".to_owned(),
+                known("3", &selector("provisioned", "aaaa")),
+            ),
+            (
+                "other-driver".to_owned(),
+                known("4", &selector("attachment", "bbbb")),
+            ),
+        ]);
+        forget_unlisted(&mut map, &attachments, &["kept", "new-elsewhere"]);
+        let mut left: Vec<&str> = map.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["kept", "other-driver", "provisioned"]);
+        assert_eq!(map["kept"], known("1", &attachments));
+    }
 
     #[test]
     fn object_names_are_valid_stable_and_distinct() {
