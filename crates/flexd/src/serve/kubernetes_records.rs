@@ -569,6 +569,10 @@ impl ControllerRecords for KubernetesRecords {
 }
 
 #[cfg(test)]
+#[path = "kubernetes_records_tests.rs"]
+mod api_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
