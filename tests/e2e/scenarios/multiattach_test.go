@@ -50,13 +50,7 @@ func (c *Cluster) multiAttachEvent(pod *corev1.Pod, holder string, message *stri
 // volume attached to B alone, one loop device, B's.
 func scenarioMultiAttach(ctx context.Context) {
 	c := cluster
-	if len(c.Nodes) < 2 {
-		ginkgo.Skip(fmt.Sprintf("multiattach: needs at least 2 nodes, the cluster has %d (E2E_NODES=3 tests/e2e/run.sh)", len(c.Nodes)))
-	}
-	a, b := c.Nodes[1], c.Nodes[0]
-	if len(c.Nodes) > 2 {
-		b = c.Nodes[2]
-	}
+	a, b := c.twoNodes("multiattach")
 	summary := c.NewSummary("multiattach")
 
 	ginkgo.By("flexd deployed with the builtin loop driver, on every node, and its controller")

@@ -195,9 +195,7 @@ func (c *Cluster) noFlexdRecordOn(node Node, volume string) func(context.Context
 // scenarioNodeLoss: see the file's comment.
 func scenarioNodeLoss(ctx context.Context) {
 	c := cluster
-	if len(c.Nodes) < 2 {
-		ginkgo.Skip(fmt.Sprintf("nodeloss: needs at least 2 nodes, the cluster has %d (E2E_NODES=3 tests/e2e/run.sh)", len(c.Nodes)))
-	}
+	c.needNodes("nodeloss", 2)
 	summary := c.NewSummary("nodeloss")
 
 	ginkgo.By("flexd deployed with the loop driver, and the recorder in front of it for kubelet's own FlexVolume plugin")

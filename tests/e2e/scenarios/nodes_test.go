@@ -257,19 +257,30 @@ func (c *Cluster) CreateMovingDeployment(ctx context.Context, name string, volum
 	})
 }
 
+// needNodes skips the scenario, saying why, on a cluster of fewer nodes.
+func (c *Cluster) needNodes(scenario string, nodes int) {
+	if len(c.Nodes) < nodes {
+		ginkgo.Skip(fmt.Sprintf("%s: needs at least %d nodes, the cluster has %d (E2E_NODES=3 tests/e2e/run.sh)", scenario, nodes, len(c.Nodes)))
+	}
+}
+
+// twoNodes are the nodes a volume moves between: worker A (node 1) and B, another worker, or
+// node 0 on two nodes. The scenario is skipped on one node.
+func (c *Cluster) twoNodes(scenario string) (Node, Node) {
+	c.needNodes(scenario, 2)
+	if len(c.Nodes) > 2 {
+		return c.Nodes[1], c.Nodes[2]
+	}
+	return c.Nodes[1], c.Nodes[0]
+}
+
 // scenarioNodes: a loop volume provisioned and attached to a worker A, where a Deployment's pod
 // writes to it; A drained: the pod comes up on B (another worker, or node 0 with two nodes) with
 // the data A's pod wrote, A's VolumeAttachment goes, and the one loop device backing the image
 // on the host is the one B mounts.
 func scenarioNodes(ctx context.Context) {
 	c := cluster
-	if len(c.Nodes) < 2 {
-		ginkgo.Skip(fmt.Sprintf("nodes: needs at least 2 nodes, the cluster has %d (E2E_NODES=3 tests/e2e/run.sh)", len(c.Nodes)))
-	}
-	a, b := c.Nodes[1], c.Nodes[0]
-	if len(c.Nodes) > 2 {
-		b = c.Nodes[2]
-	}
+	a, b := c.twoNodes("nodes")
 
 	ginkgo.By("flexd deployed with the builtin loop driver, on every node, and its controller")
 	c.InstallLoop(ctx)

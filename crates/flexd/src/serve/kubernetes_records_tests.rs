@@ -198,6 +198,14 @@ fn provisioned(name: &str, pool: &str) -> ProvisionedVolume {
     }
 }
 
+/// The write or delete was refused as a conflict.
+fn expect_conflict<T: std::fmt::Debug>(result: &Result<T, RecordsError>) {
+    assert!(
+        matches!(result, Err(RecordsError::Conflict { .. })),
+        "{result:?}"
+    );
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -226,10 +234,7 @@ fn replicas_never_overwrite_each_other() {
 
     // A writes from the version it last saw: refused, and the object is B's.
     let stale = a.save_provisioned(&d, &provisioned("pv-1", "stale"));
-    assert!(
-        matches!(stale, Err(RecordsError::Conflict { .. })),
-        "{stale:?}"
-    );
+    expect_conflict(&stale);
     let kept = b.provisioned(&d, "pv-1").unwrap().unwrap();
     assert!(kept.done && kept.options["pool"] == "first", "{kept:?}");
 
@@ -245,15 +250,23 @@ fn replicas_never_overwrite_each_other() {
     )
     .unwrap();
     // (Checked in the stand-in: a read by B would bring B up to date.)
-    let held = store.lock().unwrap().objects.values().next().cloned().unwrap();
-    assert_eq!(held["spec"]["data"]["capacity_bytes"], json!(2 << 20), "{held}");
+    let held = store
+        .lock()
+        .unwrap()
+        .objects
+        .values()
+        .next()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        held["spec"]["data"]["capacity_bytes"],
+        json!(2 << 20),
+        "{held}"
+    );
 
     // B's delete from its out-of-date version is refused; after a read it goes.
     let refused = b.remove_provisioned(&d, "pv-1");
-    assert!(
-        matches!(refused, Err(RecordsError::Conflict { .. })),
-        "{refused:?}"
-    );
+    expect_conflict(&refused);
     assert!(b.provisioned(&d, "pv-1").unwrap().is_some());
     b.remove_provisioned(&d, "pv-1").unwrap();
     assert_eq!(a.provisioned(&d, "pv-1").unwrap(), None);
@@ -262,10 +275,7 @@ fn replicas_never_overwrite_each_other() {
     // Two replicas creating the same record at once: one create wins, the other conflicts.
     a.save_provisioned(&d, &provisioned("pv-2", "a")).unwrap();
     let second = b.save_provisioned(&d, &provisioned("pv-2", "b"));
-    assert!(
-        matches!(second, Err(RecordsError::Conflict { .. })),
-        "{second:?}"
-    );
+    expect_conflict(&second);
     assert_eq!(
         b.provisioned(&d, "pv-2").unwrap().unwrap().options["pool"],
         "a"
