@@ -27,7 +27,9 @@ use serde_json::Value;
 
 use crate::naming;
 
+pub mod journal;
 mod nesting;
+pub mod plan;
 mod unique_keys;
 mod yaml;
 

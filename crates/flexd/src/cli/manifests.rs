@@ -75,6 +75,11 @@ pub struct ManifestsArgs {
     /// manifests (docs/operator-guide.md#upgrade-state-claim).
     #[arg(long, value_name = "CLAIM", value_parser = checks::dns_subdomain)]
     pub import_state_claim: Option<String>,
+    /// Print instead the identity `flexd migrate --apply` runs as: a ServiceAccount, the
+    /// ClusterRole and Role it needs and no more, and their bindings
+    /// (docs/migration.md#rbac).
+    #[arg(long, conflicts_with = "import_state_claim")]
+    pub migrator: bool,
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
@@ -100,6 +105,12 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
                 twice[0]
             ),
         ));
+    }
+    if args.migrator {
+        let settings = settings(global, &args, Vec::new());
+        let objects = deploy::render_migrator(&settings);
+        print!("{}", deploy::migrator_to_yaml(&settings, &objects)?);
+        return Ok(ExitCode::SUCCESS);
     }
     if let Some(claim) = &args.import_state_claim {
         let settings = settings(global, &args, Vec::new());

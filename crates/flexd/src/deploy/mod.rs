@@ -84,11 +84,13 @@ use serde::Serialize;
 use crate::naming::{self, CsiNameError};
 
 pub mod checks;
+mod migrator;
 mod objects;
 mod sidecar;
 #[cfg(test)]
 mod tests;
 
+pub use migrator::{migrator_to_yaml, render_migrator, MIGRATOR};
 use objects::{
     controller_deployment, controller_disruption_budget, controller_subject, csi_driver,
     import_job, meta, node_daemonset, records_definition, records_token, role_ref, service_account,

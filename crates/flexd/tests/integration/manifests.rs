@@ -365,10 +365,19 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         String::new(),
     );
     shapes.push(import.clone());
+    // The identity of `flexd migrate --apply`: RBAC only.
+    let migrator = (
+        "--migrator (the migration's identity)".to_owned(),
+        "migrator.yaml".to_owned(),
+        String::new(),
+    );
+    shapes.push(migrator.clone());
     for (_, file, driver) in &shapes {
         let mut args = vec!["manifests", "--image", &image];
         if *file == import.1 {
             args.extend(["--import-state-claim", "flexd-controller-state"]);
+        } else if *file == migrator.1 {
+            args.push("--migrator");
         } else {
             args.extend(["--driver", driver]);
         }

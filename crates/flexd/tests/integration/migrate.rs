@@ -1177,3 +1177,71 @@ async fn the_driver_gets_the_same_options_through_the_migrated_objects() {
     before["kubernetes.io/pvOrVolumeName"] = json!(kubelets_id);
     assert_eq!(mount_options(&server, 3), before);
 }
+
+#[test]
+fn the_cluster_modes_are_one_at_a_time_and_apply_needs_a_selection() {
+    let sandbox = with_examples();
+    let plugins = sandbox.plugin();
+    for args in [
+        &["migrate"][..],
+        &["migrate", "--apply"],
+        &["migrate", "--plan"],
+        &["migrate", "--apply", "--rollback", "--all"],
+        &["migrate", "--resume", "--all"],
+        &["migrate", "-f", "-", "--all"],
+        &["migrate", "--plan", "--workload", "ns/daemonset/x"],
+    ] {
+        let out = flexd(&plugins, args, "");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), "", "{args:?}");
+    }
+}
+
+#[test]
+fn an_api_server_out_of_reach_is_an_error_that_names_it_and_changes_nothing() {
+    let sandbox = with_examples();
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"http://127.0.0.1:{port}\"}}}}]\n\
+             users: [{{name: u, user: {{token: secret-token-value}}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    for mode in [
+        &["--plan", "--all"][..],
+        &["--apply", "--all", "--yes"],
+        &["--resume", "--yes"],
+        &["--rollback", "--yes"],
+    ] {
+        let mut args = vec![
+            "migrate",
+            "--kubeconfig",
+            kubeconfig,
+            "--wait-timeout",
+            "1s",
+        ];
+        args.extend_from_slice(mode);
+        let out = flexd(&sandbox.plugin(), &args, "");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{mode:?}: {stderr}");
+        assert!(stderr.contains("flexd: error:"), "{mode:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{mode:?}: {stderr}");
+        assert!(!stderr.contains("secret-token-value"), "{mode:?}: {stderr}");
+    }
+}

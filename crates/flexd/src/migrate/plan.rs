@@ -1,0 +1,645 @@
+//! What `flexd migrate --apply` moves, together, and what it refuses: pure, from the cluster's
+//! objects listed once (docs/migration.md#apply).
+//!
+//! A PersistentVolume cannot change its source in place, so its pods must stop while it is
+//! swapped, and so must every other pod of the workloads that use it: the PVs and workloads
+//! linked through pods and templates form one *unit*, stopped, swapped and started together.
+//! A unit is refused whole when anything in it cannot be stopped and started again by flexd
+//! (a bare Pod, a DaemonSet, a Job), cannot be converted, or would have no flexd to serve it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, PodSpec};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::naming;
+
+/// The cluster's objects a plan is made from.
+#[derive(Debug, Default, Clone)]
+pub struct Inventory {
+    pub persistent_volumes: Vec<PersistentVolume>,
+    pub pods: Vec<Pod>,
+    pub replica_sets: Vec<ReplicaSet>,
+    pub deployments: Vec<Deployment>,
+    pub stateful_sets: Vec<StatefulSet>,
+    pub csi_drivers: Vec<CSIDriver>,
+    pub csi_nodes: Vec<CSINode>,
+}
+
+/// The workloads flexd scales: their `scale` subresource stops and restarts their pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+    ReplicaSet,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deployment => "Deployment",
+            Self::StatefulSet => "StatefulSet",
+            Self::ReplicaSet => "ReplicaSet",
+        }
+    }
+
+    fn from_kind(kind: &str) -> Option<Self> {
+        [Self::Deployment, Self::StatefulSet, Self::ReplicaSet]
+            .into_iter()
+            .find(|k| k.as_str().eq_ignore_ascii_case(kind))
+    }
+}
+
+/// A workload, printed and journaled as `Kind namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkloadRef {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for WorkloadRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+    }
+}
+
+impl WorkloadRef {
+    /// `--workload NAMESPACE/KIND/NAME`, the kind in any case (`default/deployment/web`).
+    pub fn parse_flag(text: &str) -> Result<Self, String> {
+        let mut parts = text.splitn(3, '/');
+        let (Some(namespace), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(format!("{text:?} is not NAMESPACE/KIND/NAME"));
+        };
+        let kind = WorkloadKind::from_kind(kind).ok_or_else(|| {
+            format!("{kind:?} is not a kind flexd scales (deployment, statefulset, replicaset)")
+        })?;
+        if namespace.is_empty() || name.is_empty() {
+            return Err(format!("{text:?} is not NAMESPACE/KIND/NAME"));
+        }
+        Ok(Self {
+            kind,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl std::str::FromStr for WorkloadRef {
+    type Err = String;
+
+    /// The printed form, `Kind namespace/name`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (kind, rest) = text
+            .split_once(' ')
+            .ok_or_else(|| format!("{text:?} is not `Kind namespace/name`"))?;
+        let (namespace, name) = rest
+            .split_once('/')
+            .ok_or_else(|| format!("{text:?} is not `Kind namespace/name`"))?;
+        Ok(Self {
+            kind: WorkloadKind::from_kind(kind).ok_or_else(|| format!("unknown kind {kind:?}"))?,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Serialize for WorkloadRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkloadRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One FlexVolume PV to swap for its CSI twin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PvMove {
+    pub name: String,
+    /// The FlexVolume driver, `vendor/driver`.
+    pub driver: String,
+    /// Its CSI name, which the migrated PV names.
+    pub csi_driver: String,
+    /// `namespace/name` of the claim bound to it.
+    pub claim: Option<String>,
+    /// Whether the driver attaches (its CSIDriver's `attachRequired`): the swap then waits for
+    /// kube-controller-manager's detach first.
+    pub attaches: bool,
+    /// The reclaim policy before the migration, restored by a rollback.
+    pub reclaim_policy: Option<String>,
+    /// The nodes whose pods mount it now.
+    #[serde(default)]
+    pub nodes: BTreeSet<String>,
+}
+
+/// PVs and workloads stopped, swapped and started together.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unit {
+    /// Scaled to zero and back.
+    pub workloads: Vec<WorkloadRef>,
+    pub pvs: Vec<PvMove>,
+    /// Workloads whose pod template holds an inline `flexVolume`, rewritten to inline `csi`.
+    pub templates: Vec<WorkloadRef>,
+    /// The pods that restart (`namespace/name`).
+    pub pods: Vec<String>,
+}
+
+impl Unit {
+    /// The unit in a line: its workloads, else its PVs.
+    pub fn title(&self) -> String {
+        let mut parts: Vec<String> = self.workloads.iter().map(ToString::to_string).collect();
+        parts.extend(
+            self.pvs
+                .iter()
+                .map(|pv| format!("PersistentVolume {}", pv.name)),
+        );
+        parts.join(", ")
+    }
+}
+
+/// Something selected that is not migrated, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    pub what: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub units: Vec<Unit>,
+    pub refused: Vec<Refused>,
+}
+
+/// What to migrate: everything, or the units that hold any of these.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub all: bool,
+    pub pvs: BTreeSet<String>,
+    pub namespaces: BTreeSet<String>,
+    pub workloads: BTreeSet<WorkloadRef>,
+}
+
+/// One node of the graph units are the connected parts of.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Member {
+    Pv(String),
+    Workload(WorkloadRef),
+}
+
+#[derive(Default)]
+struct Graph {
+    members: Vec<Member>,
+    index: BTreeMap<Member, usize>,
+    parent: Vec<usize>,
+    /// Per member: why its unit cannot be migrated.
+    refusals: Vec<Vec<Refused>>,
+    pods: Vec<BTreeSet<String>>,
+}
+
+impl Graph {
+    fn add(&mut self, member: Member) -> usize {
+        if let Some(&i) = self.index.get(&member) {
+            return i;
+        }
+        let i = self.members.len();
+        self.index.insert(member.clone(), i);
+        self.members.push(member);
+        self.parent.push(i);
+        self.refusals.push(Vec::new());
+        self.pods.push(BTreeSet::new());
+        i
+    }
+
+    fn root(&mut self, mut i: usize) -> usize {
+        while self.parent[i] != i {
+            self.parent[i] = self.parent[self.parent[i]];
+            i = self.parent[i];
+        }
+        i
+    }
+
+    fn join(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.root(a), self.root(b));
+        if a != b {
+            self.parent[b.max(a)] = b.min(a);
+        }
+    }
+
+    fn refuse(&mut self, i: usize, what: impl Into<String>, reason: impl Into<String>) {
+        self.refusals[i].push(Refused {
+            what: what.into(),
+            reason: reason.into(),
+        });
+    }
+}
+
+fn name_of(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn controller_of(meta: &ObjectMeta) -> Option<(String, String)> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.clone(), o.name.clone()))
+}
+
+fn template_spec(
+    spec: Option<&PodSpec>,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::Volume> {
+    spec.and_then(|s| s.volumes.as_ref()).into_iter().flatten()
+}
+
+/// Converts one object with [`super::migrate`], the refusals as text.
+fn conversion_refusals(object: &impl Serialize, attaches: &BTreeMap<String, bool>) -> Vec<String> {
+    let text = match serde_json::to_string(object) {
+        Ok(text) => text,
+        Err(e) => return vec![e.to_string()],
+    };
+    let mut ask = |driver: &flexvolume_host::DriverName| {
+        let csi = naming::csi_name(driver).map_err(|e| e.to_string())?;
+        attaches
+            .get(&csi)
+            .copied()
+            .ok_or_else(|| format!("no CSIDriver {csi}"))
+    };
+    match super::migrate(&text, &mut ask) {
+        Ok(_) => Vec::new(),
+        Err(refusals) => refusals.iter().map(|r| r.reason.to_string()).collect(),
+    }
+}
+
+/// The plan for `selection`: every selected unit, or why it is refused.
+pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
+    let attaches: BTreeMap<String, bool> = inventory
+        .csi_drivers
+        .iter()
+        .filter_map(|d| {
+            let name = d.metadata.name.clone()?;
+            Some((name, d.spec.attach_required.unwrap_or(true)))
+        })
+        .collect();
+    let served: BTreeMap<String, BTreeSet<String>> = inventory
+        .csi_nodes
+        .iter()
+        .filter_map(|n| {
+            let drivers = n.spec.drivers.iter().map(|d| d.name.clone()).collect();
+            Some((n.metadata.name.clone()?, drivers))
+        })
+        .collect();
+    let mut graph = Graph::default();
+    let mut moves: BTreeMap<String, PvMove> = BTreeMap::new();
+    // `namespace/claim` → the FlexVolume PV bound to it.
+    let mut claims: BTreeMap<String, String> = BTreeMap::new();
+    let mut templates: BTreeSet<WorkloadRef> = BTreeSet::new();
+
+    for pv in &inventory.persistent_volumes {
+        let Some(spec) = &pv.spec else { continue };
+        let Some(flex) = &spec.flex_volume else {
+            continue;
+        };
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let i = graph.add(Member::Pv(name.clone()));
+        let what = format!("PersistentVolume {name}");
+        for reason in conversion_refusals(pv, &attaches) {
+            graph.refuse(i, &what, reason);
+        }
+        let csi_driver = flexvolume_host::DriverName::parse(&flex.driver)
+            .ok()
+            .and_then(|d| naming::csi_name(&d).ok())
+            .unwrap_or_default();
+        if !csi_driver.is_empty() && !attaches.contains_key(&csi_driver) {
+            graph.refuse(
+                i,
+                &what,
+                format!(
+                    "no CSIDriver {csi_driver}: flexd does not serve driver {} (apply `flexd \
+                     manifests` first)",
+                    flex.driver
+                ),
+            );
+        }
+        let claim = spec.claim_ref.as_ref().and_then(|c| {
+            Some(format!(
+                "{}/{}",
+                c.namespace.as_deref()?,
+                c.name.as_deref()?
+            ))
+        });
+        if let Some(claim) = &claim {
+            claims.insert(claim.clone(), name.clone());
+        }
+        moves.insert(
+            name.clone(),
+            PvMove {
+                name,
+                driver: flex.driver.clone(),
+                attaches: attaches.get(&csi_driver).copied().unwrap_or(false),
+                csi_driver,
+                claim,
+                reclaim_policy: spec.persistent_volume_reclaim_policy.clone(),
+                nodes: BTreeSet::new(),
+            },
+        );
+    }
+
+    // The workloads' own templates: inline flexVolumes, and claims of FlexVolume PVs (a
+    // workload scaled to zero has no pods to link it).
+    let mut workload = |graph: &mut Graph,
+                        kind: WorkloadKind,
+                        meta: &ObjectMeta,
+                        spec: Option<&PodSpec>,
+                        refusals: Vec<String>| {
+        let (namespace, name) = name_of(meta);
+        let reference = WorkloadRef {
+            kind,
+            namespace: namespace.clone(),
+            name,
+        };
+        let mut linked = Vec::new();
+        let mut inline = false;
+        for volume in template_spec(spec) {
+            inline |= volume.flex_volume.is_some();
+            if let Some(claim) = &volume.persistent_volume_claim {
+                if let Some(pv) = claims.get(&format!("{namespace}/{}", claim.claim_name)) {
+                    linked.push(pv.clone());
+                }
+            }
+        }
+        if !inline && linked.is_empty() {
+            return;
+        }
+        let i = graph.add(Member::Workload(reference.clone()));
+        if inline {
+            templates.insert(reference.clone());
+            for reason in refusals {
+                graph.refuse(i, reference.to_string(), reason);
+            }
+        }
+        for pv in linked {
+            let j = graph.add(Member::Pv(pv));
+            graph.join(i, j);
+        }
+    };
+    for d in &inventory.deployments {
+        let spec = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let refusals = if template_spec(spec).any(|v| v.flex_volume.is_some()) {
+            conversion_refusals(d, &attaches)
+        } else {
+            Vec::new()
+        };
+        workload(
+            &mut graph,
+            WorkloadKind::Deployment,
+            &d.metadata,
+            spec,
+            refusals,
+        );
+    }
+    for s in &inventory.stateful_sets {
+        let spec = s.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let refusals = if template_spec(spec).any(|v| v.flex_volume.is_some()) {
+            conversion_refusals(s, &attaches)
+        } else {
+            Vec::new()
+        };
+        workload(
+            &mut graph,
+            WorkloadKind::StatefulSet,
+            &s.metadata,
+            spec,
+            refusals,
+        );
+    }
+    // A ReplicaSet of a Deployment is scaled through its Deployment.
+    let mut replica_set_owner: BTreeMap<(String, String), WorkloadRef> = BTreeMap::new();
+    for rs in &inventory.replica_sets {
+        let (namespace, name) = name_of(&rs.metadata);
+        let owner = match controller_of(&rs.metadata) {
+            Some((kind, owner)) if kind == "Deployment" => WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                namespace: namespace.clone(),
+                name: owner,
+            },
+            Some(_) => continue,
+            None => {
+                let spec = rs
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.as_ref()?.spec.as_ref());
+                // flexd migrate converts no ReplicaSet template (a Deployment's is the one to
+                // convert), so an inline flexVolume in one of its own is refused.
+                let refusals = if template_spec(spec).any(|v| v.flex_volume.is_some()) {
+                    vec![
+                        "holds an inline flexVolume in a ReplicaSet of its own; make it a \
+                          Deployment or convert it by hand"
+                            .to_owned(),
+                    ]
+                } else {
+                    Vec::new()
+                };
+                let reference = WorkloadRef {
+                    kind: WorkloadKind::ReplicaSet,
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                };
+                workload(
+                    &mut graph,
+                    WorkloadKind::ReplicaSet,
+                    &rs.metadata,
+                    spec,
+                    refusals,
+                );
+                reference
+            }
+        };
+        replica_set_owner.insert((namespace, name), owner);
+    }
+
+    for pod in &inventory.pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let (namespace, name) = name_of(&pod.metadata);
+        let spec = pod.spec.as_ref();
+        let node = spec.and_then(|s| s.node_name.clone());
+        let mut pvs = Vec::new();
+        let mut inline_drivers = Vec::new();
+        for volume in template_spec(spec) {
+            if let Some(flex) = &volume.flex_volume {
+                inline_drivers.push(flex.driver.clone());
+            }
+            if let Some(claim) = &volume.persistent_volume_claim {
+                if let Some(pv) = claims.get(&format!("{namespace}/{}", claim.claim_name)) {
+                    pvs.push(pv.clone());
+                }
+            }
+        }
+        if pvs.is_empty() && inline_drivers.is_empty() {
+            continue;
+        }
+        let what = format!("Pod {namespace}/{name}");
+        // Whose pod it is: the workload flexd scales, or a refusal.
+        let owner = match controller_of(&pod.metadata) {
+            Some((kind, owner)) if kind == "ReplicaSet" => replica_set_owner
+                .get(&(namespace.clone(), owner.clone()))
+                .cloned()
+                .ok_or(format!(
+                    "its ReplicaSet {owner} is owned by something flexd does not scale"
+                )),
+            Some((kind, owner)) if kind == "StatefulSet" => Ok(WorkloadRef {
+                kind: WorkloadKind::StatefulSet,
+                namespace: namespace.clone(),
+                name: owner,
+            }),
+            Some((kind, owner)) => Err(format!(
+                "belongs to {kind} {owner}, which flexd cannot stop and start again (only \
+                 Deployments, StatefulSets and ReplicaSets); stop it yourself first"
+            )),
+            None => Err(
+                "is a bare Pod: nothing would start it again; delete it yourself, \
+                         migrate, and create it again"
+                    .to_owned(),
+            ),
+        };
+        let mut members: Vec<usize> = pvs
+            .iter()
+            .map(|pv| graph.add(Member::Pv(pv.clone())))
+            .collect();
+        match owner {
+            Ok(owner) => members.push(graph.add(Member::Workload(owner))),
+            Err(reason) => {
+                if let Some(&first) = members.first() {
+                    graph.refuse(first, &what, reason);
+                } else {
+                    // Inline volumes only: the pod is its own unit, refused.
+                    let i = graph.add(Member::Pv(format!("(inline volumes of {what})")));
+                    graph.refuse(i, &what, reason);
+                    members.push(i);
+                }
+            }
+        }
+        for pair in members.windows(2) {
+            graph.join(pair[0], pair[1]);
+        }
+        if let Some(&first) = members.first() {
+            graph.pods[first].insert(format!("{namespace}/{name}"));
+        }
+        // flexd must serve the drivers where the pods run.
+        let mut drivers: Vec<(String, String)> = pvs
+            .iter()
+            .filter_map(|pv| moves.get(pv))
+            .map(|m| (m.driver.clone(), m.csi_driver.clone()))
+            .collect();
+        drivers.extend(inline_drivers.iter().filter_map(|d| {
+            let name = flexvolume_host::DriverName::parse(d).ok()?;
+            Some((d.clone(), naming::csi_name(&name).ok()?))
+        }));
+        if let Some(node) = &node {
+            for pv in &pvs {
+                if let Some(m) = moves.get_mut(pv) {
+                    m.nodes.insert(node.clone());
+                }
+            }
+            for (driver, csi) in drivers {
+                let listed = served.get(node).is_some_and(|d| d.contains(&csi));
+                if !listed && !csi.is_empty() {
+                    graph.refuse(
+                        members[0],
+                        &what,
+                        format!(
+                            "runs on node {node}, where flexd does not serve driver {driver} \
+                             (CSINode {node} does not list {csi}): its pods could not mount \
+                             the migrated volume there"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    // The connected parts, selected or not.
+    let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..graph.members.len() {
+        let root = graph.root(i);
+        parts.entry(root).or_default().push(i);
+    }
+    let mut result = Plan::default();
+    for members in parts.into_values() {
+        let mut unit = Unit::default();
+        let mut refused = Vec::new();
+        for &i in &members {
+            refused.extend(graph.refusals[i].iter().cloned());
+            unit.pods.extend(graph.pods[i].iter().cloned());
+            match &graph.members[i] {
+                Member::Pv(name) => {
+                    if let Some(m) = moves.get(name) {
+                        unit.pvs.push(m.clone());
+                    }
+                }
+                Member::Workload(w) => {
+                    if templates.contains(w) {
+                        unit.templates.push(w.clone());
+                    }
+                    unit.workloads.push(w.clone());
+                }
+            }
+        }
+        if !selected(&unit, selection) {
+            continue;
+        }
+        unit.workloads.sort();
+        unit.templates.sort();
+        unit.pvs.sort_by(|a, b| a.name.cmp(&b.name));
+        unit.pods.sort();
+        if refused.is_empty() {
+            result.units.push(unit);
+        } else {
+            result.refused.extend(refused);
+        }
+    }
+    result.units.sort_by_key(Unit::title);
+    result
+        .refused
+        .sort_by(|a, b| (&a.what, &a.reason).cmp(&(&b.what, &b.reason)));
+    result.refused.dedup();
+    result
+}
+
+fn selected(unit: &Unit, selection: &Selection) -> bool {
+    selection.all
+        || unit.pvs.iter().any(|pv| {
+            selection.pvs.contains(&pv.name)
+                || pv
+                    .claim
+                    .as_deref()
+                    .and_then(|c| c.split_once('/'))
+                    .is_some_and(|(ns, _)| selection.namespaces.contains(ns))
+        })
+        || unit
+            .workloads
+            .iter()
+            .any(|w| selection.workloads.contains(w) || selection.namespaces.contains(&w.namespace))
+        || unit.pods.iter().any(|p| {
+            p.split_once('/')
+                .is_some_and(|(ns, _)| selection.namespaces.contains(ns))
+        })
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
