@@ -235,13 +235,11 @@ func scenarioOracle(ctx context.Context) {
 	// detach (a CI run's failure; the loop driver's claim fixed it, docs/oracle.md#isattached).
 	WaitFor(ctx, 240*time.Second, "kube-controller-manager's detach of oracle-loop", c.controllerManagerDetached)
 
-	ginkgo.By("the cut-over (docs/migration.md#cut-over): `flexd migrate` of the PVs and of the pod")
-	pvsYAML := c.WriteRun("oracle-pvs-flex.yaml", c.MustKubectl(ctx, "get", "pv", "oracle-hostdir", "oracle-loop", "-o", "yaml"))
-	migratedPVs := c.WriteRun("oracle-pvs.yaml", c.MustFlexd(ctx, "migrate", "-f", pvsYAML))
+	ginkgo.By("the cut-over: `flexd migrate --apply` of the PVs (docs/migration.md#apply), `flexd migrate -f` of the pod")
+	ginkgo.DeferCleanup(c.deleteMigrationJournal)
+	c.MustFlexd(ctx, "migrate", "--apply", "--pv", "oracle-hostdir", "--pv", "oracle-loop", "--yes",
+		"--kubeconfig", c.Path("kubeconfig"), "--journal-namespace", c.Namespace)
 	migratedPod := c.WriteRun("oracle-pod-csi.yaml", c.MustFlexd(ctx, "migrate", "-f", podYAML))
-	c.DeletePVIfThere(ctx, "oracle-hostdir")
-	c.DeletePVIfThere(ctx, "oracle-loop")
-	c.MustKubectl(ctx, "create", "-f", migratedPVs)
 	c.WaitClaimBound(ctx, "oracle-hostdir", 120*time.Second)
 	c.WaitClaimBound(ctx, "oracle-loop", 120*time.Second)
 

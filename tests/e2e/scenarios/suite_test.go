@@ -27,9 +27,9 @@ var _ = ginkgo.BeforeSuite(func() {
 // that check its first, node-only shape; the faults share their pods in order. controller runs
 // last: its driver is installed and removed between two of kube-controller-manager's probes,
 // and that controller's FlexVolume prober then retries the removed driver on every probe for
-// good (its log fills with the errors); the oracle, which goes through kube-controller-manager,
-// runs before that. nodes (a volume moved between nodes) skips itself on a single node. A failed
-// scenario does not stop the ones after it.
+// good (its log fills with the errors); the oracle and migrate_apply, which go through
+// kube-controller-manager, run before that. nodes (a volume moved between nodes) skips itself on
+// a single node. A failed scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
 	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
@@ -46,6 +46,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("multiattach", ginkgo.Label("multiattach"), scenarioMultiAttach)
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
+	ginkgo.It("migrate_apply", ginkgo.Label("migrate_apply"), scenarioMigrateApply)
 	ginkgo.It("nodeloss", ginkgo.Label("nodeloss"), scenarioNodeLoss)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)

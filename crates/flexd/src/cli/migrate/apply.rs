@@ -23,6 +23,11 @@ use crate::settings::OutputFormat;
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_secs(1);
 
+/// How long a FlexVolume volume must stay out of its node's status before its detach is taken
+/// as done (see `wait_flex_detached`): the driver's `detach` runs right after the status drops,
+/// and a failed one puts the volume back.
+const DETACH_SETTLE: Duration = Duration::from_secs(10);
+
 /// What the command was asked.
 pub enum Mode {
     Plan(Selection),
@@ -593,6 +598,7 @@ impl Migrator {
                 || async { Ok(api.get_opt(name).await?.is_none()) },
             )
             .await?;
+            test_kill_point("pv-deleted");
         }
         let pv: PersistentVolume = serde_json::from_value(new)
             .with_context(|| format!("PersistentVolume {name} from the journal"))?;
@@ -796,7 +802,8 @@ impl Migrator {
         .await
     }
 
-    /// The FlexVolume volumes the unit's attaching drivers have attached, per node it used.
+    /// The FlexVolume volumes the unit's attaching drivers have attached, per node it used:
+    /// kube-controller-manager names them `vendor/driver/<getvolumename's answer>`.
     async fn attached_now(
         &self,
         record: &UnitRecord,
@@ -805,7 +812,7 @@ impl Migrator {
             .moves
             .iter()
             .filter(|m| m.attaches)
-            .map(|m| format!("flexvolume-{}/", m.driver))
+            .map(|m| format!("{}/", m.driver))
             .collect();
         let mut attached = BTreeMap::new();
         for node in record.attached_counts().into_keys() {
@@ -827,19 +834,25 @@ impl Migrator {
     }
 
     /// Until kube-controller-manager has detached the unit's FlexVolume volumes: on each node,
-    /// as many of the volumes attached before the scale-down are gone as the unit had there.
+    /// as many of the volumes attached before the scale-down are gone as the unit had there,
+    /// and they stay gone for [`DETACH_SETTLE`]. kube-controller-manager drops a volume from the
+    /// node's status just *before* it runs the driver's `detach`, and puts it back if that
+    /// fails; a CSI attach that overtook the detach could have its claim released under it.
     async fn wait_flex_detached(&self, record: &UnitRecord) -> anyhow::Result<()> {
         let counts = record.attached_counts();
         if counts.is_empty() {
             return Ok(());
         }
         let what = format!(
-            "kube-controller-manager to detach the volumes of {}",
-            record.title()
+            "kube-controller-manager to detach the volumes of {} (gone from the nodes' status \
+             for {} s)",
+            record.title(),
+            DETACH_SETTLE.as_secs()
         );
+        let gone_since = std::cell::Cell::new(None::<Instant>);
         self.wait(&what, || async {
             let now = self.attached_now(record).await?;
-            Ok(counts.iter().all(|(node, &count)| {
+            let gone = counts.iter().all(|(node, &count)| {
                 let before = record
                     .attached_before
                     .get(node)
@@ -848,7 +861,14 @@ impl Migrator {
                 let gone =
                     journal::detached(before, now.get(node).map(Vec::as_slice).unwrap_or_default());
                 gone >= count.min(before.len())
-            }))
+            });
+            if !gone {
+                gone_since.set(None);
+                return Ok(false);
+            }
+            let since = gone_since.get().unwrap_or_else(Instant::now);
+            gone_since.set(Some(since));
+            Ok(since.elapsed() >= DETACH_SETTLE)
         })
         .await
     }
@@ -1044,6 +1064,16 @@ impl OperationName for Journal {
             Operation::Apply => "a migration",
             Operation::Rollback => "a rollback",
         }
+    }
+}
+
+/// For the e2e: a kill -9 at the one moment no outside killer can hit on time (a PV deleted,
+/// its twin not yet created, a few milliseconds), when `FLEXD_TEST_KILL_AT` names the point.
+/// The process dies as any `kill -9` would leave it; docs/testing.md#migrate-apply.
+fn test_kill_point(point: &str) {
+    if std::env::var_os("FLEXD_TEST_KILL_AT").is_some_and(|p| p == point) {
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
 }
 
