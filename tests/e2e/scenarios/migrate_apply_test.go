@@ -1,12 +1,14 @@
 package scenarios
 
 // `flexd migrate --apply` (docs/migration.md#apply): the cut-over of docs/migration.md done by
-// flexd itself against the API server, unit by unit, with its journal in a ConfigMap. Three
+// flexd itself against the API server, unit by unit, with its journal in a ConfigMap. Four
 // workloads on FlexVolume, each a unit of its own: a Deployment on a PV of the node-only hostdir
-// driver, a Deployment with an inline flexVolume of the same driver, and a StatefulSet on a PV
-// of the builtin loop driver, attached by kube-controller-manager's FlexVolume plugin. Every pod
-// writes a marker once and appends a line a second to its volume. The plan first (nothing
-// changed); then --apply, killed (SIGKILL) as its journal reaches each step in turn and resumed
+// driver, a Deployment with an inline flexVolume of the same driver, a bare Pod (no controller)
+// with an inline flexVolume of the same driver, deleted and created again by flexd
+// (--recreate-pods), and a StatefulSet on a PV of the builtin loop driver, attached by
+// kube-controller-manager's FlexVolume plugin. Every pod writes a marker once and appends a line
+// a second to its volume. The plan first (nothing changed; without --recreate-pods the bare Pod
+// refused); then --apply, killed (SIGKILL) as its journal reaches each step in turn and resumed
 // each time, to the end: everything on CSI with its data; then --rollback: everything back on
 // kubelet's FlexVolume plugin, the lines written on CSI kept.
 
@@ -39,6 +41,7 @@ const (
 	maHostdir = "e2e-mapply-hostdir" // Deployment, PV and claim of the hostdir driver (node-only)
 	maInline  = "e2e-mapply-inline"  // Deployment with an inline flexVolume of the hostdir driver
 	maLoop    = "e2e-mapply-loop"    // StatefulSet, PV and claim of the loop driver (attaches)
+	maBare    = "e2e-mapply-bare"    // bare Pod with an inline flexVolume of the hostdir driver
 	// The journal: this ConfigMap in the namespace --journal-namespace names (flexd's here), its
 	// JSON under this key.
 	maJournal    = "flexd-migration"
@@ -51,20 +54,22 @@ const (
 // The steps of a unit's apply, in order, as the journal names them.
 var maSteps = []string{"planned", "retained", "scaling-down", "scaled-down", "stopped", "swapping", "swapped", "done"}
 
-// maTarget is where --apply (then --resume) is killed: as the unit of the workload reaches the
-// step; with pvGone, the run kills itself once the unit's PV is deleted, before its twin is
-// created (the one moment a PV is missing).
+// maTarget is where --apply (then --resume) is killed: as the unit of the workload (or bare
+// Pod) of that name reaches the step; with pvGone, the run kills itself once the unit's PV is
+// deleted, before its twin is created (the one moment a PV is missing).
 type maTarget struct {
 	workload, step string
 	pvGone         bool
 }
 
-// The kills, in turn, spread over the three units (which run one after the other in this
+// The kills, in turn, spread over the four units (which run one after the other in this
 // order) so that each step of the apply is interrupted once and each unit's swap, the attaching
-// driver's included, is interrupted between delete and create.
+// driver's included, is interrupted between delete and create; the bare Pod's unit as its Pod
+// is deleted and not yet created again (the one moment its Pod is only in the journal).
 var maTargets = []maTarget{
 	{maHostdir, "retained", false}, {maHostdir, "swapping", true},
 	{maInline, "scaling-down", false}, {maInline, "swapped", false},
+	{maBare, "scaled-down", false},
 	{maLoop, "stopped", false}, {maLoop, "swapping", false},
 }
 
@@ -82,7 +87,7 @@ func maAtOrPast(step, target string) bool {
 
 // maWorkload is one of the scenario's workloads, each its own unit.
 type maWorkload struct {
-	kind string // Deployment or StatefulSet, as flexd prints it
+	kind string // Deployment, StatefulSet or Pod (a bare one), as flexd prints it
 	name string
 	// The PV it mounts through its claim of the same name, "" for the inline volume.
 	pv string
@@ -92,18 +97,38 @@ type maWorkload struct {
 	csiDriver  string
 }
 
-// ref is the workload as flexd prints and journals it: `Kind namespace/name`.
+// ref is the workload as flexd prints and journals it: `Kind namespace/name` (`Pod
+// namespace/name` for the bare Pod, as in unit titles).
 func (w maWorkload) ref() string { return w.kind + " " + podNamespace + "/" + w.name }
 
+// bare says whether it is the bare Pod: in a unit's bare_pods (as nsName), not its workloads.
+func (w maWorkload) bare() bool { return w.kind == "Pod" }
+
+// nsName is `namespace/name`, as bare_pods and pods name a pod.
+func (w maWorkload) nsName() string { return podNamespace + "/" + w.name }
+
 // maWorkloads, each its own unit. Nothing here depends on the order flexd takes the units in;
-// flexd's plan sorts them by title (`Kind namespace/name`), which makes the first, the one the
-// kills land on, the Deployment on the hostdir PV: a unit with a PV to swap.
+// flexd's plan sorts them by title (`Kind namespace/name`, then `Pod namespace/name` for bare
+// Pods), which makes the first, the one the kills land on, the Deployment on the hostdir PV: a
+// unit with a PV to swap; the bare Pod's unit comes after the Deployments, before the
+// StatefulSet.
 func (c *Cluster) maWorkloads() []maWorkload {
 	return []maWorkload{
 		{kind: "Deployment", name: maHostdir, pv: maHostdir, volume: maHostdir, flexDriver: c.Driver, csiDriver: c.CSIName},
 		{kind: "Deployment", name: maInline, volume: "data", flexDriver: c.Driver, csiDriver: c.CSIName},
+		{kind: "Pod", name: maBare, volume: "data", flexDriver: c.Driver, csiDriver: c.CSIName},
 		{kind: "StatefulSet", name: maLoop, pv: maLoop, volume: maLoop, flexDriver: loopDriver, csiDriver: loopCSIName},
 	}
+}
+
+// maTitle names a unit by its workloads and bare Pods as flexd's unit titles do (without the
+// PVs): `Kind ns/name, ..., Pod ns/name, ...`.
+func maTitle(workloads, barePods []string) string {
+	parts := slices.Clone(workloads)
+	for _, p := range barePods {
+		parts = append(parts, "Pod "+p)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // What every pod runs: a marker written once (by the first pod), then a line a second, the
@@ -111,8 +136,9 @@ func (c *Cluster) maWorkloads() []maWorkload {
 const maScript = `[ -e /data/marker ] || echo "marker $POD_UID $(date +%s)" > /data/marker
 while :; do echo "$(date +%s) $POD_UID" >> /data/log; sleep 1; done`
 
-// maTemplate is the workload's pod template: ToolsPod's pod (node 0, hostNetwork) running
-// maScript with the volume at /data.
+// maTemplate is the workload's pod template: ToolsPod's pod (node 0 by a nodeSelector, not
+// nodeName, so that the bare Pod flexd creates again without its nodeName lands there too;
+// hostNetwork) running maScript with the volume at /data.
 func (c *Cluster) maTemplate(name string, volume corev1.VolumeSource) corev1.PodTemplateSpec {
 	pod := c.ToolsPod(name, "", volume, nil)
 	pod.Spec.Containers[0].Command = []string{"/bin/sh", "-c", maScript}
@@ -122,8 +148,8 @@ func (c *Cluster) maTemplate(name string, volume corev1.VolumeSource) corev1.Pod
 	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}}, Spec: pod.Spec}
 }
 
-// maCreate creates the workload, one replica; when the scenario ends it is deleted and its
-// pods are waited out.
+// maCreate creates the workload, one replica (the bare Pod: the pod itself); when the scenario
+// ends it is deleted and its pods are waited out.
 func (c *Cluster) maCreate(ctx context.Context, w maWorkload, volume corev1.VolumeSource) {
 	ginkgo.GinkgoHelper()
 	template := c.maTemplate(w.name, volume)
@@ -152,6 +178,15 @@ func (c *Cluster) maCreate(ctx context.Context, w maWorkload, volume corev1.Volu
 				Template:    template,
 			},
 		}, metav1.CreateOptions{})
+	case "Pod":
+		// No owner: flexd refuses it unless --recreate-pods, then deletes it and creates it
+		// again from the journal, with the same name, labels and nodeSelector.
+		_, err = c.Kube.CoreV1().Pods(podNamespace).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: w.name, Namespace: podNamespace, Labels: template.Labels},
+			Spec:       template.Spec,
+		}, metav1.CreateOptions{})
+	default:
+		ginkgo.Fail("maCreate: no workload of kind " + w.kind)
 	}
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "creating %s", w.ref())
 	ginkgo.DeferCleanup(func(ctx context.Context) {
@@ -171,9 +206,17 @@ func (c *Cluster) maCreate(ctx context.Context, w maWorkload, volume corev1.Volu
 }
 
 // maWorkloadReady fails until the workload's status says its one replica is Ready and up to
-// date.
+// date; the bare Pod's, until the pod of its name is there, Ready and not being deleted.
 func (c *Cluster) maWorkloadReady(ctx context.Context, w maWorkload) error {
 	switch w.kind {
+	case "Pod":
+		pod, err := c.Kube.CoreV1().Pods(podNamespace).Get(ctx, w.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !PodReady(pod) || pod.DeletionTimestamp != nil {
+			return fmt.Errorf("%s: %s, ready=%v, deleting=%v", w.ref(), pod.Status.Phase, PodReady(pod), pod.DeletionTimestamp != nil)
+		}
 	case "Deployment":
 		d, err := c.Kube.AppsV1().Deployments(podNamespace).Get(ctx, w.name, metav1.GetOptions{})
 		if err != nil {
@@ -184,7 +227,7 @@ func (c *Cluster) maWorkloadReady(ctx context.Context, w maWorkload) error {
 			return fmt.Errorf("%s: generation %d observed %d, replicas %d, updated %d, ready %d",
 				w.ref(), d.Generation, s.ObservedGeneration, s.Replicas, s.UpdatedReplicas, s.ReadyReplicas)
 		}
-	default:
+	case "StatefulSet":
 		ss, err := c.Kube.AppsV1().StatefulSets(podNamespace).Get(ctx, w.name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -194,6 +237,8 @@ func (c *Cluster) maWorkloadReady(ctx context.Context, w maWorkload) error {
 			return fmt.Errorf("%s: generation %d observed %d, replicas %d, ready %d",
 				w.ref(), ss.Generation, s.ObservedGeneration, s.Replicas, s.ReadyReplicas)
 		}
+	default:
+		return fmt.Errorf("no workload of kind %s", w.kind)
 	}
 	return nil
 }
@@ -210,7 +255,8 @@ func maLogLines(log, uid string) int {
 }
 
 // maPod waits until the workload is Ready with one pod (no other pod of it left) that has
-// appended at least two lines to its log, and returns the pod.
+// appended at least two lines to its log, and returns the pod. The bare Pod's is the pod of
+// its name (and label), a new UID each time flexd creates it again.
 func (c *Cluster) maPod(ctx context.Context, w maWorkload, timeout time.Duration) *corev1.Pod {
 	ginkgo.GinkgoHelper()
 	var ready *corev1.Pod
@@ -276,6 +322,18 @@ func (c *Cluster) maCSITarget(pod *corev1.Pod, w maWorkload) string {
 	return c.VolumeTarget(string(pod.UID), w.volume)
 }
 
+// maExpectPlaced fails unless the pod runs on node 0, where the mount checks look; the bare
+// Pod, created again by flexd without its nodeName, keeps its name and is placed there by its
+// nodeSelector alone.
+func (c *Cluster) maExpectPlaced(pod *corev1.Pod, w maWorkload) {
+	ginkgo.GinkgoHelper()
+	gomega.Expect(pod.Spec.NodeName).To(gomega.Equal(c.Node), "the node of %s's pod %s", w.ref(), pod.Name)
+	if w.bare() {
+		gomega.Expect(pod.Name).To(gomega.Equal(w.name), "the name of %s, created again", w.ref())
+		gomega.Expect(pod.OwnerReferences).To(gomega.BeEmpty(), "the owners of %s, created again", w.ref())
+	}
+}
+
 // maArgs are flexd's arguments for `flexd migrate ARGS...` against this cluster, the journal in
 // flexd's namespace.
 func (c *Cluster) maArgs(args ...string) []string {
@@ -300,7 +358,7 @@ var maKubeconfig string
 // of its ServiceAccount; the objects go when the scenario ends.
 func (c *Cluster) maMigratorIdentity(ctx context.Context) string {
 	ginkgo.GinkgoHelper()
-	manifests := c.WriteRun("migrator.yaml", c.MustFlexd(ctx, "manifests", "--migrator", "--namespace", c.Namespace))
+	manifests := c.WriteRun("migrator.yaml", c.MustFlexd(ctx, "manifests", "--migrator", "--recreate-pods", "--namespace", c.Namespace))
 	c.MustKubectl(ctx, "apply", "-f", manifests)
 	ginkgo.DeferCleanup(func(ctx context.Context) {
 		c.MustKubectl(ctx, "delete", "--ignore-not-found", "-f", manifests)
@@ -323,14 +381,21 @@ current-context: migrator
 
 // --- the journal -------------------------------------------------------------------------------
 // Read as the spec of `flexd migrate` gives it; anything else in it is left alone, and the old
-// PVs are looked for anywhere in a unit's record (maHoldsPV).
+// PVs are looked for anywhere in a unit's record (maHoldsPV). A bare Pod's unit has it in
+// bare_pods (`namespace/name`), its workloads empty when it has no other; from scaling-down on,
+// old_pods holds the Pod object as it was, what is created again.
 
 type maJournalUnit struct {
-	Workloads       []string `json:"workloads"`
-	PVs             []string `json:"pvs"`
-	Step            string   `json:"step"`
-	DowntimeSeconds *float64 `json:"downtime_seconds"`
+	Workloads       []string       `json:"workloads"`
+	BarePods        []string       `json:"bare_pods"`
+	PVs             []string       `json:"pvs"`
+	Step            string         `json:"step"`
+	OldPods         map[string]any `json:"old_pods"`
+	DowntimeSeconds *float64       `json:"downtime_seconds"`
 }
+
+// title names the unit by its workloads and bare Pods, for a message.
+func (u maJournalUnit) title() string { return maTitle(u.Workloads, u.BarePods) }
 
 type maJournalDoc struct {
 	Version   int             `json:"version"`
@@ -381,11 +446,12 @@ func (c *Cluster) maMustJournal(ctx context.Context) *maJournalDoc {
 	return j
 }
 
-// unitOfWorkload is the index of the unit with the workload (`Kind ns/name`, matched by name),
-// -1 when none has it.
-func (j *maJournalDoc) unitOfWorkload(name string) int {
+// unitOfName is the index of the unit with the workload (`Kind ns/name`, matched by name) or
+// the bare Pod (`ns/name`) of the name, -1 when none has it.
+func (j *maJournalDoc) unitOfName(name string) int {
 	return slices.IndexFunc(j.Units, func(u maJournalUnit) bool {
-		return slices.ContainsFunc(u.Workloads, func(w string) bool { return strings.HasSuffix(w, "/"+name) })
+		return slices.ContainsFunc(u.Workloads, func(w string) bool { return strings.HasSuffix(w, "/"+name) }) ||
+			slices.Contains(u.BarePods, podNamespace+"/"+name)
 	})
 }
 
@@ -398,7 +464,7 @@ func (j *maJournalDoc) unitOf(pv string) int {
 func (j *maJournalDoc) steps() string {
 	var steps []string
 	for i, u := range j.Units {
-		steps = append(steps, fmt.Sprintf("unit %d (%s): %s", i+1, strings.Join(u.Workloads, ", "), u.Step))
+		steps = append(steps, fmt.Sprintf("unit %d (%s): %s", i+1, u.title(), u.Step))
 	}
 	return strings.Join(steps, "; ")
 }
@@ -433,6 +499,22 @@ func maHoldsPV(record any, name string) bool {
 	return false
 }
 
+// maHoldsPod says whether the record (a value of a unit's old_pods) is the Pod of the name as
+// it was before the apply: metadata.name, and a flexVolume among spec.volumes.
+func maHoldsPod(record any, name string) bool {
+	pod, _ := record.(map[string]any)
+	meta, _ := pod["metadata"].(map[string]any)
+	spec, _ := pod["spec"].(map[string]any)
+	if meta == nil || spec == nil || meta["name"] != name {
+		return false
+	}
+	volumes, _ := spec["volumes"].([]any)
+	return slices.ContainsFunc(volumes, func(v any) bool {
+		volume, _ := v.(map[string]any)
+		return volume["flexVolume"] != nil
+	})
+}
+
 // --- flexd migrate in the background -----------------------------------------------------------
 
 // maRun is one `flexd migrate` running in the background.
@@ -447,10 +529,15 @@ type maRun struct {
 	err   error
 }
 
+// maStepEvent is a step event; a bare Pod's unit is told by its index (unit, from 1) in the
+// journal, written before the event is printed (its workloads are empty; bare_pods, if flexd
+// prints them, are matched too).
 type maStepEvent struct {
 	Event     string   `json:"event"`
+	Unit      int      `json:"unit"`
 	Step      string   `json:"step"`
 	Workloads []string `json:"workloads"`
+	BarePods  []string `json:"bare_pods"`
 }
 
 // maLines keeps what it is written in out and sends each complete line that is a step event.
@@ -548,13 +635,17 @@ func (c *Cluster) maWait(ctx context.Context, r *maRun, timeout time.Duration) {
 
 // maKillAt kills the run as soon as the target's unit is at its step or past it: on the run's
 // step event (printed just after the journal write), else when the journal, polled every
-// 200 ms, says so; it says where the run was when it was killed.
+// 200 ms, says so; it says where the run was when it was killed. A step event is the target's
+// when its workloads (or bare Pods) name it, or its unit is the target's unit in the journal
+// (read once, at the first event that does not name it: the unit of a bare Pod alone has no
+// workloads).
 func (c *Cluster) maKillAt(ctx context.Context, r *maRun, t maTarget) string {
 	target := t.step
 	ginkgo.GinkgoHelper()
 	deadline := time.Now().Add(maRunTimeout)
 	ticker := time.NewTicker(200 * time.Millisecond)
 	defer ticker.Stop()
+	unit := -1 // the target's unit in the journal, once known
 	for {
 		select {
 		case <-r.done:
@@ -564,10 +655,17 @@ func (c *Cluster) maKillAt(ctx context.Context, r *maRun, t maTarget) string {
 			c.maKill(r)
 			ginkgo.Fail(fmt.Sprintf("the spec ended while waiting for step %s (%s)", target, r.label))
 		case event := <-r.steps:
-			of := slices.ContainsFunc(event.Workloads, func(w string) bool { return strings.HasSuffix(w, "/"+t.workload) })
+			of := slices.ContainsFunc(event.Workloads, func(w string) bool { return strings.HasSuffix(w, "/"+t.workload) }) ||
+				slices.Contains(event.BarePods, podNamespace+"/"+t.workload)
+			if !of && unit < 0 {
+				if j, err := c.maReadJournal(ctx); err == nil && j != nil {
+					unit = j.unitOfName(t.workload)
+				}
+			}
+			of = of || (unit >= 0 && event.Unit == unit+1)
 			if of && maAtOrPast(event.Step, target) {
 				c.maKill(r)
-				return fmt.Sprintf("at its step event %s of %s", event.Step, strings.Join(event.Workloads, ", "))
+				return fmt.Sprintf("at its step event %s of unit %d (%s)", event.Step, event.Unit, maTitle(event.Workloads, event.BarePods))
 			}
 			continue
 		case <-ticker.C:
@@ -579,10 +677,10 @@ func (c *Cluster) maKillAt(ctx context.Context, r *maRun, t maTarget) string {
 			ginkgo.Fail(err.Error())
 		}
 		if err == nil && j != nil {
-			if i := j.unitOfWorkload(t.workload); i >= 0 && maAtOrPast(j.Units[i].Step, target) {
+			if i := j.unitOfName(t.workload); i >= 0 && maAtOrPast(j.Units[i].Step, target) {
 				c.maKill(r)
 				u := j.Units[i]
-				return fmt.Sprintf("with unit %d (%s) at %s", i+1, strings.Join(u.Workloads, ", "), u.Step)
+				return fmt.Sprintf("with unit %d (%s) at %s", i+1, u.title(), u.Step)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -617,8 +715,10 @@ func (c *Cluster) maDiesAtPVGone(ctx context.Context, r *maRun) string {
 
 // maExpectNothingLost: after a kill, every PV of the scenario is there, or (only while its unit
 // is at swapping) the journal holds it, the FlexVolume object a rollback creates again; the
-// PVs of a unit at retained or past it are Retain; the claims are there.
-// It says which PVs were missing (and held by the journal).
+// PVs of a unit at retained or past it are Retain; the claims are there. The bare Pod is
+// there, or (only from its unit's scaling-down to swapped, or rolling back) deleted; from
+// scaling-down on, the journal holds it as it was, what is created again.
+// It says which PVs (and whether the bare Pod) were missing (and held by the journal).
 func (c *Cluster) maExpectNothingLost(ctx context.Context) string {
 	ginkgo.GinkgoHelper()
 	j := c.maMustJournal(ctx)
@@ -645,6 +745,21 @@ func (c *Cluster) maExpectNothingLost(ctx context.Context) string {
 		_, err := c.Kube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, claim, metav1.GetOptions{})
 		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "claim %s", claim)
 	}
+	unit := j.unitOfName(maBare)
+	gomega.Expect(unit).To(gomega.BeNumerically(">=", 0), "the journal's unit of Pod %s/%s:\n%s", podNamespace, maBare, j.text)
+	u := j.Units[unit]
+	saved := maHoldsPod(u.OldPods[podNamespace+"/"+maBare], maBare)
+	if maRank(u.Step) >= maRank("scaling-down") {
+		gomega.Expect(saved).To(gomega.BeTrue(), "the journal holds Pod %s/%s as it was, its unit at %s:\n%s", podNamespace, maBare, u.Step, j.text)
+	}
+	_, err := c.Kube.CoreV1().Pods(podNamespace).Get(ctx, maBare, metav1.GetOptions{})
+	if err != nil {
+		gomega.Expect(apierrors.IsNotFound(err)).To(gomega.BeTrue(), "getting Pod %s: %v", maBare, err)
+		gomega.Expect((maRank(u.Step) >= maRank("scaling-down") && maRank(u.Step) <= maRank("swapped")) || u.Step == "rolling-back").To(gomega.BeTrue(),
+			"Pod %s/%s is gone, its unit at %s (only from scaling-down to swapped may it be)", podNamespace, maBare, u.Step)
+		gomega.Expect(saved).To(gomega.BeTrue(), "Pod %s/%s is gone and the journal does not hold it:\n%s", podNamespace, maBare, j.text)
+		held += "; Pod " + maBare + " missing, held by the journal"
+	}
 	return held
 }
 
@@ -660,6 +775,7 @@ type maPlanPV struct {
 
 type maPlanUnit struct {
 	Workloads []string   `json:"workloads"`
+	BarePods  []string   `json:"bare_pods"`
 	PVs       []maPlanPV `json:"pvs"`
 	Templates []string   `json:"templates"`
 	Pods      []string   `json:"pods"`
@@ -667,20 +783,47 @@ type maPlanUnit struct {
 
 type maPlan struct {
 	Units   []maPlanUnit `json:"units"`
-	Refused []struct {
-		What   string `json:"what"`
-		Reason string `json:"reason"`
-	} `json:"refused"`
+	Refused []maRefused  `json:"refused"`
+}
+
+type maRefused struct {
+	What   string `json:"what"`
+	Reason string `json:"reason"`
 }
 
 // maSummaryEvent is the last line of a run with -o json.
 type maSummaryEvent struct {
-	Event string `json:"event"`
-	Units []struct {
-		Workloads       []string `json:"workloads"`
-		PVs             []string `json:"pvs"`
-		DowntimeSeconds *float64 `json:"downtime_seconds"`
-	} `json:"units"`
+	Event string          `json:"event"`
+	Units []maSummaryUnit `json:"units"`
+}
+
+type maSummaryUnit struct {
+	Workloads       []string `json:"workloads"`
+	BarePods        []string `json:"bare_pods"`
+	PVs             []string `json:"pvs"`
+	DowntimeSeconds *float64 `json:"downtime_seconds"`
+}
+
+// title names the unit by its workloads and bare Pods, for a message.
+func (u maSummaryUnit) title() string { return maTitle(u.Workloads, u.BarePods) }
+
+// maExpectSummary fails unless the summary has one unit per workload, the workload alone in
+// it (the bare Pod alone in its bare_pods, no workloads), each with its downtime.
+func maExpectSummary(done *maSummaryEvent, workloads []maWorkload, output string) {
+	ginkgo.GinkgoHelper()
+	gomega.Expect(done.Units).To(gomega.HaveLen(len(workloads)), "the summary's units:\n%s", output)
+	for _, w := range workloads {
+		gomega.Expect(slices.ContainsFunc(done.Units, func(u maSummaryUnit) bool {
+			if w.bare() {
+				return len(u.Workloads) == 0 && slices.Equal(u.BarePods, []string{w.nsName()})
+			}
+			return slices.Equal(u.Workloads, []string{w.ref()}) && len(u.BarePods) == 0
+		})).To(gomega.BeTrue(), "a unit of %s alone in the summary:\n%s", w.ref(), output)
+	}
+	for _, u := range done.Units {
+		gomega.Expect(u.DowntimeSeconds).NotTo(gomega.BeNil(), "the downtime of %s in the summary", u.title())
+		gomega.Expect(*u.DowntimeSeconds).To(gomega.BeNumerically(">", 0), "the downtime of %s in the summary", u.title())
+	}
 }
 
 // maEvents are the run's JSON lines on stdout, each parsed (the plan --apply prints first is
@@ -723,7 +866,7 @@ func scenarioMigrateApply(ctx context.Context) {
 	c.deleteMigrationJournal(ctx)
 	ginkgo.DeferCleanup(c.deleteMigrationJournal)
 	// The hostdir driver's dirs (on node 0, where the pods run), fresh, and removed last.
-	hostDirs := []string{c.Path("volumes", maHostdir), c.Path("volumes", maInline)}
+	hostDirs := []string{c.Path("volumes", maHostdir), c.Path("volumes", maInline), c.Path("volumes", maBare)}
 	removeHostDirs := func() {
 		for _, dir := range hostDirs {
 			gomega.Expect(os.RemoveAll(dir)).To(gomega.Succeed())
@@ -764,16 +907,20 @@ func scenarioMigrateApply(ctx context.Context) {
 		before[name] = pv
 	}
 
-	ginkgo.By("the workloads: a StatefulSet on the loop PV, a Deployment on the hostdir PV, a Deployment with an inline flexVolume")
+	ginkgo.By("the workloads: a StatefulSet on the loop PV, a Deployment on the hostdir PV, a Deployment and a bare Pod with an inline flexVolume")
 	// The hostdir driver finds a volume's dir by its option "volume", else by
 	// kubernetes.io/pvOrVolumeName. An inline CSI volume's pvOrVolumeName is kubelet's own id
 	// for it (csi-<hash of the pod's UID and the volume's name>, a new one per pod;
 	// docs/migration.md#inline), where FlexVolume passed the pod volume's name: without the
 	// option every pod on CSI would get an empty dir. With it, both plugins mount the same host
-	// dir, and the data must survive the migration and the rollback like a PV's.
-	inline := InlineFlexVolume(c.Driver, map[string]string{"volume": maInline, "greeting": "migrate apply inline"})
+	// dir, and the data must survive the migration and the rollback like a PV's. The bare Pod's
+	// volume has a dir of its own.
+	inline := map[string]corev1.VolumeSource{
+		maInline: InlineFlexVolume(c.Driver, map[string]string{"volume": maInline, "greeting": "migrate apply inline"}),
+		maBare:   InlineFlexVolume(c.Driver, map[string]string{"volume": maBare, "greeting": "migrate apply bare"}),
+	}
 	for _, w := range workloads {
-		volume := inline
+		volume := inline[w.name]
 		if w.pv != "" {
 			volume = ClaimVolume(w.pv)
 		}
@@ -790,25 +937,56 @@ func scenarioMigrateApply(ctx context.Context) {
 	WaitFor(ctx, 60*time.Second, maLoop+" attached to "+c.Node+" by kube-controller-manager", c.flexAttachedTo(maLoop, c.Node))
 	gomega.Expect(c.attachmentOf(ctx, maLoop)).To(gomega.Equal(""), "a VolumeAttachment of %s while on FlexVolume", maLoop)
 
-	ginkgo.By("--plan --all -o json: three units, nothing changed")
-	planOut := MustRun(ctx, flexd, c.maArgs("--plan", "--all", "-o", "json")...)
+	ginkgo.By("--plan --all -o json without --recreate-pods: the bare Pod refused, three units")
+	bare := "Pod " + podNamespace + "/" + maBare
+	refusingOut := MustRun(ctx, flexd, c.maArgs("--plan", "--all", "-o", "json")...)
+	c.WriteRun("migrate-apply-plan-refusing.json", refusingOut)
+	var refusing maPlan
+	gomega.Expect(json.Unmarshal([]byte(refusingOut), &refusing)).To(gomega.Succeed(), "the plan, one JSON object:\n%s", refusingOut)
+	gomega.Expect(refusing.Units).To(gomega.HaveLen(len(workloads)-1), "every unit but the bare Pod's in the plan's units without --recreate-pods:\n%s", refusingOut)
+	gomega.Expect(refusing.Refused).NotTo(gomega.BeEmpty(), "refused in the plan without --recreate-pods:\n%s", refusingOut)
+	for _, r := range refusing.Refused {
+		gomega.Expect(r.What).To(gomega.Equal(bare), "what the plan without --recreate-pods refuses:\n%s", refusingOut)
+	}
+	gomega.Expect(slices.ContainsFunc(refusing.Refused, func(r maRefused) bool { return strings.Contains(r.Reason, "--recreate-pods") })).To(gomega.BeTrue(), "%s refused with a reason that names --recreate-pods:\n%s", bare, refusingOut)
+	for _, u := range refusing.Units {
+		gomega.Expect(u.BarePods).To(gomega.BeEmpty(), "the bare Pods of a unit of the plan without --recreate-pods:\n%s", refusingOut)
+		gomega.Expect(u.Pods).NotTo(gomega.ContainElement(podNamespace+"/"+maBare), "the pods of a unit of the plan without --recreate-pods:\n%s", refusingOut)
+	}
+	summary.Printf("migrate_apply: the plan without --recreate-pods: %d units, %d refused (%s: %s)",
+		len(refusing.Units), len(refusing.Refused), refusing.Refused[0].What, refusing.Refused[0].Reason)
+
+	ginkgo.By("--plan --all --recreate-pods -o json: four units, the bare Pod's its own, nothing changed")
+	planOut := MustRun(ctx, flexd, c.maArgs("--plan", "--all", "--recreate-pods", "-o", "json")...)
 	c.WriteRun("migrate-apply-plan.json", planOut)
 	var plan maPlan
 	gomega.Expect(json.Unmarshal([]byte(planOut), &plan)).To(gomega.Succeed(), "the plan, one JSON object:\n%s", planOut)
 	gomega.Expect(plan.Refused).To(gomega.BeEmpty(), "refused in the plan:\n%s", planOut)
-	gomega.Expect(plan.Units).To(gomega.HaveLen(3), "the plan's units:\n%s", planOut)
+	gomega.Expect(plan.Units).To(gomega.HaveLen(len(workloads)), "the plan's units:\n%s", planOut)
 	for _, w := range workloads {
-		i := slices.IndexFunc(plan.Units, func(u maPlanUnit) bool { return slices.Equal(u.Workloads, []string{w.ref()}) })
+		i := slices.IndexFunc(plan.Units, func(u maPlanUnit) bool {
+			if w.bare() {
+				return slices.Equal(u.BarePods, []string{w.nsName()})
+			}
+			return slices.Equal(u.Workloads, []string{w.ref()})
+		})
 		gomega.Expect(i).To(gomega.BeNumerically(">=", 0), "a unit of %s alone in the plan:\n%s", w.ref(), planOut)
 		unit := plan.Units[i]
 		var pvs []maPlanPV
-		var templates []string
-		if w.pv != "" {
+		var templates, workloadRefs, barePods []string
+		switch {
+		case w.bare():
+			barePods = append(barePods, w.nsName())
+		case w.pv != "":
 			pvs = append(pvs, maPlanPV{Name: w.pv, Driver: w.flexDriver, CSIDriver: w.csiDriver,
 				Claim: podNamespace + "/" + w.pv, Attaches: w.flexDriver == loopDriver})
-		} else {
+			workloadRefs = append(workloadRefs, w.ref())
+		default:
 			templates = append(templates, w.ref())
+			workloadRefs = append(workloadRefs, w.ref())
 		}
+		gomega.Expect(unit.Workloads).To(gomega.ConsistOf(workloadRefs), "the workloads of %s's unit", w.ref())
+		gomega.Expect(unit.BarePods).To(gomega.ConsistOf(barePods), "the bare Pods of %s's unit", w.ref())
 		gomega.Expect(unit.PVs).To(gomega.ConsistOf(pvs), "the PVs of %s's unit", w.ref())
 		gomega.Expect(unit.Templates).To(gomega.ConsistOf(templates), "the templates of %s's unit", w.ref())
 		gomega.Expect(unit.Pods).To(gomega.ConsistOf([]string{podNamespace + "/" + pods[w.name].Name}), "the pods of %s's unit", w.ref())
@@ -816,7 +994,7 @@ func scenarioMigrateApply(ctx context.Context) {
 	summary.Printf("migrate_apply: the plan: %d units, %d refused", len(plan.Units), len(plan.Refused))
 
 	ginkgo.By("--apply without --yes and without a terminal: refused, exit 1, nothing changed")
-	_, err := Run(ctx, flexd, c.maArgs("--apply", "--all")...)
+	_, err := Run(ctx, flexd, c.maArgs("--apply", "--all", "--recreate-pods")...)
 	var exit *exec.ExitError
 	gomega.Expect(errors.As(err, &exit)).To(gomega.BeTrue(), "flexd migrate --apply without --yes: %v", err)
 	gomega.Expect(exit.ExitCode()).To(gomega.Equal(1), "flexd migrate --apply without --yes: %v", err)
@@ -836,7 +1014,7 @@ func scenarioMigrateApply(ctx context.Context) {
 		gomega.Expect(PodReady(pod)).To(gomega.BeTrue(), "the pod of %s Ready", w.ref())
 	}
 
-	ginkgo.By("--apply --all --yes -o json, killed (SIGKILL) as a unit reaches each step, --resume --yes each time")
+	ginkgo.By("--apply --all --recreate-pods --yes -o json, killed (SIGKILL) as a unit reaches each step, --resume --yes each time")
 	var current *maRun
 	// Before anything is deleted: no flexd migrate left running.
 	ginkgo.DeferCleanup(func() {
@@ -844,11 +1022,11 @@ func scenarioMigrateApply(ctx context.Context) {
 			c.maKill(current)
 		}
 	})
-	current = c.maStart(ctx, "apply", "--apply", "--all", "--yes", "-o", "json")
+	current = c.maStart(ctx, "apply", "--apply", "--all", "--recreate-pods", "--yes", "-o", "json")
 	var after *maJournalDoc // the journal when the last run was killed
 	for n, target := range maTargets {
 		if after != nil {
-			if i := after.unitOfWorkload(target.workload); i >= 0 && maAtOrPast(after.Units[i].Step, target.step) {
+			if i := after.unitOfName(target.workload); i >= 0 && maAtOrPast(after.Units[i].Step, target.step) {
 				summary.Printf("migrate_apply: kill %d: %s's step %s passed before the run began (%s)", n+1, target.workload, target.step, current.label)
 				continue
 			}
@@ -878,9 +1056,18 @@ func scenarioMigrateApply(ctx context.Context) {
 	j = c.maMustJournal(ctx)
 	gomega.Expect(j.Operation).To(gomega.Equal("apply"), "the journal's operation")
 	gomega.Expect(j.Finished).To(gomega.BeTrue(), "the journal finished:\n%s", j.text)
+	gomega.Expect(j.Units).To(gomega.HaveLen(len(workloads)), "the journal's units:\n%s", j.text)
 	for _, u := range j.Units {
-		gomega.Expect(u.Step).To(gomega.Equal("done"), "the step of %v:\n%s", u.Workloads, j.text)
+		gomega.Expect(u.Step).To(gomega.Equal("done"), "the step of %s:\n%s", u.title(), j.text)
 	}
+	// The bare Pod's unit: the Pod alone, no workloads, and the Pod object as it was before
+	// (on FlexVolume), what was created again.
+	bareUnit := j.unitOfName(maBare)
+	gomega.Expect(bareUnit).To(gomega.BeNumerically(">=", 0), "the journal's unit of %s:\n%s", bare, j.text)
+	gomega.Expect(j.Units[bareUnit].Workloads).To(gomega.BeEmpty(), "the workloads of %s's unit:\n%s", bare, j.text)
+	gomega.Expect(j.Units[bareUnit].BarePods).To(gomega.Equal([]string{podNamespace + "/" + maBare}), "the bare Pods of %s's unit:\n%s", bare, j.text)
+	gomega.Expect(maHoldsPod(j.Units[bareUnit].OldPods[podNamespace+"/"+maBare], maBare)).To(gomega.BeTrue(),
+		"the journal's old_pods hold %s as it was:\n%s", bare, j.text)
 
 	ginkgo.By("every PV on CSI with its name and claim, the claims Bound, every workload Ready on CSI with its data")
 	for _, w := range workloads {
@@ -906,12 +1093,13 @@ func scenarioMigrateApply(ctx context.Context) {
 	for _, w := range workloads {
 		pod := c.maPod(ctx, w, 300*time.Second)
 		gomega.Expect(pod.UID).NotTo(gomega.Equal(pods[w.name].UID), "a new pod of %s", w.ref())
+		c.maExpectPlaced(pod, w)
 		volume := pod.Spec.Volumes[0]
 		if w.pv == "" {
 			gomega.Expect(volume.FlexVolume).To(gomega.BeNil(), "the flexVolume of %s's pod", w.ref())
 			gomega.Expect(volume.CSI).NotTo(gomega.BeNil(), "the inline csi volume of %s's pod", w.ref())
 			gomega.Expect(volume.CSI.Driver).To(gomega.Equal(w.csiDriver), "the driver of %s's inline volume", w.ref())
-			gomega.Expect(volume.CSI.VolumeAttributes).To(gomega.Equal(inline.FlexVolume.Options), "the attributes of %s's inline volume", w.ref())
+			gomega.Expect(volume.CSI.VolumeAttributes).To(gomega.Equal(inline[w.name].FlexVolume.Options), "the attributes of %s's inline volume", w.ref())
 		}
 		target := c.maCSITarget(pod, w)
 		gomega.Expect(MountCount(target)).To(gomega.Equal(1), "%s's volume mounted by kubelet's CSI plugin at %s", w.ref(), target)
@@ -921,12 +1109,10 @@ func scenarioMigrateApply(ctx context.Context) {
 		data[w.name] = c.maExpectKept(ctx, w, pod, data[w.name], "on CSI")
 		pods[w.name] = pod
 	}
-	gomega.Expect(done.Units).To(gomega.HaveLen(3), "the summary's units:\n%s", current.output())
+	maExpectSummary(done, workloads, current.output())
 	for _, u := range done.Units {
-		gomega.Expect(u.DowntimeSeconds).NotTo(gomega.BeNil(), "the downtime of %v in the summary", u.Workloads)
-		gomega.Expect(*u.DowntimeSeconds).To(gomega.BeNumerically(">", 0), "the downtime of %v in the summary", u.Workloads)
 		summary.Printf("migrate_apply: %s: down %.1f s while migrated with kills (the time includes its kills and resumes)",
-			strings.Join(u.Workloads, ", "), *u.DowntimeSeconds)
+			u.title(), *u.DowntimeSeconds)
 	}
 
 	ginkgo.By("--rollback --yes, to the end: every PV back on FlexVolume, every workload Ready through kubelet's FlexVolume plugin with its data")
@@ -941,20 +1127,27 @@ func scenarioMigrateApply(ctx context.Context) {
 	c.WriteRun("migrate-apply-rollback.out", rolledBack)
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "flexd migrate --resume --yes of the rollback")
 	for _, w := range workloads {
-		line := regexp.MustCompile(`^` + regexp.QuoteMeta(w.ref()) + `: rolled back, down [0-9]+(\.[0-9]+)? s$`)
+		// The bare Pod's line says it was created again.
+		recreated := ""
+		if w.bare() {
+			recreated = ` \(created again\)`
+		}
+		line := regexp.MustCompile(`^` + regexp.QuoteMeta(w.ref()) + `: rolled back` + recreated + `, down [0-9]+(\.[0-9]+)? s$`)
 		gomega.Expect(slices.ContainsFunc(LogLines(rolledBack), line.MatchString)).To(gomega.BeTrue(),
 			"a line /%s/ in what --rollback printed:\n%s", line, rolledBack)
 	}
+	downLine := regexp.MustCompile(`: rolled back( \(created again\))?, down `)
 	for _, l := range LogLines(rolledBack) {
-		if strings.Contains(l, ": rolled back, down ") {
+		if downLine.MatchString(l) {
 			summary.Printf("migrate_apply: %s", l)
 		}
 	}
 	j = c.maMustJournal(ctx)
 	gomega.Expect(j.Operation).To(gomega.Equal("rollback"), "the journal's operation")
 	gomega.Expect(j.Finished).To(gomega.BeTrue(), "the journal finished:\n%s", j.text)
+	gomega.Expect(j.Units).To(gomega.HaveLen(len(workloads)), "the journal's units:\n%s", j.text)
 	for _, u := range j.Units {
-		gomega.Expect(u.Step).To(gomega.Equal("rolled-back"), "the step of %v:\n%s", u.Workloads, j.text)
+		gomega.Expect(u.Step).To(gomega.Equal("rolled-back"), "the step of %s:\n%s", u.title(), j.text)
 	}
 	for _, w := range workloads {
 		if w.pv == "" {
@@ -973,8 +1166,9 @@ func scenarioMigrateApply(ctx context.Context) {
 	for _, w := range workloads {
 		pod := c.maPod(ctx, w, 300*time.Second)
 		gomega.Expect(pod.UID).NotTo(gomega.Equal(pods[w.name].UID), "a new pod of %s", w.ref())
+		c.maExpectPlaced(pod, w)
 		if w.pv == "" {
-			gomega.Expect(pod.Spec.Volumes[0].VolumeSource).To(gomega.Equal(inline), "the inline volume of %s's pod after the rollback", w.ref())
+			gomega.Expect(pod.Spec.Volumes[0].VolumeSource).To(gomega.Equal(inline[w.name]), "the inline volume of %s's pod after the rollback", w.ref())
 		}
 		target := c.maFlexTarget(pod, w)
 		gomega.Expect(MountCount(target)).To(gomega.Equal(1), "%s's volume mounted by kubelet's FlexVolume plugin at %s", w.ref(), target)
@@ -986,19 +1180,24 @@ func scenarioMigrateApply(ctx context.Context) {
 		pods[w.name] = pod
 	}
 
-	ginkgo.By("--apply --all --yes once more, not interrupted: each workload's downtime, everything on CSI with its data")
-	final := c.maStart(ctx, "apply-again", "--apply", "--all", "--yes", "-o", "json")
+	ginkgo.By("--apply --all --recreate-pods --yes once more, not interrupted: each workload's downtime, everything on CSI with its data")
+	final := c.maStart(ctx, "apply-again", "--apply", "--all", "--recreate-pods", "--yes", "-o", "json")
 	c.maWait(ctx, final, maRunTimeout)
 	_, again := maEvents(final.stdout.String())
 	gomega.Expect(again).NotTo(gomega.BeNil(), "a summary event:\n%s", final.output())
-	gomega.Expect(again.Units).To(gomega.HaveLen(3), "the summary's units:\n%s", final.output())
+	maExpectSummary(again, workloads, final.output())
 	for _, u := range again.Units {
-		gomega.Expect(u.DowntimeSeconds).NotTo(gomega.BeNil(), "the downtime of %v in the summary", u.Workloads)
-		summary.Printf("migrate_apply: %s: down %.1f s while migrated in one run", strings.Join(u.Workloads, ", "), *u.DowntimeSeconds)
+		summary.Printf("migrate_apply: %s: down %.1f s while migrated in one run", u.title(), *u.DowntimeSeconds)
 	}
 	for _, w := range workloads {
 		pod := c.maPod(ctx, w, 300*time.Second)
 		gomega.Expect(pod.UID).NotTo(gomega.Equal(pods[w.name].UID), "a new pod of %s", w.ref())
+		c.maExpectPlaced(pod, w)
+		if w.pv == "" {
+			volume := pod.Spec.Volumes[0]
+			gomega.Expect(volume.CSI).NotTo(gomega.BeNil(), "the inline csi volume of %s's pod migrated again", w.ref())
+			gomega.Expect(volume.CSI.Driver).To(gomega.Equal(w.csiDriver), "the driver of %s's inline volume", w.ref())
+		}
 		target := c.maCSITarget(pod, w)
 		gomega.Expect(MountCount(target)).To(gomega.Equal(1), "%s's volume mounted by kubelet's CSI plugin at %s", w.ref(), target)
 		c.maExpectKept(ctx, w, pod, data[w.name], "migrated again")

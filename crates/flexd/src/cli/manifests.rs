@@ -80,6 +80,10 @@ pub struct ManifestsArgs {
     /// (docs/migration.md#rbac).
     #[arg(long, conflicts_with = "import_state_claim")]
     pub migrator: bool,
+    /// With --migrator: also what `flexd migrate --recreate-pods` needs (get, delete and
+    /// create pods, a wide grant: only when bare Pods are to be migrated).
+    #[arg(long, requires = "migrator")]
+    pub recreate_pods: bool,
 }
 
 pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
@@ -108,7 +112,7 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
     }
     if args.migrator {
         let settings = settings(global, &args, Vec::new());
-        let objects = deploy::render_migrator(&settings);
+        let objects = deploy::render_migrator(&settings, args.recreate_pods);
         print!("{}", deploy::migrator_to_yaml(&settings, &objects)?);
         return Ok(ExitCode::SUCCESS);
     }

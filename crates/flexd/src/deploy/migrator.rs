@@ -23,9 +23,11 @@ fn subject(namespace: &str) -> Vec<Subject> {
     }]
 }
 
-/// What the migrator does, rule by rule.
-fn cluster_rules() -> Vec<PolicyRule> {
-    vec![
+/// What the migrator does, rule by rule; `recreate_pods`: bare Pods are read, deleted and
+/// created again (`flexd migrate --recreate-pods`), which only that asks for: creating pods
+/// anywhere is a wide grant.
+fn cluster_rules(recreate_pods: bool) -> Vec<PolicyRule> {
+    let mut rules = vec![
         // The swap: Retain, delete (finalizer removed), create with the same name.
         rule(
             "",
@@ -58,7 +60,11 @@ fn cluster_rules() -> Vec<PolicyRule> {
             &["csidrivers", "csinodes", "volumeattachments"],
             &["list"],
         ),
-    ]
+    ];
+    if recreate_pods {
+        rules.push(rule("", &["pods"], &["get", "delete", "create"]));
+    }
+    rules
 }
 
 /// The journal: created once, then read and updated by name only.
@@ -69,13 +75,13 @@ fn journal_rules() -> Vec<PolicyRule> {
     vec![rule("", &["configmaps"], &["create"]), named]
 }
 
-pub fn render_migrator(settings: &Settings) -> Vec<Object> {
+pub fn render_migrator(settings: &Settings, recreate_pods: bool) -> Vec<Object> {
     let ns = settings.namespace.as_str();
     vec![
         Object::ServiceAccount(Box::new(service_account(MIGRATOR, ns, true))),
         Object::ClusterRole(Box::new(ClusterRole {
             metadata: meta(MIGRATOR, None),
-            rules: Some(cluster_rules()),
+            rules: Some(cluster_rules(recreate_pods)),
             ..Default::default()
         })),
         Object::ClusterRoleBinding(Box::new(ClusterRoleBinding {

@@ -77,6 +77,9 @@ pub struct UnitRecord {
     pub templates: Vec<WorkloadRef>,
     pub moves: Vec<PvMove>,
     pub pods: Vec<String>,
+    /// Bare Pods deleted and created again (`namespace/name`).
+    #[serde(default)]
+    pub bare_pods: Vec<String>,
     pub step: Step,
     /// The replica count of each workload before it was scaled down (by `Kind ns/name`).
     #[serde(default)]
@@ -92,6 +95,10 @@ pub struct UnitRecord {
     /// The workloads' pod templates before the swap.
     #[serde(default)]
     pub old_templates: BTreeMap<String, Value>,
+    /// The bare Pods as they were before they were deleted, what is created again (converted
+    /// by an apply, as they were by a rollback).
+    #[serde(default)]
+    pub old_pods: BTreeMap<String, Value>,
     /// When its pods began to stop (Unix seconds), for the downtime.
     #[serde(default)]
     pub down_since: Option<f64>,
@@ -107,20 +114,20 @@ impl UnitRecord {
             templates: unit.templates,
             moves: unit.pvs,
             pods: unit.pods,
+            bare_pods: unit.bare_pods,
             step: Step::Planned,
             replicas: BTreeMap::new(),
             attached_before: BTreeMap::new(),
             old_pvs: BTreeMap::new(),
             old_templates: BTreeMap::new(),
+            old_pods: BTreeMap::new(),
             down_since: None,
             downtime_seconds: None,
         }
     }
 
     pub fn title(&self) -> String {
-        let mut parts: Vec<String> = self.workloads.iter().map(ToString::to_string).collect();
-        parts.extend(self.pvs.iter().map(|pv| format!("PersistentVolume {pv}")));
-        parts.join(", ")
+        super::plan::title(&self.workloads, &self.bare_pods, self.pvs.iter())
     }
 
     /// How many of the unit's attaching volumes each node had attached.

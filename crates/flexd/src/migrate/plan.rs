@@ -151,19 +151,32 @@ pub struct Unit {
     pub templates: Vec<WorkloadRef>,
     /// The pods that restart (`namespace/name`).
     pub pods: Vec<String>,
+    /// Bare Pods deleted and created again (`--recreate-pods`), `namespace/name`.
+    #[serde(default)]
+    pub bare_pods: Vec<String>,
 }
 
 impl Unit {
     /// The unit in a line: its workloads, else its PVs.
     pub fn title(&self) -> String {
-        let mut parts: Vec<String> = self.workloads.iter().map(ToString::to_string).collect();
-        parts.extend(
-            self.pvs
-                .iter()
-                .map(|pv| format!("PersistentVolume {}", pv.name)),
-        );
-        parts.join(", ")
+        title(
+            &self.workloads,
+            &self.bare_pods,
+            self.pvs.iter().map(|pv| &pv.name),
+        )
     }
+}
+
+/// A unit in a line, as plans, progress and summaries name it: its workloads, bare Pods and PVs.
+pub(crate) fn title<'a>(
+    workloads: &[WorkloadRef],
+    bare_pods: &[String],
+    pvs: impl Iterator<Item = &'a String>,
+) -> String {
+    let mut parts: Vec<String> = workloads.iter().map(ToString::to_string).collect();
+    parts.extend(bare_pods.iter().map(|p| format!("Pod {p}")));
+    parts.extend(pvs.map(|pv| format!("PersistentVolume {pv}")));
+    parts.join(", ")
 }
 
 /// Something selected that is not migrated, and why.
@@ -183,6 +196,8 @@ pub struct Plan {
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     pub all: bool,
+    /// Bare Pods are deleted and created again rather than refused.
+    pub recreate_pods: bool,
     pub pvs: BTreeSet<String>,
     pub namespaces: BTreeSet<String>,
     pub workloads: BTreeSet<WorkloadRef>,
@@ -193,6 +208,8 @@ pub struct Selection {
 enum Member {
     Pv(String),
     Workload(WorkloadRef),
+    /// A bare Pod (`namespace/name`): deleted and created again (`--recreate-pods`).
+    Pod(String),
 }
 
 #[derive(Default)]
@@ -279,6 +296,19 @@ fn conversion_refusals(object: &impl Serialize, attaches: &BTreeMap<String, bool
     match super::migrate(&text, &mut ask) {
         Ok(_) => Vec::new(),
         Err(refusals) => refusals.iter().map(|r| r.reason.to_string()).collect(),
+    }
+}
+
+/// Why a workload's template cannot be converted, when it holds an inline flexVolume.
+fn inline_refusals(
+    object: &impl Serialize,
+    spec: Option<&PodSpec>,
+    attaches: &BTreeMap<String, bool>,
+) -> Vec<String> {
+    if template_spec(spec).any(|v| v.flex_volume.is_some()) {
+        conversion_refusals(object, attaches)
+    } else {
+        Vec::new()
     }
 }
 
@@ -396,11 +426,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
     };
     for d in &inventory.deployments {
         let spec = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
-        let refusals = if template_spec(spec).any(|v| v.flex_volume.is_some()) {
-            conversion_refusals(d, &attaches)
-        } else {
-            Vec::new()
-        };
+        let refusals = inline_refusals(d, spec, &attaches);
         workload(
             &mut graph,
             WorkloadKind::Deployment,
@@ -411,11 +437,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
     }
     for s in &inventory.stateful_sets {
         let spec = s.spec.as_ref().and_then(|s| s.template.spec.as_ref());
-        let refusals = if template_spec(spec).any(|v| v.flex_volume.is_some()) {
-            conversion_refusals(s, &attaches)
-        } else {
-            Vec::new()
-        };
+        let refusals = inline_refusals(s, spec, &attaches);
         workload(
             &mut graph,
             WorkloadKind::StatefulSet,
@@ -498,21 +520,23 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
             Some((kind, owner)) if kind == "ReplicaSet" => replica_set_owner
                 .get(&(namespace.clone(), owner.clone()))
                 .cloned()
+                .map(Member::Workload)
                 .ok_or(format!(
                     "its ReplicaSet {owner} is owned by something flexd does not scale"
                 )),
-            Some((kind, owner)) if kind == "StatefulSet" => Ok(WorkloadRef {
+            Some((kind, owner)) if kind == "StatefulSet" => Ok(Member::Workload(WorkloadRef {
                 kind: WorkloadKind::StatefulSet,
                 namespace: namespace.clone(),
                 name: owner,
-            }),
+            })),
             Some((kind, owner)) => Err(format!(
                 "belongs to {kind} {owner}, which flexd cannot stop and start again (only \
                  Deployments, StatefulSets and ReplicaSets); stop it yourself first"
             )),
+            None if selection.recreate_pods => Ok(Member::Pod(format!("{namespace}/{name}"))),
             None => Err(
-                "is a bare Pod: nothing would start it again; delete it yourself, \
-                         migrate, and create it again"
+                "is a bare Pod: nothing would start it again; --recreate-pods deletes \
+                         it and creates it again after the swap (inline volumes converted)"
                     .to_owned(),
             ),
         };
@@ -521,16 +545,24 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
             .map(|pv| graph.add(Member::Pv(pv.clone())))
             .collect();
         match owner {
-            Ok(owner) => members.push(graph.add(Member::Workload(owner))),
-            Err(reason) => {
-                if let Some(&first) = members.first() {
-                    graph.refuse(first, &what, reason);
-                } else {
-                    // Inline volumes only: the pod is its own unit, refused.
-                    let i = graph.add(Member::Pv(format!("(inline volumes of {what})")));
-                    graph.refuse(i, &what, reason);
-                    members.push(i);
+            Ok(owner) => {
+                let bare = matches!(owner, Member::Pod(_));
+                let i = graph.add(owner);
+                if bare && !inline_drivers.is_empty() {
+                    for reason in conversion_refusals(pod, &attaches) {
+                        graph.refuse(i, &what, reason);
+                    }
                 }
+                members.push(i);
+            }
+            Err(reason) => {
+                // Refused with its unit; a pod with inline volumes only is a unit of its own.
+                let i = match members.first() {
+                    Some(&first) => first,
+                    None => graph.add(Member::Pod(format!("{namespace}/{name}"))),
+                };
+                graph.refuse(i, &what, reason);
+                members.push(i);
             }
         }
         for pair in members.windows(2) {
@@ -591,6 +623,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
                         unit.pvs.push(m.clone());
                     }
                 }
+                Member::Pod(p) => unit.bare_pods.push(p.clone()),
                 Member::Workload(w) => {
                     if templates.contains(w) {
                         unit.templates.push(w.clone());
@@ -606,6 +639,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
         unit.templates.sort();
         unit.pvs.sort_by(|a, b| a.name.cmp(&b.name));
         unit.pods.sort();
+        unit.bare_pods.sort();
         if refused.is_empty() {
             result.units.push(unit);
         } else {

@@ -340,3 +340,45 @@ fn workload_names_read_back_and_bad_flags_say_why() {
     assert!(WorkloadRef::parse_flag("shop/db").is_err());
     assert!(WorkloadRef::parse_flag("/deployment/x").is_err());
 }
+
+#[test]
+fn bare_pods_are_recreated_when_asked_and_their_attaching_inline_volumes_still_refused() {
+    let mut inv = cluster();
+    inv.persistent_volumes = vec![flex_pv("data", "acme/nfs", Some(("ns", "data")))];
+    let inline = |driver: &str| json!([{"name": "v", "flexVolume": {"driver": driver}}]);
+    inv.pods = vec![
+        pod("ns", "lonely", None, claim_volume("data")),
+        pod("ns", "scratch", None, inline("acme/nfs")),
+        pod("ns", "disk", None, inline("flexd/loop")),
+    ];
+    let refused_without = plan(&inv, &all());
+    assert!(refused_without.units.is_empty());
+    assert_eq!(
+        refused_without.refused.len(),
+        3,
+        "{:?}",
+        refused_without.refused
+    );
+    assert!(refused_without
+        .refused
+        .iter()
+        .all(|r| r.reason.contains("--recreate-pods")));
+
+    let recreate = Selection {
+        recreate_pods: true,
+        ..all()
+    };
+    let plan = plan(&inv, &recreate);
+    assert_eq!(
+        titles(&plan),
+        ["Pod ns/lonely, PersistentVolume data", "Pod ns/scratch"]
+    );
+    assert_eq!(plan.units[0].bare_pods, ["ns/lonely"]);
+    assert_eq!(plan.refused.len(), 1, "{:?}", plan.refused);
+    assert_eq!(plan.refused[0].what, "Pod ns/disk");
+    assert!(
+        plan.refused[0].reason.contains("attaches"),
+        "{}",
+        plan.refused[0].reason
+    );
+}

@@ -365,7 +365,7 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         String::new(),
     );
     shapes.push(import.clone());
-    // The identity of `flexd migrate --apply`: RBAC only.
+    // The identity of `flexd migrate --apply`, with the bare Pods' grant: RBAC only.
     let migrator = (
         "--migrator (the migration's identity)".to_owned(),
         "migrator.yaml".to_owned(),
@@ -377,7 +377,7 @@ fn checkov_finds_nothing_unaccepted_in_any_driver_shape() {
         if *file == import.1 {
             args.extend(["--import-state-claim", "flexd-controller-state"]);
         } else if *file == migrator.1 {
-            args.push("--migrator");
+            args.extend(["--migrator", "--recreate-pods"]);
         } else {
             args.extend(["--driver", driver]);
         }

@@ -18,7 +18,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{json, Value};
 
-use crate::settings::OutputFormat;
+use crate::settings::{logging, OutputFormat};
 
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_secs(1);
@@ -58,6 +58,7 @@ pub fn run(mode: Mode, options: &Options<'_>) -> anyhow::Result<ExitCode> {
             journal_version: None,
             wait_timeout: options.wait_timeout,
             output: options.output,
+            bar: None,
         };
         migrator
             .run(mode, options)
@@ -94,6 +95,8 @@ struct Migrator {
     journal_version: Option<String>,
     wait_timeout: Duration,
     output: OutputFormat,
+    /// The progress bar, on a terminal.
+    bar: Option<logging::ProgressGuard>,
 }
 
 fn now_unix() -> f64 {
@@ -311,6 +314,7 @@ impl Migrator {
 
     async fn apply(&mut self, journal: &mut Journal) -> anyhow::Result<()> {
         let total = journal.units.len();
+        self.show_bar(total);
         for unit in 0..total {
             if journal.units[unit].step >= Step::Done {
                 continue;
@@ -327,6 +331,7 @@ impl Migrator {
         }
         journal.finished = true;
         self.save(journal).await?;
+        self.bar = None;
         self.summary(journal, "migrated");
         Ok(())
     }
@@ -344,7 +349,9 @@ impl Migrator {
                 replicas.insert(w.to_string(), self.replicas(w).await?);
             }
             let attached = self.attached_now(&journal.units[unit]).await?;
+            let old_pods = self.bare_pods(&journal.units[unit]).await?;
             let record = &mut journal.units[unit];
+            record.old_pods = old_pods;
             record.replicas = replicas;
             record.attached_before = attached;
             record.down_since = Some(now_unix());
@@ -354,6 +361,7 @@ impl Migrator {
             for w in journal.units[unit].workloads.clone() {
                 self.scale(&w, 0).await?;
             }
+            self.delete_bare_pods(&journal.units[unit]).await?;
             self.step(journal, unit, Step::ScaledDown).await?;
         }
         if journal.units[unit].step < Step::Stopped {
@@ -433,9 +441,16 @@ impl Migrator {
             let replicas = record.replicas.get(&w.to_string()).copied().unwrap_or(0);
             self.scale(w, replicas).await?;
         }
+        let converted_pods = journal.operation == Operation::Apply;
+        for (name, old) in &record.old_pods {
+            self.create_pod(name, old, converted_pods).await?;
+        }
         for w in &record.workloads {
             let replicas = record.replicas.get(&w.to_string()).copied().unwrap_or(0);
             self.wait_ready(w, replicas).await?;
+        }
+        for name in record.old_pods.keys() {
+            self.wait_pod_ready(name).await?;
         }
         let record = &mut journal.units[unit];
         record.downtime_seconds = record.down_since.map(|since| (now_unix() - since).max(0.0));
@@ -446,6 +461,7 @@ impl Migrator {
 
     async fn rollback(&mut self, journal: &mut Journal) -> anyhow::Result<()> {
         let total = journal.units.len();
+        self.show_bar(total);
         for unit in 0..total {
             if journal.units[unit].step == Step::RolledBack {
                 continue;
@@ -461,6 +477,7 @@ impl Migrator {
         }
         journal.finished = true;
         self.save(journal).await?;
+        self.bar = None;
         self.summary(journal, "rolled back");
         Ok(())
     }
@@ -479,16 +496,24 @@ impl Migrator {
                 }
                 journal.units[unit].replicas = replicas;
             }
+            if journal.units[unit].old_pods.is_empty() {
+                journal.units[unit].old_pods = self.bare_pods(&journal.units[unit]).await?;
+            }
             journal.units[unit].down_since = Some(now_unix());
             journal.units[unit].downtime_seconds = None;
             self.step(journal, unit, Step::RollingBack).await?;
         }
         let record = journal.units[unit].clone();
-        // The PVs were (maybe) swapped: stop the pods, detach, swap back.
-        if !record.old_pvs.is_empty() || !record.old_templates.is_empty() {
+        // The PVs, templates or bare Pods were (maybe) swapped: stop the pods, detach, swap
+        // back (a bare Pod is deleted here and created as it was below).
+        if !record.old_pvs.is_empty()
+            || !record.old_templates.is_empty()
+            || !record.old_pods.is_empty()
+        {
             for w in &record.workloads {
                 self.scale(w, 0).await?;
             }
+            self.delete_bare_pods(&record).await?;
             self.wait_stopped(&record).await?;
             self.wait_csi_detached(&record).await?;
             for m in &record.moves {
@@ -690,6 +715,88 @@ impl Migrator {
         .with_context(|| format!("rewriting {w}'s pod template"))
     }
 
+    fn pod_api(&self, name: &str) -> anyhow::Result<(Api<Pod>, String)> {
+        let (ns, pod) = name
+            .split_once('/')
+            .ok_or_else(|| anyhow!("{name:?} is not namespace/name"))?;
+        Ok((Api::namespaced(self.client.clone(), ns), pod.to_owned()))
+    }
+
+    /// The unit's bare Pods as they are now, what is created again.
+    async fn bare_pods(&self, record: &UnitRecord) -> anyhow::Result<BTreeMap<String, Value>> {
+        let mut pods = BTreeMap::new();
+        for name in &record.bare_pods {
+            let (api, pod) = self.pod_api(name)?;
+            // One gone already (deleted by someone else) has nothing to be created from.
+            if let Some(object) = api
+                .get_opt(&pod)
+                .await
+                .with_context(|| format!("reading Pod {name}"))?
+            {
+                pods.insert(name.clone(), serde_json::to_value(&object)?);
+            }
+        }
+        Ok(pods)
+    }
+
+    async fn delete_bare_pods(&self, record: &UnitRecord) -> anyhow::Result<()> {
+        for name in &record.bare_pods {
+            let (api, pod) = self.pod_api(name)?;
+            match api.delete(&pod, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if status_code(&e) == Some(404) => {}
+                Err(e) => return Err(anyhow!(e).context(format!("deleting Pod {name}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates bare Pod `name` again from `old`, its inline flexVolumes converted when
+    /// `convert`; left to the scheduler (its old node may be gone).
+    async fn create_pod(&self, name: &str, old: &Value, convert: bool) -> anyhow::Result<()> {
+        let (api, _) = self.pod_api(name)?;
+        let mut object = if convert
+            && old["spec"]["volumes"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v.get("flexVolume").is_some()))
+        {
+            converted(old, "Pod")?
+        } else {
+            old.clone()
+        };
+        fresh(&mut object);
+        if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("nodeName");
+        }
+        let pod: Pod = serde_json::from_value(object)
+            .with_context(|| format!("Pod {name} from the journal"))?;
+        match api.create(&PostParams::default(), &pod).await {
+            Ok(_) => Ok(()),
+            Err(e) if status_code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(anyhow!(e).context(format!("creating Pod {name} again"))),
+        }
+    }
+
+    async fn wait_pod_ready(&self, name: &str) -> anyhow::Result<()> {
+        let (api, pod) = self.pod_api(name)?;
+        self.wait(
+            &format!("Pod {name} to be Ready (or Succeeded)"),
+            || async {
+                let Some(pod) = api.get_opt(&pod).await? else {
+                    return Ok(false);
+                };
+                let status = pod.status.unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                Ok(ready || status.phase.as_deref() == Some("Succeeded"))
+            },
+        )
+        .await
+    }
+
     // --- waits ----------------------------------------------------------------------------------
 
     async fn wait<F, Fut>(&self, what: &str, mut done: F) -> anyhow::Result<()>
@@ -734,6 +841,12 @@ impl Migrator {
             claims
                 .iter()
                 .filter_map(|c| c.split_once('/').map(|(ns, _)| ns)),
+        );
+        namespaces.extend(
+            record
+                .bare_pods
+                .iter()
+                .filter_map(|p| p.split_once('/').map(|(ns, _)| ns)),
         );
         let mut found = Vec::new();
         for ns in namespaces {
@@ -784,7 +897,8 @@ impl Migrator {
                         name,
                     })
                 });
-                if uses_claim || of_workload {
+                let bare = record.bare_pods.contains(&format!("{ns}/{name}"));
+                if uses_claim || of_workload || bare {
                     found.push(format!("{ns}/{name}"));
                 }
             }
@@ -999,17 +1113,54 @@ impl Migrator {
                 "{}",
                 json!({
                     "event": "step", "unit": unit + 1, "units": journal.units.len(),
-                    "step": record.step.as_str(), "workloads": record.workloads, "pvs": record.pvs,
+                    "step": record.step.as_str(), "workloads": record.workloads,
+                    "bare_pods": record.bare_pods, "pvs": record.pvs,
                 })
             ),
-            OutputFormat::Text => eprintln!(
-                "flexd: [{}/{}] {}: {}",
-                unit + 1,
-                journal.units.len(),
-                record.title(),
-                record.step.as_str()
-            ),
+            OutputFormat::Text => {
+                let line = format!(
+                    "[{}/{}] {}: {}",
+                    unit + 1,
+                    journal.units.len(),
+                    record.title(),
+                    record.step.as_str()
+                );
+                match &self.bar {
+                    // A terminal: the bar says where it is and what it waits for; each step
+                    // still gets its line above it.
+                    Some(shown) => {
+                        let finished = journal
+                            .units
+                            .iter()
+                            .filter(|u| matches!(u.step, Step::Done | Step::RolledBack))
+                            .count();
+                        shown.bar().set_position(finished as u64);
+                        shown.bar().set_message(line.clone());
+                        shown.bar().println(format!("flexd: {line}"));
+                    }
+                    None => eprintln!("flexd: {line}"),
+                }
+            }
         }
+    }
+
+    /// A bar over the units on a terminal (text output); structured lines otherwise.
+    fn show_bar(&mut self, units: usize) {
+        if self.output != OutputFormat::Text || !std::io::stderr().is_terminal() {
+            return;
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(units as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        )
+        .with_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{bar:20}] {pos}/{len} units, {elapsed} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(250));
+        self.bar = Some(logging::show_progress(bar));
     }
 
     fn summary(&self, journal: &Journal, done: &str) {
@@ -1018,7 +1169,7 @@ impl Migrator {
                 let units: Vec<Value> = journal
                     .units
                     .iter()
-                    .map(|u| json!({"workloads": u.workloads, "pvs": u.pvs, "step": u.step.as_str(), "downtime_seconds": u.downtime_seconds}))
+                    .map(|u| json!({"workloads": u.workloads, "bare_pods": u.bare_pods, "pvs": u.pvs, "step": u.step.as_str(), "downtime_seconds": u.downtime_seconds}))
                     .collect();
                 println!(
                     "{}",
@@ -1034,7 +1185,10 @@ impl Migrator {
                     for w in &u.workloads {
                         println!("{w}: {done}{down}");
                     }
-                    if u.workloads.is_empty() {
+                    for p in &u.bare_pods {
+                        println!("Pod {p}: {done} (created again){down}");
+                    }
+                    if u.workloads.is_empty() && u.bare_pods.is_empty() {
                         for pv in &u.pvs {
                             println!("PersistentVolume {pv}: {done} (no pods used it)");
                         }
@@ -1164,6 +1318,12 @@ pub fn plan_text(plan: &Plan) -> String {
                 out,
                 "       PersistentVolume {}: {} → CSI {}{attaches}{claim}{policy}",
                 m.name, m.driver, m.csi_driver
+            );
+        }
+        for p in &unit.bare_pods {
+            let _ = writeln!(
+                out,
+                "       Pod {p}: deleted and created again after the swap"
             );
         }
         for w in &unit.templates {

@@ -65,6 +65,11 @@ pub struct MigrateArgs {
     /// deployment, statefulset, replicaset.
     #[arg(long = "workload", value_name = "NAMESPACE/KIND/NAME", value_parser = WorkloadRef::parse_flag)]
     pub workloads: Vec<WorkloadRef>,
+    /// Delete bare Pods (no controller to start them again) with their unit and create them
+    /// again from their spec after the swap, inline volumes converted; without it they are
+    /// refused.
+    #[arg(long)]
+    pub recreate_pods: bool,
     /// Accept the plan without asking (needed when stdin is not a terminal).
     #[arg(long)]
     pub yes: bool,
@@ -106,6 +111,7 @@ fn read_input(file: &PathBuf) -> anyhow::Result<String> {
 pub fn run(global: &Global, args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let selection = || Selection {
         all: args.all,
+        recreate_pods: args.recreate_pods,
         pvs: args.pvs.iter().cloned().collect(),
         namespaces: args.namespaces.iter().cloned().collect(),
         workloads: args.workloads.iter().cloned().collect(),
