@@ -68,6 +68,16 @@ pub enum Operation {
     Rollback,
 }
 
+impl Operation {
+    /// For messages: "a migration started … by …".
+    pub fn in_words(self) -> &'static str {
+        match self {
+            Self::Apply => "a migration",
+            Self::Rollback => "a rollback",
+        }
+    }
+}
+
 /// One unit's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UnitRecord {

@@ -137,7 +137,7 @@ impl Migrator {
                         bail!(
                             "a migration is in progress ({} started {} by {}; journal ConfigMap \
                              {}/{}): go on with --resume or undo it with --rollback",
-                            journal.operation_name(),
+                            journal.operation.in_words(),
                             journal.started,
                             journal.by,
                             self.journal_namespace(),
@@ -1097,7 +1097,7 @@ impl Migrator {
             "flexd: journal {}/{}: {} started {} by {}",
             self.journal_namespace(),
             journal::NAME,
-            journal.operation_name(),
+            journal.operation.in_words(),
             journal.started,
             journal.by
         );
@@ -1173,7 +1173,7 @@ impl Migrator {
                     .collect();
                 println!(
                     "{}",
-                    json!({"event": "summary", "operation": journal.operation_name(), "units": units})
+                    json!({"event": "summary", "operation": journal.operation, "units": units})
                 );
             }
             OutputFormat::Text => {
@@ -1205,19 +1205,6 @@ fn exit_for(plan: &Plan) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-trait OperationName {
-    fn operation_name(&self) -> &'static str;
-}
-
-impl OperationName for Journal {
-    fn operation_name(&self) -> &'static str {
-        match self.operation {
-            Operation::Apply => "a migration",
-            Operation::Rollback => "a rollback",
-        }
     }
 }
 
