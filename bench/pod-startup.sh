@@ -13,7 +13,9 @@
 # One line per measurement, ending with flexd's median over kubelet's (`... 1.04x`), each
 # followed by where the time went: the mean of kubelet's own volume_mount operations per plugin
 # (its /metrics: the whole MountVolume, the driver's run included) and of flexd's mount
-# call-outs (flexd's /metrics: the driver alone).
+# call-outs (flexd's /metrics). For the pods at once, also each path's MountVolume outside the
+# driver: kubelet's volume_mount mean for the plugin minus the driver's own run (the driver
+# stamps it, option timed), and flexd's over kubelet's (`... overhead ... 1.15x`).
 #
 # Usage: bench/pod-startup.sh [SEQUENTIAL=20] [CONCURRENT=50]
 # FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd).
@@ -63,8 +65,8 @@ innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" get pods --watch --outp
 bench_pod() { # NAME PATH SPEED: created, not waited for
   local volume
   case $2 in
-    kubelet) volume="    flexVolume: {driver: $DRIVER, options: {volume: $1, quirk: \"$3\"}}" ;;
-    flexd) volume="    csi: {driver: $CSI_NAME, volumeAttributes: {volume: $1, quirk: \"$3\"}}" ;;
+    kubelet) volume="    flexVolume: {driver: $DRIVER, options: {volume: $1, quirk: \"$3\", timed: \"1\"}}" ;;
+    flexd) volume="    csi: {driver: $CSI_NAME, volumeAttributes: {volume: $1, quirk: \"$3\", timed: \"1\"}}" ;;
   esac
   pod_create "$1" 'true' "$volume" >/dev/null
 }
@@ -88,16 +90,33 @@ mount_metrics() {
     awk '/^flexd_callout_duration_seconds_(sum|count)\{/ && /callout="mount"/ { if ($1 ~ /_sum/) s += $2; else c += $2 }
       END { printf "flexd:mount %s %s\n", s + 0, c + 0 }'
 }
-# The means since the last call: kubelet's whole MountVolume per plugin, flexd's driver call-out.
+# The means since the last call: kubelet's whole MountVolume per plugin, flexd's driver call-out
+# ("SOURCE MEAN COUNT" lines in $D/run/means), printed.
 where_time_goes() {
   mount_metrics >"$D/run/metrics.now"
   awk 'NR == FNR { s0[$1] = $2; c0[$1] = $3; next }
-    { n = $3 - c0[$1]; if (n > 0) printf "    %s: %.3fs mean over %d\n", $1, ($2 - s0[$1]) / n, n }' \
-    "$D/run/metrics.before" "$D/run/metrics.now" |
+    { n = $3 - c0[$1]; if (n > 0) printf "%s %.6f %d\n", $1, ($2 - s0[$1]) / n, n }' \
+    "$D/run/metrics.before" "$D/run/metrics.now" >"$D/run/means"
+  awk '{ printf "    %s: %.3fs mean over %d\n", $1, $2, $3 }' "$D/run/means" |
     sed 's/kubelet:e2e\/hostdir/kubelet volume_mount, FlexVolume plugin/;
       s/kubelet:kubernetes.io\/csi:.*:/kubelet volume_mount, CSI plugin (flexd):/;
       s/flexd:mount/flexd mount call-out (the driver itself)/'
   mv "$D/run/metrics.now" "$D/run/metrics.before"
+}
+
+# MountVolume outside the driver, per path, for the pods since .mount-times was emptied: kubelet's
+# volume_mount mean for the path's plugin minus the mean of the driver's own runs on that path
+# (CSI targets end in /mount below kubernetes.io~csi; FlexVolume targets are below e2e~hostdir).
+overhead() { # WHAT
+  awk -v what="$1" 'NR == FNR { mean[$1] = $2; next }
+    { path = ($2 ~ /kubernetes.io~csi/) ? "flexd" : "kubelet"; sum[path] += $1 / 1e9; n[path]++ }
+    END {
+      for (p in mean) { if (p ~ /^kubelet:kubernetes.io\/csi/) csi = mean[p]; else if (p ~ /^kubelet:/) flex = mean[p] }
+      if (!n["kubelet"] || !n["flexd"] || csi == "" || flex == "") { print what ": overhead not measured (no timings)"; exit }
+      k = flex - sum["kubelet"] / n["kubelet"]; f = csi - sum["flexd"] / n["flexd"]
+      printf "MountVolume overhead outside the driver, %s: kubelet FlexVolume %.3fs (%.3fs - driver %.3fs), flexd %.3fs (%.3fs - driver %.3fs) %.2fx\n",
+        what, k, flex, sum["kubelet"] / n["kubelet"], f, csi, sum["flexd"] / n["flexd"], f / k }' \
+    "$D/run/means" "$D/volumes/.mount-times"
 }
 
 report() { # WHAT: one line from $D/run/startup-{kubelet,flexd}
@@ -125,6 +144,7 @@ for speed in fast slow; do
 
   : >"$D/run/startup-kubelet"
   : >"$D/run/startup-flexd"
+  : >"$D/volumes/.mount-times"
   for path in kubelet flexd; do
     creating=()
     for i in $(seq "$CONCURRENT"); do
@@ -141,5 +161,6 @@ for speed in fast slow; do
   done
   report "pod start-up, $speed driver, $CONCURRENT pods at once"
   where_time_goes
+  overhead "$speed driver, $CONCURRENT pods at once"
 done
 
