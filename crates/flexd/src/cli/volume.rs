@@ -438,7 +438,8 @@ fn unusable_entry(e: &flexvolume_host::state::StateError) -> (&'static str, Opti
     use flexvolume_host::state::StateError;
     match e {
         StateError::NotARecord { kind, .. } => ("not-a-record", Some(kind.as_str())),
-        StateError::Corrupt { .. } => ("corrupt", None),
+        // A listing never gives a torn record (it is no record); were it asked, it is corrupt.
+        StateError::Corrupt { .. } | StateError::Torn { .. } => ("corrupt", None),
         StateError::Io { .. } => ("unreadable", None),
     }
 }

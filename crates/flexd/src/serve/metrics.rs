@@ -132,7 +132,8 @@ impl Metrics {
                 let mut counts = [("not-a-record", 0), ("corrupt", 0), ("unreadable", 0)];
                 for record in records {
                     let index = match record {
-                        Ok(_) => continue,
+                        // A torn record is no record (a listing never gives one).
+                        Ok(_) | Err(flexvolume_host::state::StateError::Torn { .. }) => continue,
                         Err(flexvolume_host::state::StateError::NotARecord { .. }) => 0,
                         Err(flexvolume_host::state::StateError::Corrupt { .. }) => 1,
                         Err(flexvolume_host::state::StateError::Io { .. }) => 2,

@@ -96,10 +96,20 @@ pub(super) fn driver_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Driv
         .map_err(|e| serde::de::Error::custom(format!("driver name {text:?}: {e}")))
 }
 
-/// A record parsed, or why it cannot be.
+/// A record parsed, or why it cannot be: [`StateError::Torn`] for what a crash leaves of a
+/// fresh record before its sync (nothing, zeros where the data had not reached the disk, or
+/// the JSON cut short), [`StateError::Corrupt`] for anything else.
 pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<VolumeRecord, StateError> {
-    serde_json::from_slice(bytes).map_err(|e| StateError::Corrupt {
-        path: path.to_owned(),
-        message: e.to_string(),
+    serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() || bytes.iter().all(|b| *b == 0) {
+            StateError::Torn {
+                path: path.to_owned(),
+            }
+        } else {
+            StateError::Corrupt {
+                path: path.to_owned(),
+                message: e.to_string(),
+            }
+        }
     })
 }

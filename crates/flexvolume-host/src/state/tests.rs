@@ -183,6 +183,53 @@ fn a_corrupt_record_is_reported() {
     assert!(state.list().unwrap()[0].is_err());
 }
 
+/// What a crash can leave of a fresh record renamed into place before its sync (nothing,
+/// zeros, the JSON cut short) is no record, for loads and listings, watched or not; a save at
+/// its name replaces it. Garbage that is not a cut-short record stays corrupt.
+#[test]
+fn a_torn_fresh_record_is_no_record_and_is_replaced() {
+    let whole = serde_json::to_vec_pretty(&record("/t/x")).unwrap();
+    let torn: [&[u8]; 3] = [b"", &[0u8; 300], &whole[..whole.len() / 2]];
+    for (i, bytes) in torn.into_iter().enumerate() {
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let state = StateDir::new(dir.path());
+            if watched {
+                state.watch_records();
+                assert!(state.list().unwrap().is_empty());
+            }
+            state.save(&record("/t/a")).unwrap();
+            fs::write(state.record_path(Path::new("/t/x")), bytes).unwrap();
+            let what = format!("torn record {i}, watched {watched}");
+            assert_eq!(state.load(Path::new("/t/x")).unwrap(), None, "{what}");
+            let listed: Vec<PathBuf> = state
+                .list()
+                .unwrap()
+                .into_iter()
+                .map(|r| r.unwrap().target)
+                .collect();
+            assert_eq!(listed, vec![PathBuf::from("/t/a")], "{what}");
+            state.save(&record("/t/x")).unwrap();
+            assert_eq!(
+                state.load(Path::new("/t/x")).unwrap(),
+                Some(record("/t/x")),
+                "{what}"
+            );
+            assert_eq!(state.list().unwrap().len(), 2, "{what}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::new(dir.path());
+    fs::create_dir_all(state.volumes()).unwrap();
+    let mut garbage = whole[..whole.len() / 2].to_vec();
+    garbage.extend_from_slice(&[0u8; 64]);
+    fs::write(state.record_path(Path::new("/t/x")), garbage).unwrap();
+    assert!(matches!(
+        state.load(Path::new("/t/x")),
+        Err(StateError::Corrupt { .. })
+    ));
+}
+
 fn mkfifo(path: &Path) {
     rustix::fs::mknodat(
         rustix::fs::CWD,
@@ -465,7 +512,7 @@ fn pinned_versions_go_once_no_record_uses_them_and_the_grace_passed() {
     assert!(!v1.exists() && v2.exists() && v3.exists());
 
     // A corrupt record could reference anything: nothing is collected.
-    fs::write(state.record_path(Path::new("/t/bad")), "{").unwrap();
+    fs::write(state.record_path(Path::new("/t/bad")), "{not json").unwrap();
     assert_eq!(state.collect_pins(zero).unwrap(), 0);
     fs::remove_file(state.record_path(Path::new("/t/bad"))).unwrap();
 
@@ -544,4 +591,30 @@ fn stable_hash_is_fnv1a() {
     let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     fs::write(&path, &content).unwrap();
     assert_eq!(hash_file(&path).unwrap(), stable_hash(&content));
+}
+
+/// Every change is covered by a sync that began after it, whoever ran it; a burst shares them.
+#[test]
+fn concurrent_changes_share_directory_syncs_and_each_waits_for_one_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(SharedSync::default());
+    let threads: Vec<_> = (0..32)
+        .map(|_| {
+            let (shared, dir) = (shared.clone(), dir.path().to_owned());
+            std::thread::spawn(move || {
+                for _ in 0..20 {
+                    let n = shared.changed();
+                    shared.sync(&dir, n).unwrap();
+                    assert!(locked(&shared.state).synced >= n);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(locked(&shared.state).synced, 640);
+    // A directory that cannot be synced fails the change that needed it, and the next.
+    let gone = dir.path().join("gone");
+    let n = shared.changed();
+    assert!(shared.sync(&gone, n).is_err());
+    assert!(shared.sync(&gone, n).is_err());
 }
