@@ -24,6 +24,16 @@ fn record(target: &str) -> VolumeRecord {
     }
 }
 
+/// The targets of a listing, which must hold only readable records.
+fn listed_targets(state: &StateDir) -> Vec<PathBuf> {
+    state
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().target)
+        .collect()
+}
+
 /// The Rust names changed (progress, staging); the names on disk did not.
 #[test]
 fn records_keep_their_field_names_on_disk() {
@@ -42,13 +52,10 @@ fn records_round_trip_and_list_in_order() {
     state.save(&record("/t/b")).unwrap();
     state.save(&record("/t/a")).unwrap();
     assert_eq!(state.load(Path::new("/t/a")).unwrap(), Some(record("/t/a")));
-    let listed: Vec<PathBuf> = state
-        .list()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.unwrap().target)
-        .collect();
-    assert_eq!(listed, vec![PathBuf::from("/t/a"), PathBuf::from("/t/b")]);
+    assert_eq!(
+        listed_targets(&state),
+        vec![PathBuf::from("/t/a"), PathBuf::from("/t/b")]
+    );
     state.remove(Path::new("/t/a")).unwrap();
     state.remove(Path::new("/t/a")).unwrap();
     assert_eq!(state.list().unwrap().len(), 1);
@@ -202,13 +209,7 @@ fn a_torn_fresh_record_is_no_record_and_is_replaced() {
             fs::write(state.record_path(Path::new("/t/x")), bytes).unwrap();
             let what = format!("torn record {i}, watched {watched}");
             assert_eq!(state.load(Path::new("/t/x")).unwrap(), None, "{what}");
-            let listed: Vec<PathBuf> = state
-                .list()
-                .unwrap()
-                .into_iter()
-                .map(|r| r.unwrap().target)
-                .collect();
-            assert_eq!(listed, vec![PathBuf::from("/t/a")], "{what}");
+            assert_eq!(listed_targets(&state), [PathBuf::from("/t/a")], "{what}");
             state.save(&record("/t/x")).unwrap();
             assert_eq!(
                 state.load(Path::new("/t/x")).unwrap(),
