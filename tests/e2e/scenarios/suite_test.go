@@ -52,4 +52,6 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
 	ginkgo.It("failover", ginkgo.Label("failover"), scenarioFailover)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
+	// A benchmark (bench/attach-scale.sh), not in run.sh's list.
+	ginkgo.It("attach_scale", ginkgo.Label("attach_scale"), scenarioAttachScale)
 })
