@@ -560,11 +560,16 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                 // Container names cannot hold a CSI name's dots; the socket says which driver.
                 name: format!("{}-{index}", sidecar.name()),
                 image: Some(sidecar.image(settings).to_owned()),
-                args: Some(vec![
-                    format!("--csi-address={}", driver.socket(dir)),
-                    "--leader-election".to_owned(),
-                    format!("--timeout={}s", sidecar_timeout().as_secs()),
-                ]),
+                args: Some(
+                    [
+                        format!("--csi-address={}", driver.socket(dir)),
+                        "--leader-election".to_owned(),
+                        format!("--timeout={}s", sidecar_timeout().as_secs()),
+                    ]
+                    .into_iter()
+                    .chain(sidecar.tuning().iter().map(|flag| (*flag).to_owned()))
+                    .collect(),
+                ),
                 resources: Some(resources("10m", "32Mi", "128Mi")),
                 // Not root: flexd's sockets let the sidecars' group in.
                 security_context: Some(unprivileged(Some(SIDECAR_USER), &[])),
