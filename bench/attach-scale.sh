@@ -23,10 +23,7 @@ export E2E_NAME=${E2E_NAME:-flexd-bench}
 # shellcheck source=tests/e2e/run.sh
 . "$(dirname "$0")/../tests/e2e/run.sh"
 trap 'down >/dev/null 2>&1 || true' EXIT
-up >&2
-passed=0 failed=0
-scenarios deploy
-[ "$failed" = 0 ] || die "flexd did not deploy (logs in $D/logs)"
+up_deployed
 scenarios attach_scale E2E_ATTACH_NODES="$NODES" E2E_ATTACH_VOLUMES="$VOLUMES"
 [ "$failed" = 0 ] || die "the attach bench failed (logs in $D/logs)"
 cat "$D/logs/scenario-attach_scale.summary"

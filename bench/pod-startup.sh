@@ -26,11 +26,7 @@ export E2E_NAME=${E2E_NAME:-flexd-bench}
 # shellcheck source=tests/e2e/run.sh
 . "$(dirname "$0")/../tests/e2e/run.sh"
 trap 'pkill -P $$ 2>/dev/null || true; down >/dev/null 2>&1 || true' EXIT
-up >&2
-# flexd deployed as the e2e's deploy scenario deploys it (and checks it).
-passed=0 failed=0
-scenarios deploy
-[ "$failed" = 0 ] || die "flexd did not deploy (logs in $D/logs)"
+up_deployed
 
 delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
 

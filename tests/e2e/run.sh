@@ -86,6 +86,15 @@ and remove everything with: tests/e2e/run.sh down
 EOT
 }
 
+# up_deployed: for the benchmarks (bench/), which source this file: `up`, then flexd deployed as
+# the deploy scenario deploys it (and checks it), or die.
+up_deployed() {
+  up >&2
+  passed=0 failed=0
+  scenarios deploy
+  [ "$failed" = 0 ] || die "flexd did not deploy (logs in $D/logs)"
+}
+
 finish() {
   local status=$?
   if [ "${E2E_KEEP:-}" = 1 ]; then
