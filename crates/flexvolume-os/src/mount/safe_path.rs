@@ -183,51 +183,54 @@ pub fn open(path: &Path) -> Result<Found, PathError> {
     for (i, name) in all.iter().enumerate() {
         walked.push(name);
         let last = i + 1 == all.len();
-        match open_step(dir.as_fd(), name) {
-            Ok(fd) => {
-                let kind = rustix::fs::fstat(&fd)
-                    .map(|s| FileType::from_raw_mode(s.st_mode))
-                    .map_err(|e| PathError::Io {
-                        path: path.clone(),
-                        source: e.into(),
-                    })?;
-                // O_PATH | O_NOFOLLOW opens a final symlink itself rather than failing.
-                if kind == FileType::Symlink {
+        let io = |errno: Errno| PathError::Io {
+            path: path.clone(),
+            source: errno.into(),
+        };
+        let fd = match open_step(dir.as_fd(), name) {
+            Ok(fd) => fd,
+            Err(errno) => match kind_of(dir.as_fd(), name) {
+                Ok(None) => return Ok(Found::Absent),
+                Ok(Some(FileType::Symlink)) => {
                     return Err(PathError::Symlink {
                         path: path.clone(),
                         component: walked,
-                    });
+                    })
                 }
-                let is_dir = kind == FileType::Directory;
-                if last {
-                    return Ok(Found::Present(fd));
+                // Missing at our open, there at our look: made by someone else in between
+                // (concurrent publishes under one pods dir). Opened now, and checked below.
+                Ok(Some(FileType::Directory)) if errno == Errno::NOENT => {
+                    open_step(dir.as_fd(), name).map_err(io)?
                 }
-                if !is_dir {
+                Ok(Some(FileType::Directory)) | Err(_) => return Err(io(errno)),
+                Ok(Some(_)) => {
                     return Err(PathError::NotDirectory {
                         path: path.clone(),
                         component: walked,
-                    });
+                    })
                 }
-                dir = fd;
-            }
-            Err(errno) => {
-                return match kind_of(dir.as_fd(), name) {
-                    Ok(None) => Ok(Found::Absent),
-                    Ok(Some(FileType::Symlink)) => Err(PathError::Symlink {
-                        path: path.clone(),
-                        component: walked,
-                    }),
-                    Ok(Some(FileType::Directory)) | Err(_) => Err(PathError::Io {
-                        path: path.clone(),
-                        source: errno.into(),
-                    }),
-                    Ok(Some(_)) => Err(PathError::NotDirectory {
-                        path: path.clone(),
-                        component: walked,
-                    }),
-                }
-            }
+            },
+        };
+        let kind = rustix::fs::fstat(&fd)
+            .map(|s| FileType::from_raw_mode(s.st_mode))
+            .map_err(io)?;
+        // O_PATH | O_NOFOLLOW opens a final symlink itself rather than failing.
+        if kind == FileType::Symlink {
+            return Err(PathError::Symlink {
+                path: path.clone(),
+                component: walked,
+            });
         }
+        if last {
+            return Ok(Found::Present(fd));
+        }
+        if kind != FileType::Directory {
+            return Err(PathError::NotDirectory {
+                path: path.clone(),
+                component: walked,
+            });
+        }
+        dir = fd;
     }
     // The path is `/` itself.
     open_root()
@@ -437,6 +440,30 @@ mod tests {
                 .map(|i| {
                     let path = base.join("pods/uid/volumes").join(format!("v{i}"));
                     std::thread::spawn(move || create_dir(&path).map(|_| ()))
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap().unwrap();
+            }
+        }
+    }
+
+    /// The same with each thread looking first, as a publish does (its target inspected, then
+    /// created): a component missing at the look's open and there at its check was made
+    /// meanwhile, and is entered. It was an I/O error (NOT_FOUND to kubelet) under load.
+    #[test]
+    fn looks_racing_creates_of_overlapping_paths_never_fail() {
+        let root = tempfile::tempdir().unwrap();
+        for round in 0..300 {
+            let base = root.path().join(format!("r{round}"));
+            let threads: Vec<_> = (0..8)
+                .map(|i| {
+                    let path = base.join("pods/uid/volumes").join(format!("v{i}"));
+                    std::thread::spawn(move || {
+                        open_dir(&path)?;
+                        create_dir(&path)?;
+                        open_dir(&path).map(|found| assert!(found.is_some()))
+                    })
                 })
                 .collect();
             for t in threads {
