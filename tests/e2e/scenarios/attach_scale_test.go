@@ -15,11 +15,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
+	"golang.org/x/sync/errgroup"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -98,31 +98,14 @@ func containsWord(args []string, word string) bool {
 	return false
 }
 
-// inParallel runs do(0..n-1) on 32 goroutines and returns the first error.
+// inParallel runs do(0..n-1), 32 at a time, and returns the first error.
 func inParallel(n int, do func(i int) error) error {
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-		next  = make(chan int)
-	)
-	for range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := do(i); err != nil {
-					once.Do(func() { first = err })
-				}
-			}
-		}()
-	}
+	var group errgroup.Group
+	group.SetLimit(32)
 	for i := range n {
-		next <- i
+		group.Go(func() error { return do(i) })
 	}
-	close(next)
-	wg.Wait()
-	return first
+	return group.Wait()
 }
 
 // benchNodes makes n Nodes without kubelets, managed by the attach/detach controller, Ready
