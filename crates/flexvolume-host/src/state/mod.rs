@@ -1,17 +1,18 @@
 //! What must survive a crash to undo an operation: one record per mounted target.
 //!
 //! `<state-dir>/volumes/<id>.json`, written atomically (temporary file in the same directory,
-//! fsync, rename, fsync of the directory), so a crash leaves the old record or the new one,
-//! never half of one. A *fresh* record (none at its name) is renamed into place first and then
-//! fsync-ed with its directory: one journal commit instead of two, which was most of a burst of
-//! publishes' time on a journaled disk (bench/csi.sh). Its operation starts only once both
-//! syncs returned, so what a crash can leave half-written is a record whose operation never
-//! began: [`StateError::Torn`], read as no record. Secrets are never written. One such write per operation: the step that only
-//! says an operation finished (`Mounting` to `Mounted`, nothing else changed) is an empty marker
-//! file `<id>.mounted` beside the record, not synced: a crash that loses it leaves the record
-//! at `Mounting`, the state every operation and reconcile already finish or undo. Locks are `flock`s on files under
-//! `<state-dir>/locks/`: they serialize operations on one target (or one device) across threads
-//! *and* across separate `flexd` processes, and vanish with a crashed process.
+//! fsync, rename, fsync of the directory), so a crash leaves the old record or the new one, never
+//! half of one. A *fresh* record (none at its name) is renamed into place first and then fsync-ed
+//! with its directory: one journal commit instead of two, which was most of a burst of publishes'
+//! time on a journaled disk (bench/csi.sh). Its operation starts only once both syncs returned, so
+//! what a crash can leave half-written is a record whose operation never began:
+//! [`StateError::Torn`], read as no record. Secrets are never written. One such write per
+//! operation: the step that only says an operation finished (`Mounting` to `Mounted`, nothing else
+//! changed) is an empty marker file `<id>.mounted` beside the record, not synced: a crash that
+//! loses it leaves the record at `Mounting`, the state every operation and reconcile already finish
+//! or undo. Locks are `flock`s on files under `<state-dir>/locks/`: they serialize operations on
+//! one target (or one device) across threads *and* across separate `flexd` processes, and vanish
+//! with a crashed process.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
