@@ -67,6 +67,18 @@ func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...strin
 	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags(driversNamed(args)...)...)...)
 	path := c.WriteRun(name+".yaml", manifests)
 	c.MustKubectl(ctx, "apply", "-f", path)
+	// `rollout status` of a DaemonSet that wants no pods yet is done at once: on a cluster just
+	// up, the DaemonSet controller can count the nodes before it has seen them.
+	WaitFor(ctx, 120*time.Second, "flexd-node to be scheduled on every node", func(ctx context.Context) error {
+		daemonset, err := c.Kube.AppsV1().DaemonSets(c.Namespace).Get(ctx, "flexd-node", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if scheduled := int(daemonset.Status.DesiredNumberScheduled); scheduled < len(c.Nodes) {
+			return fmt.Errorf("on %d of %d nodes", scheduled, len(c.Nodes))
+		}
+		return nil
+	})
 	c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "daemonset/flexd-node", "--timeout=240s")
 	if strings.Contains(manifests, "name: flexd-controller\n") {
 		c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "deployment/flexd-controller", "--timeout=300s")
