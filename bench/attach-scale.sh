@@ -14,6 +14,10 @@
 # controller CPU per attach+detach and its peak RSS; then two lines, "attach, ..." and
 # "detach, ...", with flexd's time over kube-controller-manager's (`... 1.10x`).
 #
+# The scenario (the client) runs at the least CPU weight (as_remote_client in cluster.sh).
+# E2E_KCM_API_QPS=100 gives kube-controller-manager that client rate (its own default is 20):
+# the CSI path costs it one more API write per attach and per detach (the VolumeAttachment).
+#
 # Usage: bench/attach-scale.sh [NODES=50] [VOLUMES=200]
 # FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd).
 set -euo pipefail
@@ -22,8 +26,10 @@ VOLUMES=${2:-200}
 export E2E_NAME=${E2E_NAME:-flexd-bench}
 # shellcheck source=tests/e2e/run.sh
 . "$(dirname "$0")/../tests/e2e/run.sh"
-trap 'down >/dev/null 2>&1 || true' EXIT
+trap 'leave_client_cgroup; down >/dev/null 2>&1 || true' EXIT
 up_deployed
+# The scenario's 200 pods at once and its polling come as from off the node.
+as_remote_client
 scenarios attach_scale E2E_ATTACH_NODES="$NODES" E2E_ATTACH_VOLUMES="$VOLUMES"
 [ "$failed" = 0 ] || die "the attach bench failed (logs in $D/logs)"
 cat "$D/logs/scenario-attach_scale.summary"

@@ -15,7 +15,11 @@
 # (its /metrics: the whole MountVolume, the driver's run included) and of flexd's mount
 # call-outs (flexd's /metrics). For the pods at once, also each path's MountVolume outside the
 # driver: kubelet's volume_mount mean for the plugin minus the driver's own run (the driver
-# stamps it, option timed), and flexd's over kubelet's (`... overhead ... 1.15x`).
+# stamps it, option timed), and flexd's over kubelet's (`... overhead ... 1.15x`), then where
+# flexd's went: kubelet's CSI plugin around its NodePublishVolume call (its own
+# csi_operations_seconds), flexd outside the call-out, the call-out outside the driver. The
+# bench's own kubectl runs at the least CPU weight (as_remote_client in cluster.sh), as a client
+# off the node would not take the node's CPU.
 #
 # Usage: bench/pod-startup.sh [SEQUENTIAL=20] [CONCURRENT=50]
 # FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd).
@@ -25,7 +29,7 @@ CONCURRENT=${2:-50}
 export E2E_NAME=${E2E_NAME:-flexd-bench}
 # shellcheck source=tests/e2e/run.sh
 . "$(dirname "$0")/../tests/e2e/run.sh"
-trap 'pkill -P $$ 2>/dev/null || true; down >/dev/null 2>&1 || true' EXIT
+trap 'pkill -P $$ 2>/dev/null || true; leave_client_cgroup; down >/dev/null 2>&1 || true' EXIT
 up_deployed
 
 delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
@@ -57,6 +61,9 @@ watch_log=$D/run/pod-startup.watch
 innet "$D/bin/kube" kubectl --kubeconfig="$D/kubeconfig" get pods --watch --output-watch-events \
   -o jsonpath='{.object.metadata.name} {.object.status.conditions[?(@.type=="Ready")].status}{"\n"}' |
   while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done >"$watch_log" &
+# The pods' creations from here on (50 kubectl at once) come as from off the node; the watch
+# above keeps its stamps on time at full weight.
+as_remote_client
 
 bench_pod() { # NAME PATH SPEED: created, not waited for
   local volume
@@ -75,11 +82,15 @@ delete_all() { kubectl delete pods -l bench=pod-startup --wait=true --timeout=60
 label() { kubectl label pod "$1" bench=pod-startup >/dev/null; }
 
 # Where the time goes: "SOURCE SUM COUNT" lines, kubelet's volume_mount operations per plugin
-# (its /metrics) and flexd's mount call-outs (flexd's /metrics), cumulative.
+# and its NodePublishVolume calls to flexd (its /metrics), and flexd's mount
+# call-outs (flexd's /metrics), cumulative.
 mount_metrics() {
   innet curl -sk "https://$NODE_IP:10250/metrics" |
-    awk '/^storage_operation_duration_seconds_(sum|count)\{/ && /operation_name="volume_mount"/ && /volume_plugin="(e2e\/hostdir|kubernetes.io\/csi:[^"]*)"/ {
+    awk -v csi="$CSI_NAME" '/^storage_operation_duration_seconds_(sum|count)\{/ && /operation_name="volume_mount"/ && /volume_plugin="(e2e\/hostdir|kubernetes.io\/csi:[^"]*)"/ {
         match($0, /volume_plugin="[^"]*"/); p = substr($0, RSTART + 15, RLENGTH - 16)
+        if ($1 ~ /_sum\{/) s[p] += $NF; else c[p] += $NF }
+      /^csi_operations_seconds_(sum|count)\{/ && index($0, "driver_name=\"" csi "\"") && /method_name="\/csi.v1.Node\/NodePublishVolume"/ {
+        match($0, /Node\/[A-Za-z]*"/); p = "grpc:" substr($0, RSTART + 5, RLENGTH - 6)
         if ($1 ~ /_sum\{/) s[p] += $NF; else c[p] += $NF }
       END { for (p in s) printf "kubelet:%s %s %s\n", p, s[p], c[p] }'
   innet curl -s "http://127.0.0.1:9808/metrics" |
@@ -96,6 +107,7 @@ where_time_goes() {
   awk '{ printf "    %s: %.3fs mean over %d\n", $1, $2, $3 }' "$D/run/means" |
     sed 's/kubelet:e2e\/hostdir/kubelet volume_mount, FlexVolume plugin/;
       s/kubelet:kubernetes.io\/csi:.*:/kubelet volume_mount, CSI plugin (flexd):/;
+      s/kubelet:grpc:\([A-Za-z]*\):/kubelet'"'"'s \1 calls to flexd:/;
       s/flexd:mount/flexd mount call-out (the driver itself)/'
   mv "$D/run/metrics.now" "$D/run/metrics.before"
 }
@@ -107,11 +119,17 @@ overhead() { # WHAT
   awk -v what="$1" 'NR == FNR { mean[$1] = $2; next }
     { path = ($2 ~ /kubernetes.io~csi/) ? "flexd" : "kubelet"; sum[path] += $1 / 1e9; n[path]++ }
     END {
-      for (p in mean) { if (p ~ /^kubelet:kubernetes.io\/csi/) csi = mean[p]; else if (p ~ /^kubelet:/) flex = mean[p] }
+      for (p in mean) { if (p ~ /^kubelet:kubernetes.io\/csi/) csi = mean[p]; else if (p == "kubelet:e2e/hostdir") flex = mean[p] }
       if (!n["kubelet"] || !n["flexd"] || csi == "" || flex == "") { print what ": overhead not measured (no timings)"; exit }
-      k = flex - sum["kubelet"] / n["kubelet"]; f = csi - sum["flexd"] / n["flexd"]
+      driver = sum["flexd"] / n["flexd"]
+      k = flex - sum["kubelet"] / n["kubelet"]; f = csi - driver
       printf "MountVolume overhead outside the driver, %s: kubelet FlexVolume %.3fs (%.3fs - driver %.3fs), flexd %.3fs (%.3fs - driver %.3fs) %.2fx\n",
-        what, k, flex, sum["kubelet"] / n["kubelet"], f, csi, sum["flexd"] / n["flexd"], f / k }' \
+        what, k, flex, sum["kubelet"] / n["kubelet"], f, csi, driver, f / k
+      # Where flexd'"'"'s went, per MountVolume: kubelet'"'"'s side, flexd'"'"'s, the driver'"'"'s start.
+      publish = mean["kubelet:grpc:NodePublishVolume"]; callout = mean["flexd:mount"]
+      if (publish == "" || callout == "") exit
+      printf "    of flexd'"'"'s: kubelet'"'"'s CSI plugin outside NodePublishVolume %.3fs, NodePublishVolume outside the call-out %.3fs, the call-out outside the driver'"'"'s own run %.3fs\n",
+        csi - publish, publish - callout, callout - driver }' \
     "$D/run/means" "$D/volumes/.mount-times"
 }
 

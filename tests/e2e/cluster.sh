@@ -16,7 +16,9 @@
 # default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
 # dir, default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to
 # deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`), E2E_NODES
-# (default 1: how many nodes; stop-node, start-node and down find the workers by themselves).
+# (default 1: how many nodes; stop-node, start-node and down find the workers by themselves),
+# E2E_KCM_API_QPS (kube-controller-manager's --kube-api-qps, its burst twice that; default its
+# own, 20: bench/attach-scale.sh measures both).
 #
 # Where it all runs. One network namespace, $E2E_NAME (default flexd-e2e), made here: `lo` and
 # the node's address (10.77.0.1/32, on a dummy interface, or on lo where the kernel has no dummy), nothing that
@@ -73,6 +75,7 @@ POD_SUBNET=10.88.0.0/24
 # How many nodes (issue #35): node 0 is the one above, with the control plane; every other one
 # (a worker) is a kubelet and containerd of its own in namespaces of its own (see the node table).
 E2E_NODES=${E2E_NODES:-1}
+case ${E2E_KCM_API_QPS:-1} in *[!0-9]* | 0*) echo "E2E_KCM_API_QPS=$E2E_KCM_API_QPS: a number of requests a second" >&2; exit 2 ;; esac
 case $E2E_NODES in '' | *[!0-9]* | 0*) echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2 ;; esac
 ((E2E_NODES <= 50)) || { echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2; }
 # The bridge in node 0's network namespace that the workers' network namespaces hang on, once
@@ -174,6 +177,8 @@ remove_cgroups() {
     find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
     [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
   done
+  # A bench's client cgroup (as_remote_client) that its bench, killed, did not leave.
+  rmdir /sys/fs/cgroup/cpu/"$CGROUP_ROOT"-client /sys/fs/cgroup/"$CGROUP_ROOT"-client 2>/dev/null || true
 }
 
 # The cluster's processes: those of its network namespace in another pid namespace than this
@@ -522,6 +527,34 @@ in_service_cgroup() {
   IN_SERVICE_CGROUP=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cgroup")
 }
 
+# as_remote_client: this shell, and what it starts from now on, in a CPU cgroup of the least
+# weight, $CGROUP_ROOT-client beside the cluster's (left by leave_client_cgroup). For the
+# benches (bench/): their clients (kubectl, the scenarios binary) stand for ones that run off the
+# node, yet here they share its two cores, and in the host's root cgroup each of their
+# processes weighs as much as the whole cluster. 50 `kubectl apply` at once made kubelet's and
+# flexd's MountVolume 5-10x slower than with the clients out of the way (bench/pod-startup.sh).
+# Best effort: without a cgroup to make, the clients stay where they are.
+as_remote_client() {
+  local hierarchy=/sys/fs/cgroup/cpu weight=cpu.shares least=2
+  if [ ! -d $hierarchy ]; then
+    hierarchy=/sys/fs/cgroup weight=cpu.weight least=1
+    grep -qw cpu $hierarchy/cgroup.subtree_control 2>/dev/null || return 0
+  fi
+  local cgroup=$hierarchy/$CGROUP_ROOT-client
+  mkdir -p "$cgroup" 2>/dev/null && echo $least >"$cgroup/$weight" && echo $$ >"$cgroup/cgroup.procs" ||
+    log "WARNING: the bench's clients share the cluster's CPU at full weight (no $cgroup)"
+}
+
+# leave_client_cgroup: back from as_remote_client, once the clients it started have ended.
+leave_client_cgroup() {
+  local cgroup
+  for cgroup in /sys/fs/cgroup/cpu/"$CGROUP_ROOT"-client /sys/fs/cgroup/"$CGROUP_ROOT"-client; do
+    [ -d "$cgroup" ] || continue
+    echo $$ >"$(dirname "$cgroup")/cgroup.procs" 2>/dev/null || true
+    rmdir "$cgroup" 2>/dev/null || log "WARNING: $cgroup still holds a process; left"
+  done
+}
+
 apiserver_ready() {
   innet curl -fsS --cacert "$D/pki/ca.crt" -H "Authorization: Bearer $TOKEN" "https://$NODE_IP:6443/readyz"
 }
@@ -586,7 +619,8 @@ start_control_plane() {
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1 \
     --cert-dir="$D/pki/controller-manager" \
     --service-account-private-key-file="$D/pki/sa.key" --root-ca-file="$D/pki/ca.crt" \
-    --flex-volume-plugin-dir="$D/plugins"
+    --flex-volume-plugin-dir="$D/plugins" \
+    ${E2E_KCM_API_QPS:+--kube-api-qps="$E2E_KCM_API_QPS" --kube-api-burst=$((2 * E2E_KCM_API_QPS))}
   start kube-scheduler "$D/bin/kube" kube-scheduler \
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
 }
