@@ -158,6 +158,54 @@ fn kind_of(dir: BorrowedFd<'_>, name: &OsStr) -> Result<Option<FileType>, Errno>
     }
 }
 
+/// One component of a walk: `name` in `dir`, opened without following it, and what it is; or
+/// `None` when nothing is there. A symlink is refused, as is anything but a directory before
+/// the last component (`last`). A directory missing at our open and there at our look was made
+/// by someone else in between (concurrent publishes under one pods dir): it is opened now.
+fn step(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    last: bool,
+    path: &Path,
+    walked: &Path,
+) -> Result<Option<OwnedFd>, PathError> {
+    let io = |errno: Errno| PathError::Io {
+        path: path.to_owned(),
+        source: errno.into(),
+    };
+    let symlink = || PathError::Symlink {
+        path: path.to_owned(),
+        component: walked.to_owned(),
+    };
+    let not_directory = || PathError::NotDirectory {
+        path: path.to_owned(),
+        component: walked.to_owned(),
+    };
+    let fd = match open_step(dir, name) {
+        Ok(fd) => fd,
+        Err(errno) => match kind_of(dir, name) {
+            Ok(None) => return Ok(None),
+            Ok(Some(FileType::Symlink)) => return Err(symlink()),
+            Ok(Some(FileType::Directory)) if errno == Errno::NOENT => {
+                open_step(dir, name).map_err(io)?
+            }
+            Ok(Some(FileType::Directory)) | Err(_) => return Err(io(errno)),
+            Ok(Some(_)) if last => return Err(io(errno)),
+            Ok(Some(_)) => return Err(not_directory()),
+        },
+    };
+    let kind = rustix::fs::fstat(&fd)
+        .map(|s| FileType::from_raw_mode(s.st_mode))
+        .map_err(io)?;
+    match kind {
+        // O_PATH | O_NOFOLLOW opens a symlink itself rather than failing.
+        FileType::Symlink => Err(symlink()),
+        FileType::Directory => Ok(Some(fd)),
+        _ if last => Ok(Some(fd)),
+        _ => Err(not_directory()),
+    }
+}
+
 /// What a path names, found without following symlinks.
 #[derive(Debug)]
 pub enum Found {
@@ -183,54 +231,11 @@ pub fn open(path: &Path) -> Result<Found, PathError> {
     for (i, name) in all.iter().enumerate() {
         walked.push(name);
         let last = i + 1 == all.len();
-        let io = |errno: Errno| PathError::Io {
-            path: path.clone(),
-            source: errno.into(),
-        };
-        let fd = match open_step(dir.as_fd(), name) {
-            Ok(fd) => fd,
-            Err(errno) => match kind_of(dir.as_fd(), name) {
-                Ok(None) => return Ok(Found::Absent),
-                Ok(Some(FileType::Symlink)) => {
-                    return Err(PathError::Symlink {
-                        path: path.clone(),
-                        component: walked,
-                    })
-                }
-                // Missing at our open, there at our look: made by someone else in between
-                // (concurrent publishes under one pods dir). Opened now, and checked below.
-                Ok(Some(FileType::Directory)) if errno == Errno::NOENT => {
-                    open_step(dir.as_fd(), name).map_err(io)?
-                }
-                Ok(Some(FileType::Directory)) | Err(_) => return Err(io(errno)),
-                Ok(Some(_)) => {
-                    return Err(PathError::NotDirectory {
-                        path: path.clone(),
-                        component: walked,
-                    })
-                }
-            },
-        };
-        let kind = rustix::fs::fstat(&fd)
-            .map(|s| FileType::from_raw_mode(s.st_mode))
-            .map_err(io)?;
-        // O_PATH | O_NOFOLLOW opens a final symlink itself rather than failing.
-        if kind == FileType::Symlink {
-            return Err(PathError::Symlink {
-                path: path.clone(),
-                component: walked,
-            });
+        match step(dir.as_fd(), name, last, &path, &walked)? {
+            None => return Ok(Found::Absent),
+            Some(fd) if last => return Ok(Found::Present(fd)),
+            Some(fd) => dir = fd,
         }
-        if last {
-            return Ok(Found::Present(fd));
-        }
-        if kind != FileType::Directory {
-            return Err(PathError::NotDirectory {
-                path: path.clone(),
-                component: walked,
-            });
-        }
-        dir = fd;
     }
     // The path is `/` itself.
     open_root()
@@ -282,59 +287,21 @@ pub fn create_dir(path: &Path) -> Result<(OwnedFd, bool), PathError> {
     for name in names(&path) {
         walked.push(name);
         created_last = false;
-        let fd = match open_step(dir.as_fd(), name) {
-            Ok(fd) => fd,
-            Err(_) => match kind_of(dir.as_fd(), name) {
-                Ok(None) => {
-                    match rustix::fs::mkdirat(dir.as_fd(), name, Mode::from_raw_mode(0o755)) {
-                        Ok(()) => created_last = true,
-                        // Created by someone else in between: opened (and checked) below.
-                        Err(Errno::EXIST) => {}
-                        Err(e) => return Err(io(e.into())),
-                    }
-                    open_step(dir.as_fd(), name).map_err(|_| PathError::Symlink {
-                        path: path.clone(),
-                        component: walked.clone(),
-                    })?
+        dir = match step(dir.as_fd(), name, false, &path, &walked)? {
+            Some(fd) => fd,
+            None => {
+                match rustix::fs::mkdirat(dir.as_fd(), name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) => created_last = true,
+                    // Created by someone else in between: opened (and checked) below.
+                    Err(Errno::EXIST) => {}
+                    Err(e) => return Err(io(e.into())),
                 }
-                Ok(Some(FileType::Symlink)) => {
-                    return Err(PathError::Symlink {
-                        path: path.clone(),
-                        component: walked,
-                    })
-                }
-                // Made by someone else between our open and our look (concurrent publishes
-                // under one pod dir): open it now. One we still cannot open we may not enter.
-                Ok(Some(FileType::Directory)) => open_step(dir.as_fd(), name)
-                    .map_err(|_| io(io::Error::from(io::ErrorKind::PermissionDenied)))?,
-                Ok(Some(_)) => {
-                    return Err(PathError::NotDirectory {
-                        path: path.clone(),
-                        component: walked,
-                    })
-                }
-                Err(e) => return Err(io(e.into())),
-            },
+                // Removed again between our mkdir and our open (a symlink put there instead
+                // is refused by the step).
+                step(dir.as_fd(), name, false, &path, &walked)?
+                    .ok_or_else(|| io(io::ErrorKind::NotFound.into()))?
+            }
         };
-        let kind = rustix::fs::fstat(&fd)
-            .map(|s| FileType::from_raw_mode(s.st_mode))
-            .map_err(|e| io(e.into()))?;
-        match kind {
-            FileType::Directory => dir = fd,
-            // O_PATH | O_NOFOLLOW opens a symlink itself rather than failing.
-            FileType::Symlink => {
-                return Err(PathError::Symlink {
-                    path: path.clone(),
-                    component: walked,
-                })
-            }
-            _ => {
-                return Err(PathError::NotDirectory {
-                    path: path.clone(),
-                    component: walked,
-                })
-            }
-        }
     }
     Ok((dir, created_last))
 }
