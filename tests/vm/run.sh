@@ -124,8 +124,10 @@ while read -r label _; do
     bad_binaries=$((bad_binaries + 1))
     [ "$f" -eq 0 ] && failed=$((failed + 1)) # crashed or timed out without a failed test
     printf '  FAILED   %-45s %4s / %s / %s  %4ss  (exit %s)\n' "$label" "$p" "$f" "$i" "$secs" "$status"
-    grep -E '^(test .* FAILED|---- |thread .* panicked)|panicked at' "$work/logs/$label.log" 2>/dev/null |
-      head -n 20 | sed 's/^/      /' || true
+    # Each failure's line and the panic's message after it: the log itself stays in the VM's
+    # work dir, which only the machine that ran it keeps.
+    awk '/^(test .* FAILED|---- )|panicked at/ { print; after = 3; next } after > 0 { print; after-- }' \
+      "$work/logs/$label.log" 2>/dev/null | head -n 30 | sed 's/^/      /' || true
   else
     printf '  ok       %-45s %4s / %s / %s  %4ss\n' "$label" "$p" "$f" "$i" "$secs"
   fi

@@ -12,6 +12,7 @@ pub mod safe_path;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
@@ -112,11 +113,9 @@ pub fn mount_table() -> Result<Vec<MountInfo>, MountError> {
 /// (flexd neither mounts nor unmounts through one), and a path that is not absolute or holds
 /// `..` is an error.
 pub fn is_mount_point(path: &Path) -> Result<bool, MountError> {
-    match safe_path::open(path) {
-        Ok(safe_path::Found::Present(fd)) => {
-            safe_path::is_mount_root(&fd, path).map_err(MountError::MountTable)
-        }
-        Ok(safe_path::Found::Absent)
+    match safe_path::look(path) {
+        Ok(Some(entry)) => entry.is_mount_root().map_err(MountError::MountTable),
+        Ok(None)
         | Err(safe_path::PathError::Symlink { .. } | safe_path::PathError::NotDirectory { .. }) => {
             Ok(false)
         }
@@ -166,19 +165,37 @@ fn safe_dir(path: &Path) -> Result<std::os::fd::OwnedFd, MountError> {
     })
 }
 
+/// How long [`unmount`] keeps trying a mount that is busy. A busy mount is most often busy for
+/// a moment: any process forked (or cloned without `CLONE_FILES`, as flexd starts drivers)
+/// while someone had a descriptor open in it holds a copy until its exec, and a `blkid` probe
+/// opens a device for milliseconds. A mount still busy after this is truly in use.
+pub const BUSY_GRACE: Duration = Duration::from_secs(2);
+
 /// Unmounts `target`; not mounted (or absent) is success. A path through a symlink is refused
 /// (a symlinked target is never flexd's mount), and the last component is not followed either.
+///
+/// The target itself is never opened ([`safe_path::look`]): the unmount goes through its
+/// parent's descriptor. `EBUSY` is retried for [`BUSY_GRACE`].
 pub fn unmount(target: &Path) -> Result<(), MountError> {
-    if let safe_path::Found::Absent = safe_path::open(target)? {
+    let Some(entry) = safe_path::look(target)? else {
         return Ok(());
-    }
-    match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
-        Err(e) => Err(MountError::Unmount {
-            target: target.to_owned(),
-            error: e.into(),
-        }),
+    };
+    let through_parent = entry.via_parent();
+    let err = |error: rustix::io::Errno| MountError::Unmount {
+        target: target.to_owned(),
+        error: error.into(),
+    };
+    let deadline = Instant::now() + BUSY_GRACE;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match rustix::mount::unmount(&through_parent, UnmountFlags::NOFOLLOW) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::BUSY) if Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(err(e)),
+        }
     }
 }
 
@@ -378,5 +395,105 @@ garbage line without separator
         assert_eq!(unescape("x\\999"), "x\\999");
         assert_eq!(unescape("é\\é"), "é\\é");
         assert_eq!(unescape("\\777"), "\\777");
+    }
+
+    /// A tmpfs on `<temp dir>/target`, lazily unmounted whatever the test left.
+    struct Tmpfs {
+        dir: tempfile::TempDir,
+        target: PathBuf,
+    }
+
+    impl Tmpfs {
+        /// Mounted for `test`; without root, `None` and a line where `cargo test`'s reader sees
+        /// it saying why `test` did not run.
+        fn new(test: &str) -> Option<Self> {
+            if !rustix::process::geteuid().is_root() {
+                use std::io::Write;
+                let line = format!("SKIPPED {test}: needs root (mounts a tmpfs)\n");
+                let _ = io::stderr().lock().write_all(line.as_bytes());
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let target = dir.path().join("target");
+            std::fs::create_dir(&target).unwrap();
+            rustix::mount::mount("tmpfs", &target, "tmpfs", MountFlags::empty(), c"").unwrap();
+            Some(Self { dir, target })
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.target, UnmountFlags::DETACH);
+        }
+    }
+
+    #[test]
+    fn unmount_waits_out_a_mount_held_busy_for_a_moment() {
+        let Some(t) = Tmpfs::new("mount::tests::unmount_waits_out_a_mount_held_busy_for_a_moment")
+        else {
+            return;
+        };
+        let held = std::fs::File::open(&t.target).unwrap();
+        assert_eq!(
+            rustix::mount::unmount(&t.target, UnmountFlags::empty()),
+            Err(rustix::io::Errno::BUSY),
+            "an open descriptor holds it busy"
+        );
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        unmount(&t.target).unwrap();
+        release.join().unwrap();
+        assert!(!is_mount_point(&t.target).unwrap());
+    }
+
+    #[test]
+    fn unmount_of_a_mount_in_use_fails_busy_and_leaves_it_mounted() {
+        let Some(t) =
+            Tmpfs::new("mount::tests::unmount_of_a_mount_in_use_fails_busy_and_leaves_it_mounted")
+        else {
+            return;
+        };
+        let held = std::fs::File::open(&t.target).unwrap();
+        match unmount(&t.target) {
+            Err(MountError::Unmount { error, .. }) => {
+                assert_eq!(
+                    error.raw_os_error(),
+                    Some(rustix::io::Errno::BUSY.raw_os_error())
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(is_mount_point(&t.target).unwrap());
+        drop(held);
+        unmount(&t.target).unwrap();
+        assert!(!is_mount_point(&t.target).unwrap());
+    }
+
+    #[test]
+    fn unmount_refuses_symlinks_and_takes_absent_for_done() {
+        let Some(t) =
+            Tmpfs::new("mount::tests::unmount_refuses_symlinks_and_takes_absent_for_done")
+        else {
+            return;
+        };
+        let last = t.dir.path().join("last");
+        std::os::unix::fs::symlink(&t.target, &last).unwrap();
+        assert!(matches!(
+            unmount(&last),
+            Err(MountError::Path(safe_path::PathError::Symlink { .. }))
+        ));
+        std::os::unix::fs::symlink(t.dir.path(), t.dir.path().join("parent")).unwrap();
+        assert!(matches!(
+            unmount(&t.dir.path().join("parent/target")),
+            Err(MountError::Path(safe_path::PathError::Symlink { .. }))
+        ));
+        assert!(is_mount_point(&t.target).unwrap(), "nothing unmounted");
+        unmount(&t.dir.path().join("absent")).unwrap();
+        unmount(&t.dir.path().join("absent/deeper")).unwrap();
+        unmount(&t.target).unwrap();
+        unmount(&t.target).unwrap();
+        assert!(!is_mount_point(&t.target).unwrap());
     }
 }

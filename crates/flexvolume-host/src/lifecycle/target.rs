@@ -18,12 +18,20 @@ pub(super) enum AtPath {
     Mounted,
 }
 
-/// What is at `path`; a symlink anywhere in it, or a non-directory, is an error.
+/// What is at `path`; a symlink anywhere in it, or a non-directory, is an error. Looked at, not
+/// opened (see [`safe_path::look`]): a descriptor of a mounted target would hold it busy.
 pub(super) fn inspect(path: &Path) -> Result<AtPath, LifecycleError> {
-    match safe_path::open_dir(path)? {
+    match safe_path::look(path)? {
         None => Ok(AtPath::Absent),
-        Some(fd) => {
-            let mounted = safe_path::is_mount_root(&fd, path).map_err(super::io_err(path))?;
+        Some(entry) if entry.kind() != rustix::fs::FileType::Directory => {
+            Err(safe_path::PathError::NotDirectory {
+                path: path.to_owned(),
+                component: path.to_owned(),
+            }
+            .into())
+        }
+        Some(entry) => {
+            let mounted = entry.is_mount_root().map_err(super::io_err(path))?;
             Ok(if mounted {
                 AtPath::Mounted
             } else {

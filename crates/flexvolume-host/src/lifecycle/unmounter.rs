@@ -158,7 +158,7 @@ impl Lifecycle {
         if record.role != Role::Attach {
             // A path that became a symlink (or a file) is not where flexd mounted: refused, the
             // record kept, rather than unmounting or removing whatever it now leads to.
-            safe_path::open(target)?;
+            safe_path::look(target)?;
         }
         if record.role == Role::Stage {
             let users: Vec<_> = lc

@@ -10,7 +10,7 @@
 //! relative to descriptors from the same walk. `..` is refused outright: a path that climbs is
 //! never what a CO means.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -384,11 +384,99 @@ pub fn is_mount_root(fd: &OwnedFd, path: &Path) -> io::Result<bool> {
         Ok(_) | Err(Errno::NOSYS) => {}
         Err(e) => return Err(e.into()),
     }
+    in_mount_table(path)
+}
+
+/// Whether `path` is a mount point in the mount table: the answer for kernels without
+/// `STATX_ATTR_MOUNT_ROOT`.
+fn in_mount_table(path: &Path) -> io::Result<bool> {
     let normal = check(path).map_err(io::Error::other)?;
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(super::parse_mountinfo(&text)
         .iter()
         .any(|m| m.mount_point == normal))
+}
+
+/// A path's last component as seen from its parent directory, which is held open.
+#[derive(Debug)]
+pub struct Entry {
+    parent: OwnedFd,
+    name: OsString,
+    path: PathBuf,
+    kind: FileType,
+    /// `STATX_ATTR_MOUNT_ROOT`, where the kernel has it (5.8+).
+    mount_root: Option<bool>,
+}
+
+impl Entry {
+    pub fn kind(&self) -> FileType {
+        self.kind
+    }
+
+    /// The name through which the kernel reaches it from the parent that was walked (for
+    /// syscalls that take a path): no new walk of the path, only of the last component.
+    pub fn via_parent(&self) -> PathBuf {
+        fd_path(&self.parent).join(&self.name)
+    }
+
+    /// Whether it is the root of a mount.
+    pub fn is_mount_root(&self) -> io::Result<bool> {
+        match self.mount_root {
+            Some(root) => Ok(root),
+            None => in_mount_table(&self.path),
+        }
+    }
+}
+
+/// What `path` names, found as [`open`] finds it (a symlink anywhere in it is an error) but
+/// never opened itself: its parent is, and it is looked at by name. A descriptor of the root of
+/// a mount holds that mount busy, and so does the copy that any process forked meanwhile (by
+/// any thread) holds until its exec: an unmount then fails with `EBUSY`. `None` when absent.
+pub fn look(path: &Path) -> Result<Option<Entry>, PathError> {
+    let path = check(path)?;
+    let io = |source: io::Error| PathError::Io {
+        path: path.clone(),
+        source,
+    };
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => match open_dir(parent)? {
+            Some(fd) => (fd, name.to_owned()),
+            None => return Ok(None),
+        },
+        // `/` itself: looked at from itself.
+        _ => (open_root().map_err(io)?, OsString::from(".")),
+    };
+    use rustix::fs::{StatxAttributes, StatxFlags};
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+    let (kind, mount_root) = match rustix::fs::statx(&parent, &name, flags, StatxFlags::BASIC_STATS)
+    {
+        Ok(stx) => (
+            FileType::from_raw_mode(stx.stx_mode.into()),
+            stx.stx_attributes_mask
+                .contains(StatxAttributes::MOUNT_ROOT)
+                .then(|| stx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)),
+        ),
+        Err(Errno::NOSYS) => match rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => (FileType::from_raw_mode(stat.st_mode), None),
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(io(e.into())),
+        },
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(io(e.into())),
+    };
+    if kind == FileType::Symlink {
+        return Err(PathError::Symlink {
+            component: path.clone(),
+            path,
+        });
+    }
+    Ok(Some(Entry {
+        parent,
+        name,
+        path,
+        kind,
+        mount_root,
+    }))
 }
 
 #[cfg(test)]
