@@ -22,13 +22,16 @@
 # off the node would not take the node's CPU.
 #
 # Usage: bench/pod-startup.sh [SEQUENTIAL=20] [CONCURRENT=50]
-# FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd).
+# FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd). PROFILE=1
+# profiles every driver run of the pods at once (bench/profile/driver-runs.sh: bpftrace) and
+# prints, per path, how long its runs took to start, ran, waited for a CPU and took to be reaped.
 set -euo pipefail
 SEQUENTIAL=${1:-20}
 CONCURRENT=${2:-50}
 export E2E_NAME=${E2E_NAME:-flexd-bench}
 # shellcheck source=tests/e2e/run.sh
-. "$(dirname "$0")/../tests/e2e/run.sh"
+bench_dir=$(cd "$(dirname "$0")" && pwd)
+. "$bench_dir/../tests/e2e/run.sh"
 trap 'pkill -P $$ 2>/dev/null || true; leave_client_cgroup; down >/dev/null 2>&1 || true' EXIT
 up_deployed
 
@@ -160,6 +163,13 @@ for speed in fast slow; do
   : >"$D/run/startup-flexd"
   : >"$D/volumes/.mount-times"
   for path in kubelet flexd; do
+    profiler=
+    if [ -n "${PROFILE:-}" ]; then
+      rm -f "$D/run/profiling"
+      READY=$D/run/profiling "$bench_dir/profile/driver-runs.sh" hostdir >"$D/run/profile-$path" &
+      profiler=$!
+      wait_for 60 "the profiler" test -e "$D/run/profiling"
+    fi
     creating=()
     for i in $(seq "$CONCURRENT"); do
       bench_pod "par-$speed-$path-$i" $path $speed &
@@ -171,10 +181,14 @@ for speed in fast slow; do
       wait_for 600 "par-$speed-$path-$i Ready" ready_seen "par-$speed-$path-$i"
       startup "par-$speed-$path-$i" >>"$D/run/startup-$path"
     done
+    if [ -n "$profiler" ]; then
+      kill -TERM $profiler && wait $profiler || true
+    fi
     delete_all
   done
   report "pod start-up, $speed driver, $CONCURRENT pods at once"
   where_time_goes
   overhead "$speed driver, $CONCURRENT pods at once"
+  [ -z "${PROFILE:-}" ] || sed 's/^/    /' "$D/run/profile-kubelet" "$D/run/profile-flexd"
 done
 
