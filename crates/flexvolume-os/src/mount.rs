@@ -177,14 +177,20 @@ pub const BUSY_GRACE: Duration = Duration::from_secs(2);
 /// The target itself is never opened ([`safe_path::look`]): the unmount goes through its
 /// parent's descriptor. `EBUSY` is retried for [`BUSY_GRACE`].
 pub fn unmount(target: &Path) -> Result<(), MountError> {
+    let err = |error: io::Error| MountError::Unmount {
+        target: target.to_owned(),
+        error,
+    };
+    if safe_path::check(target)? == Path::new("/") {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "flexd never unmounts /",
+        )));
+    }
     let Some(entry) = safe_path::look(target)? else {
         return Ok(());
     };
     let through_parent = entry.via_parent();
-    let err = |error: rustix::io::Errno| MountError::Unmount {
-        target: target.to_owned(),
-        error: error.into(),
-    };
     let deadline = Instant::now() + BUSY_GRACE;
     let mut pause = Duration::from_millis(5);
     loop {
@@ -194,7 +200,7 @@ pub fn unmount(target: &Path) -> Result<(), MountError> {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(100));
             }
-            Err(e) => return Err(err(e)),
+            Err(e) => return Err(err(e.into())),
         }
     }
 }
@@ -490,6 +496,10 @@ garbage line without separator
             Err(MountError::Path(safe_path::PathError::Symlink { .. }))
         ));
         assert!(is_mount_point(&t.target).unwrap(), "nothing unmounted");
+        assert!(matches!(
+            unmount(Path::new("/")),
+            Err(MountError::Unmount { .. })
+        ));
         unmount(&t.dir.path().join("absent")).unwrap();
         unmount(&t.dir.path().join("absent/deeper")).unwrap();
         unmount(&t.target).unwrap();
