@@ -23,15 +23,11 @@ pub(super) enum AtPath {
 pub(super) fn inspect(path: &Path) -> Result<AtPath, LifecycleError> {
     match safe_path::look(path)? {
         None => Ok(AtPath::Absent),
-        Some(entry) if entry.kind() != rustix::fs::FileType::Directory => {
-            Err(safe_path::PathError::NotDirectory {
-                path: path.to_owned(),
-                component: path.to_owned(),
-            }
-            .into())
-        }
         Some(entry) => {
-            let mounted = entry.is_mount_root().map_err(super::io_err(path))?;
+            let mounted = entry
+                .require_dir()?
+                .is_mount_root()
+                .map_err(super::io_err(path))?;
             Ok(if mounted {
                 AtPath::Mounted
             } else {

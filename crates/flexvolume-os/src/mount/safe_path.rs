@@ -363,30 +363,6 @@ pub fn fd_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
-/// Whether what `fd` opened is the root of a mount. `path` is the (checked, symlink-free) name
-/// it was opened by, for kernels without `STATX_ATTR_MOUNT_ROOT` (before 5.8), where the mount
-/// table is asked instead.
-pub fn is_mount_root(fd: &OwnedFd, path: &Path) -> io::Result<bool> {
-    use rustix::fs::{StatxAttributes, StatxFlags};
-    match rustix::fs::statx(
-        fd,
-        "",
-        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
-        StatxFlags::BASIC_STATS,
-    ) {
-        Ok(stx)
-            if stx
-                .stx_attributes_mask
-                .contains(StatxAttributes::MOUNT_ROOT) =>
-        {
-            return Ok(stx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
-        }
-        Ok(_) | Err(Errno::NOSYS) => {}
-        Err(e) => return Err(e.into()),
-    }
-    in_mount_table(path)
-}
-
 /// Whether `path` is a mount point in the mount table: the answer for kernels without
 /// `STATX_ATTR_MOUNT_ROOT`.
 fn in_mount_table(path: &Path) -> io::Result<bool> {
@@ -409,8 +385,15 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn kind(&self) -> FileType {
-        self.kind
+    /// It, if it is a directory; anything else is [`PathError::NotDirectory`].
+    pub fn require_dir(self) -> Result<Self, PathError> {
+        if self.kind != FileType::Directory {
+            return Err(PathError::NotDirectory {
+                component: self.path.clone(),
+                path: self.path,
+            });
+        }
+        Ok(self)
     }
 
     /// The name through which the kernel reaches it from the parent that was walked (for
@@ -590,9 +573,10 @@ mod tests {
         // Only the last component missing (a publish's target): made in its parent.
         let (_, created) = create_dir(&root.join("real/c")).unwrap();
         assert!(created && root.join("real/c").is_dir());
-        let (fd, created) = create_dir(&root.join("real/a/b")).unwrap();
+        let (_, created) = create_dir(&root.join("real/a/b")).unwrap();
         assert!(created && root.join("real/a/b").is_dir());
-        assert!(!is_mount_root(&fd, &root.join("real/a/b")).unwrap());
+        let entry = look(&root.join("real/a/b")).unwrap().unwrap();
+        assert!(!entry.is_mount_root().unwrap());
         let (_, created) = create_dir(&root.join("real/a/b")).unwrap();
         assert!(!created, "an existing directory is not created again");
         assert!(matches!(
@@ -615,10 +599,7 @@ mod tests {
 
     #[test]
     fn the_root_of_a_mount_is_one() {
-        let fd = match open(Path::new("/proc")).unwrap() {
-            Found::Present(fd) => fd,
-            Found::Absent => panic!("/proc is there"),
-        };
-        assert!(is_mount_root(&fd, Path::new("/proc")).unwrap());
+        let entry = look(Path::new("/proc")).unwrap().expect("/proc is there");
+        assert!(entry.is_mount_root().unwrap());
     }
 }
