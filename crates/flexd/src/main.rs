@@ -6,7 +6,6 @@
 
 mod builtin;
 mod cli;
-mod http2;
 mod serve;
 mod settings;
 

@@ -42,8 +42,8 @@ use tonic::transport::Server;
 use super::driver::ServedDriver;
 use super::identity::IdentityService;
 use super::registration::RegistrationService;
-use crate::http2::authority::{self, AuthorityFix};
-use crate::http2::PREFACE;
+use flexd::http2::authority::{self, AuthorityFix};
+use flexd::http2::PREFACE;
 use flexd::proto::csi::identity_server::IdentityServer;
 use flexd::proto::registration::registration_server::RegistrationServer;
 
