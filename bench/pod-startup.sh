@@ -2,6 +2,10 @@
 # Pod start-up, created → Ready, with its volume through kubelet's own FlexVolume plugin against
 # the same driver through flexd (CSI), in one run on one cluster: the e2e cluster of
 # tests/e2e/run.sh, brought up here (as its own E2E_NAME) and removed at the end. Root.
+# A third path is the CSI floor: the same driver behind kubelet's CSI plugin through
+# crates/flexd/examples/csi_floor.rs, a node plugin that only runs the driver (no record, lock,
+# cgroup or check), deployed as flexd is (a privileged pod requesting flexd's CPU): what any CSI
+# plugin costs over kubelet's FlexVolume plugin, so that flexd's own cost shows apart from it.
 #
 # The driver is tests/e2e/drivers/hostdir (a bind mount): "fast" as it is, "slow" with its
 # quirk option making mount take a second, as a network filesystem's may. Each pod has one
@@ -22,7 +26,8 @@
 # off the node would not take the node's CPU.
 #
 # Usage: bench/pod-startup.sh [SEQUENTIAL=20] [CONCURRENT=50]
-# FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd). PROFILE=1
+# FLEXD=path/to/flexd uses that binary (default: cargo build --release -p flexd); FLOOR=path the
+# floor's (default: cargo build --release -p flexd --example csi_floor). PROFILE=1
 # profiles every driver run of the pods at once (bench/profile/driver-runs.sh: bpftrace) and
 # prints, per path, how long its runs took to start, ran, waited for a CPU and took to be reaped.
 set -euo pipefail
@@ -34,6 +39,84 @@ bench_dir=$(cd "$(dirname "$0")" && pwd)
 . "$bench_dir/../tests/e2e/run.sh"
 trap 'pkill -P $$ 2>/dev/null || true; leave_client_cgroup; down >/dev/null 2>&1 || true' EXIT
 up_deployed
+
+# The CSI floor, deployed as flexd's node pod is, minus what the floor does not do: the same CPU
+# and memory requests and priority, privileged (it enters the node's mount namespace to run the
+# driver), kubelet's CSI and registration dirs; a CSIDriver like flexd's.
+FLOOR_NAME=csi-floor
+FLOOR_IMAGE=localhost/csi-floor:bench
+deploy_floor() {
+  if [ -z "${FLOOR:-}" ]; then
+    (cd "$repo" && cargo build --release -p flexd --example csi_floor >&2)
+    FLOOR="$(cd "$repo" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/examples/csi_floor"
+  fi
+  populate_floor() {
+    install -D -m 0755 "$FLOOR" "$1/csi-floor"
+    copy_libs "$1" "$FLOOR"
+  }
+  # Where `flexd install` put the driver: <plugin dir>/<vendor>~<driver>/<driver>.
+  local executable="$D/plugins/${DRIVER%%/*}~${DRIVER#*/}/${DRIVER#*/}"
+  IMAGE_ENV=() IMAGE_CMD=()
+  image $FLOOR_IMAGE populate_floor /csi-floor >&2
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: $FLOOR_NAME}
+spec:
+  attachRequired: false
+  podInfoOnMount: true
+  fsGroupPolicy: File
+  volumeLifecycleModes: [Persistent, Ephemeral]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: csi-floor, namespace: $NAMESPACE}
+spec:
+  selector: {matchLabels: {app: csi-floor}}
+  template:
+    metadata: {labels: {app: csi-floor}}
+    spec:
+      automountServiceAccountToken: false
+      hostNetwork: true
+      hostPID: true
+      priorityClassName: system-node-critical
+      tolerations: [{operator: Exists}]
+      containers:
+      - name: floor
+        image: $FLOOR_IMAGE
+        imagePullPolicy: Never
+        args: [--name=$FLOOR_NAME, --driver=$executable,
+          --csi-dir=$D/kubelet/plugins, --registration-dir=$D/kubelet/plugins_registry,
+          --driver-mount-namespace=/proc/1/ns/mnt]
+        env: [{name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]
+        resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {memory: 256Mi}}
+        securityContext: {privileged: true}
+        volumeMounts:
+        - {name: csi, mountPath: $D/kubelet/plugins}
+        - {name: registration, mountPath: $D/kubelet/plugins_registry}
+      volumes:
+      - {name: csi, hostPath: {path: $D/kubelet/plugins, type: Directory}}
+      - {name: registration, hostPath: {path: $D/kubelet/plugins_registry, type: Directory}}
+EOF
+  floor_registered() { kubectl get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw "$FLOOR_NAME"; }
+  if ! wait_for 180 "kubelet to register the CSI floor" floor_registered; then
+    kubectl -n "$NAMESPACE" get pods -o wide >&2 || true
+    kubectl -n "$NAMESPACE" describe daemonset csi-floor >&2 || true
+    kubectl -n "$NAMESPACE" logs ds/csi-floor >&2 || true
+    grep -i floor "$(node_log 0 kubelet)" | tail -20 >&2 || true
+    die "the CSI floor did not register"
+  fi
+}
+deploy_floor
+# FLEXD_ENV="KEY=VALUE ...": flexd's environment for an experiment, e.g.
+# FLEXD_DRIVER_MAX_PROCESSES=0 (no call-out cgroup).
+if [ -n "${FLEXD_ENV:-}" ]; then
+  # shellcheck disable=SC2086 # one word per KEY=VALUE
+  kubectl -n "$NAMESPACE" set env daemonset/flexd-node $FLEXD_ENV >/dev/null
+  kubectl -n "$NAMESPACE" rollout status daemonset/flexd-node --timeout=240s >/dev/null
+  flexd_healthy() { [ "$(innet curl -s http://127.0.0.1:9808/healthz)" = ok ]; }
+  wait_for 120 "flexd's /healthz with FLEXD_ENV=$FLEXD_ENV" flexd_healthy || die "flexd did not come back"
+fi
 
 delete_pod() { kubectl delete pod "$1" --wait=true --timeout=120s; }
 
@@ -73,6 +156,7 @@ bench_pod() { # NAME PATH SPEED: created, not waited for
   case $2 in
     kubelet) volume="    flexVolume: {driver: $DRIVER, options: {volume: $1, quirk: \"$3\", timed: \"1\"}}" ;;
     flexd) volume="    csi: {driver: $CSI_NAME, volumeAttributes: {volume: $1, quirk: \"$3\", timed: \"1\"}}" ;;
+    floor) volume="    csi: {driver: $FLOOR_NAME, volumeAttributes: {volume: $1, quirk: \"$3\", timed: \"1\"}}" ;;
   esac
   pod_create "$1" 'true' "$volume" >/dev/null
 }
@@ -85,15 +169,15 @@ delete_all() { kubectl delete pods -l bench=pod-startup --wait=true --timeout=60
 label() { kubectl label pod "$1" bench=pod-startup >/dev/null; }
 
 # Where the time goes: "SOURCE SUM COUNT" lines, kubelet's volume_mount operations per plugin
-# and its NodePublishVolume calls to flexd (its /metrics), and flexd's mount
-# call-outs (flexd's /metrics), cumulative.
+# and its NodePublishVolume calls per CSI driver (its /metrics: keys kubelet:<plugin> and
+# kubelet:grpc:<CSI name>), and flexd's mount call-outs (flexd's /metrics), cumulative.
 mount_metrics() {
   innet curl -sk "https://$NODE_IP:10250/metrics" |
-    awk -v csi="$CSI_NAME" '/^storage_operation_duration_seconds_(sum|count)\{/ && /operation_name="volume_mount"/ && /volume_plugin="(e2e\/hostdir|kubernetes.io\/csi:[^"]*)"/ {
+    awk '/^storage_operation_duration_seconds_(sum|count)\{/ && /operation_name="volume_mount"/ && /volume_plugin="(e2e\/hostdir|kubernetes.io\/csi:[^"]*)"/ {
         match($0, /volume_plugin="[^"]*"/); p = substr($0, RSTART + 15, RLENGTH - 16)
         if ($1 ~ /_sum\{/) s[p] += $NF; else c[p] += $NF }
-      /^csi_operations_seconds_(sum|count)\{/ && index($0, "driver_name=\"" csi "\"") && /method_name="\/csi.v1.Node\/NodePublishVolume"/ {
-        match($0, /Node\/[A-Za-z]*"/); p = "grpc:" substr($0, RSTART + 5, RLENGTH - 6)
+      /^csi_operations_seconds_(sum|count)\{/ && /method_name="\/csi.v1.Node\/NodePublishVolume"/ {
+        match($0, /driver_name="[^"]*"/); p = "grpc:" substr($0, RSTART + 13, RLENGTH - 14)
         if ($1 ~ /_sum\{/) s[p] += $NF; else c[p] += $NF }
       END { for (p in s) printf "kubelet:%s %s %s\n", p, s[p], c[p] }'
   innet curl -s "http://127.0.0.1:9808/metrics" |
@@ -109,45 +193,84 @@ where_time_goes() {
     "$D/run/metrics.before" "$D/run/metrics.now" >"$D/run/means"
   awk '{ printf "    %s: %.3fs mean over %d\n", $1, $2, $3 }' "$D/run/means" |
     sed 's/kubelet:e2e\/hostdir/kubelet volume_mount, FlexVolume plugin/;
-      s/kubelet:kubernetes.io\/csi:.*:/kubelet volume_mount, CSI plugin (flexd):/;
-      s/kubelet:grpc:\([A-Za-z]*\):/kubelet'"'"'s \1 calls to flexd:/;
+      s/kubelet:kubernetes.io\/csi:'"$CSI_NAME"':/kubelet volume_mount, CSI plugin (flexd):/;
+      s/kubelet:kubernetes.io\/csi:'"$FLOOR_NAME"':/kubelet volume_mount, CSI plugin (the CSI floor):/;
+      s/kubelet:grpc:'"$CSI_NAME"':/kubelet'"'"'s NodePublishVolume calls to flexd:/;
+      s/kubelet:grpc:'"$FLOOR_NAME"':/kubelet'"'"'s NodePublishVolume calls to the CSI floor:/;
       s/flexd:mount/flexd mount call-out (the driver itself)/'
   mv "$D/run/metrics.now" "$D/run/metrics.before"
 }
 
-# MountVolume outside the driver, per path, for the pods since .mount-times was emptied: kubelet's
-# volume_mount mean for the path's plugin minus the mean of the driver's own runs on that path
-# (CSI targets end in /mount below kubernetes.io~csi; FlexVolume targets are below e2e~hostdir).
+# MountVolume outside the driver, per path, for the pods at once: kubelet's volume_mount mean for
+# the path's plugin minus the mean of the driver's own runs on that path ($D/run/mount-times-PATH,
+# the driver's stamps during the path's phase). flexd's over kubelet's is the line the issue asks
+# for (#38); then the floor's over kubelet's (what any CSI plugin costs) and flexd's over the
+# floor's (what flexd costs itself); then where flexd's and the floor's went.
 overhead() { # WHAT
-  awk -v what="$1" 'NR == FNR { mean[$1] = $2; next }
-    { path = ($2 ~ /kubernetes.io~csi/) ? "flexd" : "kubelet"; sum[path] += $1 / 1e9; n[path]++ }
+  awk -v what="$1" -v csi="kubelet:kubernetes.io/csi:$CSI_NAME" -v floor="kubelet:kubernetes.io/csi:$FLOOR_NAME" \
+    -v csi_grpc="kubelet:grpc:$CSI_NAME" -v floor_grpc="kubelet:grpc:$FLOOR_NAME" '
+    FILENAME ~ /means$/ { mean[$1] = $2; next }
+    { path = FILENAME; sub(/.*mount-times-/, "", path); sum[path] += $1 / 1e9; n[path]++ }
     END {
-      for (p in mean) { if (p ~ /^kubelet:kubernetes.io\/csi/) csi = mean[p]; else if (p == "kubelet:e2e/hostdir") flex = mean[p] }
-      if (!n["kubelet"] || !n["flexd"] || csi == "" || flex == "") { print what ": overhead not measured (no timings)"; exit }
-      driver = sum["flexd"] / n["flexd"]
-      k = flex - sum["kubelet"] / n["kubelet"]; f = csi - driver
+      if (!n["kubelet"] || !n["flexd"] || mean[csi] == "" || mean["kubelet:e2e/hostdir"] == "") { print what ": overhead not measured (no timings)"; exit }
+      drv["kubelet"] = sum["kubelet"] / n["kubelet"]; drv["flexd"] = sum["flexd"] / n["flexd"]
+      k = mean["kubelet:e2e/hostdir"] - drv["kubelet"]; f = mean[csi] - drv["flexd"]
       printf "MountVolume overhead outside the driver, %s: kubelet FlexVolume %.3fs (%.3fs - driver %.3fs), flexd %.3fs (%.3fs - driver %.3fs) %.2fx\n",
-        what, k, flex, sum["kubelet"] / n["kubelet"], f, csi, driver, f / k
+        what, k, mean["kubelet:e2e/hostdir"], drv["kubelet"], f, mean[csi], drv["flexd"], f / k
+      if (n["floor"] && mean[floor] != "") {
+        drv["floor"] = sum["floor"] / n["floor"]; l = mean[floor] - drv["floor"]
+        printf "    the CSI floor (kubelet'"'"'s CSI plugin and a plugin that only runs the driver): %.3fs (%.3fs - driver %.3fs), %.2fx kubelet FlexVolume'"'"'s\n",
+          l, mean[floor], drv["floor"], l / k
+        printf "    flexd'"'"'s overhead over the CSI floor'"'"'s: %.2fx\n", f / l
+      }
       # Where flexd'"'"'s went, per MountVolume: kubelet'"'"'s side, flexd'"'"'s, the driver'"'"'s start.
-      publish = mean["kubelet:grpc:NodePublishVolume"]; callout = mean["flexd:mount"]
-      if (publish == "" || callout == "") exit
-      printf "    of flexd'"'"'s: kubelet'"'"'s CSI plugin outside NodePublishVolume %.3fs, NodePublishVolume outside the call-out %.3fs, the call-out outside the driver'"'"'s own run %.3fs\n",
-        csi - publish, publish - callout, callout - driver }' \
-    "$D/run/means" "$D/volumes/.mount-times"
+      publish = mean[csi_grpc]; callout = mean["flexd:mount"]
+      if (publish != "" && callout != "")
+        printf "    of flexd'"'"'s: kubelet'"'"'s CSI plugin outside NodePublishVolume %.3fs, NodePublishVolume outside the call-out %.3fs, the call-out outside the driver'"'"'s own run %.3fs\n",
+          mean[csi] - publish, publish - callout, callout - drv["flexd"]
+      if (mean[floor_grpc] != "" && n["floor"])
+        printf "    of the floor'"'"'s: kubelet'"'"'s CSI plugin outside NodePublishVolume %.3fs, NodePublishVolume outside the driver'"'"'s own run %.3fs\n",
+          mean[floor] - mean[floor_grpc], mean[floor_grpc] - drv["floor"] }' \
+    "$D/run/means" "$D"/run/mount-times-*
 }
 
-report() { # WHAT: one line from $D/run/startup-{kubelet,flexd}
-  local k f
-  k=$(median <"$D/run/startup-kubelet") f=$(median <"$D/run/startup-flexd")
-  awk -v what="$1" -v k="$k" -v f="$f" 'BEGIN { printf "%s: kubelet FlexVolume %.2fs, flexd %.2fs (median) %.2fx\n", what, k, f, f / k }'
+report() { # WHAT: lines from $D/run/startup-{kubelet,flexd,floor}
+  local k f l
+  k=$(median <"$D/run/startup-kubelet") f=$(median <"$D/run/startup-flexd") l=$(median <"$D/run/startup-floor")
+  awk -v what="$1" -v k="$k" -v f="$f" -v l="$l" 'BEGIN {
+    printf "%s: kubelet FlexVolume %.2fs, flexd %.2fs (median) %.2fx\n", what, k, f, f / k
+    printf "    the CSI floor %.2fs (median), %.2fx kubelet FlexVolume'"'"'s; flexd over the floor %.2fx\n", l, l / k, f / l }'
 }
 
+# Waits (at most 3 minutes) until the node's CPUs were at least 80% idle for two seconds in a row:
+# a phase's deleted pods are torn down in the background (containers, sandboxes, unmounts), and
+# the next phase must not start on a node still busy with the last one.
+settle() {
+  local quiet=0 deadline=$((SECONDS + 180)) before after
+  before=$(awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8, $5 }' /proc/stat)
+  while ((quiet < 2 && SECONDS < deadline)); do
+    sleep 1
+    after=$(awk '/^cpu / { print $2 + $3 + $4 + $5 + $6 + $7 + $8, $5 }' /proc/stat)
+    if awk -v b="$before" -v a="$after" 'BEGIN { split(b, x); split(a, y); exit !((y[2] - x[2]) >= 0.8 * (y[1] - x[1])) }'; then
+      quiet=$((quiet + 1))
+    else
+      quiet=0
+    fi
+    before=$after
+  done
+  ((quiet >= 2)) || log "the node did not settle in 3 minutes; going on"
+}
+
+paths=(kubelet flexd floor)
 mount_metrics >"$D/run/metrics.before"
 for speed in fast slow; do
-  : >"$D/run/startup-kubelet"
-  : >"$D/run/startup-flexd"
+  # The paths at once go in this order for the fast driver and the other way for the slow one, so
+  # that no path is always the one that starts on a node just used by the others.
+  order=("${paths[@]}")
+  [ $speed = fast ] || order=("${paths[2]}" "${paths[1]}" "${paths[0]}")
+  for path in "${paths[@]}"; do : >"$D/run/startup-$path"; done
   for i in $(seq "$SEQUENTIAL"); do
-    for path in kubelet flexd; do
+    for path in "${paths[@]}"; do
       name=seq-$speed-$path-$i
       bench_pod "$name" $path $speed
       label "$name"
@@ -159,10 +282,11 @@ for speed in fast slow; do
   report "pod start-up, $speed driver, $SEQUENTIAL pods one after another"
   where_time_goes
 
-  : >"$D/run/startup-kubelet"
-  : >"$D/run/startup-flexd"
-  : >"$D/volumes/.mount-times"
-  for path in kubelet flexd; do
+  rm -f "$D"/run/mount-times-*
+  for path in "${order[@]}"; do
+    settle
+    : >"$D/run/startup-$path"
+    : >"$D/volumes/.mount-times"
     profiler=
     if [ -n "${PROFILE:-}" ]; then
       rm -f "$D/run/profiling"
@@ -184,11 +308,12 @@ for speed in fast slow; do
     if [ -n "$profiler" ]; then
       kill -TERM $profiler && wait $profiler || true
     fi
+    # Every mount of the phase is done (its pods are Ready): its driver's stamps are the path's.
+    cp "$D/volumes/.mount-times" "$D/run/mount-times-$path"
     delete_all
   done
   report "pod start-up, $speed driver, $CONCURRENT pods at once"
   where_time_goes
   overhead "$speed driver, $CONCURRENT pods at once"
-  [ -z "${PROFILE:-}" ] || sed 's/^/    /' "$D/run/profile-kubelet" "$D/run/profile-flexd"
+  [ -z "${PROFILE:-}" ] || sed 's/^/    /' "$D"/run/profile-*
 done
-
