@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use flexvolume_protocol::CallOutKind;
 
+use super::cancel::Cancel;
 use super::namespace::MountNamespace;
 use super::observer::Observer;
 
@@ -43,6 +44,9 @@ pub struct RunnerConfig {
     pub max_processes: Option<NonZeroU32>,
     /// The mount namespace drivers run in; `None`: flexd's own (see `runner/namespace.rs`).
     pub mount_namespace: Option<MountNamespace>,
+    /// Stops the call-outs run with this configuration from another thread (a lost fence);
+    /// `None`: only their timeouts stop them.
+    pub cancel: Option<Cancel>,
 }
 
 impl Default for RunnerConfig {
@@ -58,6 +62,7 @@ impl Default for RunnerConfig {
             held_locks: Vec::new(),
             max_processes: Some(DEFAULT_MAX_PROCESSES),
             mount_namespace: None,
+            cancel: None,
         }
     }
 }
@@ -75,6 +80,14 @@ impl RunnerConfig {
     pub fn holding(&self, locks: &[Arc<File>]) -> Self {
         let mut config = self.clone();
         config.held_locks.extend(locks.iter().cloned());
+        config
+    }
+
+    /// This configuration, with its call-outs stopped by `cancel` (see [`Cancel`]): the
+    /// operation that must not outlive a fence runs its drivers with it.
+    pub fn cancelled_by(&self, cancel: &Cancel) -> Self {
+        let mut config = self.clone();
+        config.cancel = Some(cancel.clone());
         config
     }
 

@@ -21,6 +21,14 @@ pub enum CallError {
         kind: CallOutKind,
         after: Duration,
     },
+    /// Stopped by its configuration's [`Cancel`](super::Cancel): killed as a timed-out one is
+    /// if it was running, not started if it was not.
+    #[error("driver {path}: {kind} was stopped: {why}")]
+    Cancelled {
+        path: PathBuf,
+        kind: CallOutKind,
+        why: String,
+    },
     #[error("driver {path}: {kind}: i/o error while running it: {source}")]
     Io {
         path: PathBuf,

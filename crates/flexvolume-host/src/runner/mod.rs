@@ -13,8 +13,12 @@
 //!
 //! One thread per call: `poll(2)` on both pipes and a pidfd. Kernels without pidfd (< 5.3) get a
 //! short poll interval and `try_wait` instead.
+//!
+//! - a call-out can be stopped from another thread ([`Cancel`], an eventfd in the same poll):
+//!   it is killed as a timed-out one, so a lost fence stops the driver working on its volume.
 
 mod argv;
+mod cancel;
 mod capped;
 mod config;
 mod error;
@@ -23,6 +27,7 @@ mod observer;
 mod spawn;
 mod supervise;
 
+pub use cancel::Cancel;
 pub use capped::{lingering, remove_own_cgroups};
 pub use config::{
     RunnerConfig, DEFAULT_KILL_GRACE, DEFAULT_MAX_PROCESSES, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT,
@@ -95,7 +100,8 @@ pub fn run(config: &RunnerConfig, program: &Path, call: &CallOut) -> Result<RawO
     run_argv(config, program, call.kind, &argv)
 }
 
-/// Runs the driver with an arbitrary argv (after the executable), under the timeout of `kind`.
+/// Runs the driver with an arbitrary argv (after the executable), under the timeout of `kind`
+/// and the configuration's [`Cancel`], if any.
 /// For tools that must send what the protocol does not define, such as `flexd check` asking an
 /// unknown call-out; everything else goes through [`run`].
 pub(crate) fn run_argv(
@@ -114,6 +120,16 @@ pub(crate) fn run_argv(
         kind,
         source,
     };
+    let cancelled = |why| CallError::Cancelled {
+        path: program.to_owned(),
+        kind,
+        why,
+    };
+    // A call-out after the cancel is not started: what the cancel guards (a fence) is gone.
+    // One cancelled from here on is seen by the supervision's first look.
+    if let Some(why) = config.cancel.as_ref().and_then(Cancel::reason) {
+        return Err(cancelled(why));
+    }
     let namespace = config.mount_namespace.as_ref();
     // In another namespace the driver starts in that namespace's root: a relative path would be
     // looked up from there, not from flexd's working directory.
@@ -177,5 +193,6 @@ pub(crate) fn run_argv(
             kind,
             after: timeout,
         },
+        Supervised::Cancelled(why) => cancelled(why),
     })
 }

@@ -15,6 +15,8 @@ pub enum CallOutcome {
     Failure,
     NotSupported,
     Timeout,
+    /// Stopped by a [`Cancel`](super::Cancel) (a lost fence), not by the driver or its timeout.
+    Cancelled,
     Error,
 }
 
@@ -25,6 +27,7 @@ impl CallOutcome {
             Err(CallError::Failure { .. }) => Self::Failure,
             Err(CallError::NotSupported { .. }) => Self::NotSupported,
             Err(CallError::Timeout { .. }) => Self::Timeout,
+            Err(CallError::Cancelled { .. }) => Self::Cancelled,
             Err(_) => Self::Error,
         }
     }
@@ -35,6 +38,7 @@ impl CallOutcome {
             Self::Failure => "failure",
             Self::NotSupported => "not_supported",
             Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
             Self::Error => "error",
         }
     }

@@ -1,11 +1,12 @@
-//! The supervision loop: spawn (retrying ETXTBSY), capture both streams capped, time out,
-//! kill the process group, reap.
+//! The supervision loop: spawn (retrying ETXTBSY), capture both streams capped, time out or
+//! be cancelled, kill the process group, reap.
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -13,6 +14,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 
 use flexvolume_protocol::ExitStatus;
 
+use super::cancel::Cancel;
 use super::capped::CallCgroup;
 use super::config::RunnerConfig;
 use super::error::CallError;
@@ -78,10 +80,36 @@ pub(super) fn spawn(
 
 pub(super) enum Supervised {
     TimedOut,
+    /// Its cancellation fired, with this reason.
+    Cancelled(String),
     Io(io::Error),
 }
 
-/// Captures output until the driver exits or times out; reaps it in both cases.
+/// How [`wait_until`] returned.
+enum Waited {
+    Exited,
+    Deadline,
+    Cancelled(String),
+}
+
+/// A cancellation as one wait watches it: its eventfd (`None` if none could be made, then
+/// looked at every `FALLBACK_TICK`).
+pub(super) struct Watch<'a> {
+    cancel: &'a Cancel,
+    wake: Option<Arc<OwnedFd>>,
+}
+
+impl<'a> Watch<'a> {
+    pub(super) fn new(cancel: &'a Cancel) -> Self {
+        Self {
+            cancel,
+            wake: cancel.waker(),
+        }
+    }
+}
+
+/// Captures output until the driver exits, times out or is cancelled; reaps it in all cases.
+/// A cancelled driver is killed exactly as a timed-out one.
 pub(super) fn supervise(
     config: &RunnerConfig,
     child: &mut Process,
@@ -99,9 +127,22 @@ pub(super) fn supervise(
     });
 
     let deadline = start + timeout;
-    let exited =
-        wait_until(child, pidfd.as_ref(), &mut out, &mut err, deadline).map_err(Supervised::Io)?;
-    if !exited {
+    let watch = config.cancel.as_ref().map(Watch::new);
+    let waited = wait_until(
+        child,
+        pidfd.as_ref(),
+        watch.as_ref(),
+        &mut out,
+        &mut err,
+        deadline,
+    )
+    .map_err(Supervised::Io)?;
+    let stopped = match waited {
+        Waited::Exited => None,
+        Waited::Deadline => Some(Supervised::TimedOut),
+        Waited::Cancelled(why) => Some(Supervised::Cancelled(why)),
+    };
+    if let Some(stopped) = stopped {
         kill_group(
             child,
             cgroup,
@@ -110,7 +151,7 @@ pub(super) fn supervise(
             &mut err,
             config.kill_grace,
         );
-        return Err(Supervised::TimedOut);
+        return Err(stopped);
     }
     // The driver is gone; take what is already in the pipes, without waiting for writers that
     // outlive it (a daemonized helper holding stdout).
@@ -131,29 +172,38 @@ pub(super) fn supervise(
     })
 }
 
-/// Pumps both pipes until the process exits (true) or the deadline passes (false).
+/// Pumps both pipes until the process exits, the deadline passes or `cancel` fires. An exit
+/// seen in the same wake-up as a cancel wins: the driver finished, and its answer is the truth.
 fn wait_until(
     child: &mut Process,
     pidfd: Option<&OwnedFd>,
+    cancel: Option<&Watch>,
     out: &mut Capture,
     err: &mut Capture,
     deadline: Instant,
-) -> io::Result<bool> {
-    // Without a pidfd, exit is noticed by try_wait at this interval.
+) -> io::Result<Waited> {
+    // Without a pidfd, exit is noticed by try_wait at this interval (and without an eventfd,
+    // a cancel by its reason).
     const FALLBACK_TICK: Duration = Duration::from_millis(5);
+    let wake = cancel.and_then(|c| c.wake.as_deref());
     loop {
+        // Checked before the deadline: a cancel that came first is why the driver is stopped.
+        if let Some(why) = cancel.and_then(|c| c.cancel.reason()) {
+            return Ok(Waited::Cancelled(why));
+        }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(false);
+            return Ok(Waited::Deadline);
         }
         let mut wait = deadline - now;
-        if pidfd.is_none() {
+        if pidfd.is_none() || (cancel.is_some() && wake.is_none()) {
             wait = wait.min(FALLBACK_TICK);
         }
-        let mut fds = Vec::with_capacity(3);
+        let mut fds = Vec::with_capacity(4);
         let out_fd = out.fd.as_ref().map(|f| f.as_fd());
         let err_fd = err.fd.as_ref().map(|f| f.as_fd());
-        for fd in [pidfd.map(|f| f.as_fd()), out_fd, err_fd]
+        let wake_fd = wake.map(|f| f.as_fd());
+        for fd in [pidfd.map(|f| f.as_fd()), out_fd, err_fd, wake_fd]
             .into_iter()
             .flatten()
         {
@@ -179,7 +229,7 @@ fn wait_until(
             None => child.try_wait()?.is_some(),
         };
         if exited {
-            return Ok(true);
+            return Ok(Waited::Exited);
         }
     }
 }
@@ -210,12 +260,15 @@ fn kill_group(
     if let Some(cgroup) = cgroup {
         cgroup.signal_all(Signal::TERM);
     }
-    let exited = wait_until(child, pidfd, out, err, Instant::now() + grace).unwrap_or(false);
-    if !exited {
+    // The grace is not cut short by a cancel: a cancelled driver gets the same chance to clean
+    // up as a timed-out one.
+    let waited = wait_until(child, pidfd, None, out, err, Instant::now() + grace);
+    if !matches!(waited, Ok(Waited::Exited)) {
         let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
     }
     let _ = child.wait();
-    // Helpers that ignored SIGTERM after their parent died must not outlive the timeout.
+    // Helpers that ignored SIGTERM after their parent died must not outlive the timeout (or
+    // the cancel).
     let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
 }
 
@@ -267,3 +320,6 @@ impl Capture {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use flexvolume_host::layout::{self, LayoutPolicy};
-use flexvolume_host::runner::{self, CallError, RunnerConfig};
+use flexvolume_host::runner::{self, CallError, Cancel, RunnerConfig};
 use flexvolume_host::{DriverName, InstalledDriver, Plugin, PodInfo, VolumeSpec};
 use flexvolume_protocol::options::Options;
 use flexvolume_protocol::{CallOut, CallOutKind, ExitStatus, ProtocolError, Status};
 
-use test_support::{driver_source, is_dead, kill, read_pid};
+use test_support::{driver_source, is_dead, kill, read_pid, write_exe};
 
 /// Patience for a killed driver to go.
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -415,4 +415,82 @@ fn the_compiled_tiny_driver_answers_init() {
     )
     .unwrap_err();
     assert!(err.is_not_supported());
+}
+
+/// A driver written to a temp dir as `driver`; its `mount` is called with that dir as target
+/// (`$2`), where it leaves its marker files.
+fn scratch_driver(script: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("driver");
+    write_exe(&path, script);
+    (dir, path)
+}
+
+#[test]
+fn a_cancelled_driver_and_its_helper_are_killed() {
+    // The helper's pid, then the driver's: once `driver` is there, both are.
+    let (dir, path) = scratch_driver(
+        "#!/bin/sh\nsleep 60 &\necho $! > \"$2/helper\"\necho $$ > \"$2/driver\"\nwait\n",
+    );
+    let cancel = Cancel::new();
+    let config = RunnerConfig {
+        kill_grace: Duration::from_millis(200),
+        ..RunnerConfig::default()
+    }
+    .cancelled_by(&cancel);
+    let call = mount_call(dir.path().to_str().unwrap());
+    let running = std::thread::spawn(move || runner::call(&config, &path, &call));
+    let driver = read_pid(&dir.path().join("driver"));
+    let helper = read_pid(&dir.path().join("helper"));
+    std::thread::sleep(Duration::from_millis(200));
+    cancel.cancel("fence of vol-1 lost");
+    cancel.cancel("a second reason is dropped");
+    let result = running.join().unwrap();
+    let gone = wait_dead(driver) && wait_dead(helper);
+    if !gone {
+        kill(helper);
+        kill(driver);
+    }
+    let err = result.unwrap_err();
+    assert!(
+        matches!(&err, CallError::Cancelled { kind: CallOutKind::Mount, why, .. } if why == "fence of vol-1 lost"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("mount was stopped: fence of vol-1 lost"),
+        "{err}"
+    );
+    assert!(
+        gone,
+        "driver {driver} or helper {helper} survived the cancel"
+    );
+}
+
+#[test]
+fn a_call_after_the_cancel_does_not_run_the_driver() {
+    let (dir, path) =
+        scratch_driver("#!/bin/sh\ntouch \"$2/ran\"\necho '{\"status\":\"Success\"}'\n");
+    let cancel = Cancel::new();
+    cancel.cancel("fence lost");
+    let config = config().cancelled_by(&cancel);
+    let err = runner::call(&config, &path, &mount_call(dir.path().to_str().unwrap())).unwrap_err();
+    assert!(
+        matches!(&err, CallError::Cancelled { why, .. } if why == "fence lost"),
+        "{err:?}"
+    );
+    assert!(!dir.path().join("ran").exists(), "the driver ran");
+}
+
+#[test]
+fn a_cancel_never_fired_changes_nothing() {
+    let (dir, path) = scratch_driver(
+        "#!/bin/sh\ntouch \"$2/ran\"\necho '{\"status\":\"Success\",\"message\":\"mounted\"}'\n",
+    );
+    let cancel = Cancel::new();
+    let config = config().cancelled_by(&cancel);
+    let reply = runner::call(&config, &path, &mount_call(dir.path().to_str().unwrap())).unwrap();
+    assert_eq!(reply.message, "mounted");
+    assert!(dir.path().join("ran").exists());
+    assert_eq!(cancel.reason(), None);
 }
