@@ -5,15 +5,16 @@
 //!
 //! Every change is made holding the volume's lock, and is atomic (a temporary file renamed over
 //! the claim, both fsync-ed): a reader sees the old claim or the new one, never half of one.
+//! Neither is ever written through whatever another node planted at its name ([`files`]).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use flexvolume_driver::{DriverError, DriverResult, ResultExt as _};
 
-use crate::volume::{open_own_file, Volume};
+use crate::files;
+use crate::volume::Volume;
 
 /// Longest node name a claim holds (a Kubernetes node name is a DNS subdomain: 253).
 pub const MAX_NODE_LEN: usize = 253;
@@ -40,10 +41,6 @@ fn usable_node(node: &str) -> bool {
 impl Volume {
     pub(crate) fn claim_path(&self) -> PathBuf {
         self.dir.join(format!(".{}.claim", self.name))
-    }
-
-    fn claim_temp_path(&self) -> PathBuf {
-        self.dir.join(format!(".{}.claim.tmp", self.name))
     }
 
     /// The node the claim names, or `None` when the volume is attached to no node. A claim
@@ -85,14 +82,14 @@ impl Volume {
     /// the volume is free or `node`'s already).
     pub(crate) fn claim_for(&self, node: &str) -> DriverResult<()> {
         check_node(node)?;
-        let temp = self.claim_temp_path();
-        let written = open_own_file(&temp, true).and_then(|mut f| {
-            f.write_all(format!("{node}\n").as_bytes())?;
-            f.sync_all()
-        });
-        let renamed = written.and_then(|()| fs::rename(&temp, self.claim_path()));
-        if let Err(e) = renamed {
-            let _ = fs::remove_file(&temp);
+        let claim = self.claim_path();
+        let written = files::write_atomically(
+            &claim,
+            &files::temp_beside(&claim),
+            format!("{node}\n").as_bytes(),
+            0o600,
+        );
+        if let Err(e) = written {
             return Err(DriverError::failure(format!(
                 "cannot write the claim {} of volume {}: {e}",
                 self.claim_path().display(),
@@ -119,22 +116,7 @@ impl Volume {
 /// The file's text (`None`: not UTF-8), read without following a symlink, from a regular file
 /// only (a FIFO would block), and no more than a claim can hold.
 fn read_small_file(path: &Path) -> io::Result<Option<String>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-                io::Error::other("it is a symlink, which is never followed")
-            } else {
-                e
-            }
-        })?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::other("it is not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_NODE_LEN as u64 + 2).read_to_end(&mut bytes)?;
+    let bytes = files::read_regular(path, MAX_NODE_LEN as u64 + 2)?;
     Ok(String::from_utf8(bytes).ok())
 }
 

@@ -8,7 +8,7 @@
 //! alone.
 
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use crate::DEFAULT_IMAGE_DIR;
@@ -114,7 +114,7 @@ impl ImageDirs {
         Self::read(exe.parent().unwrap_or(Path::new("/")))
     }
 
-    /// Writes the set into `driver_dir` atomically (a temp file, fsync, rename).
+    /// Writes the set into `driver_dir` atomically (a new temp file, fsync, rename).
     pub fn write(&self, driver_dir: &Path) -> Result<PathBuf, ImageDirsError> {
         let path = driver_dir.join(FILE_NAME);
         let temp = driver_dir.join(format!(".{FILE_NAME}.{}", std::process::id()));
@@ -125,16 +125,13 @@ impl ImageDirs {
             text.push_str(&dir.to_string_lossy());
             text.push('\n');
         }
-        let written = fs::File::create(&temp)
-            .and_then(|mut f| {
-                f.write_all(text.as_bytes())?;
-                f.sync_all()
-            })
-            .and_then(|()| fs::rename(&temp, &path));
-        if let Err(source) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(ImageDirsError::Write { path, source });
-        }
+        // Made anew and renamed into place: never written through a symlink at either name.
+        crate::files::write_atomically(&path, &temp, text.as_bytes(), 0o644).map_err(|source| {
+            ImageDirsError::Write {
+                path: path.clone(),
+                source,
+            }
+        })?;
         Ok(path)
     }
 
@@ -178,6 +175,29 @@ mod tests {
         assert!(read.contains(Path::new("/srv/a")) && read.contains(Path::new("/srv/b")));
         assert!(!read.contains(Path::new(DEFAULT_IMAGE_DIR)));
         assert_eq!(read.describe(), "/srv/a, /srv/b");
+    }
+
+    #[test]
+    fn writing_never_follows_a_symlink_planted_at_either_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver_dir = dir.path().join("driver");
+        fs::create_dir(&driver_dir).unwrap();
+        let victims = [dir.path().join("victim"), dir.path().join("temp-victim")];
+        for victim in &victims {
+            fs::write(victim, "host data\n").unwrap();
+        }
+        let temp = driver_dir.join(format!(".{FILE_NAME}.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victims[0], driver_dir.join(FILE_NAME)).unwrap();
+        std::os::unix::fs::symlink(&victims[1], &temp).unwrap();
+        let set = ImageDirs::new(["/srv/a"]).unwrap();
+        set.write(&driver_dir).unwrap();
+        for victim in &victims {
+            assert_eq!(fs::read_to_string(victim).unwrap(), "host data\n");
+        }
+        let written = fs::symlink_metadata(driver_dir.join(FILE_NAME)).unwrap();
+        assert!(written.is_file(), "the link is replaced");
+        assert!(!temp.exists());
+        assert_eq!(ImageDirs::read(&driver_dir).unwrap(), set);
     }
 
     #[test]

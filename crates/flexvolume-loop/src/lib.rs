@@ -42,10 +42,16 @@
 //! A device is only ever formatted when it holds no signature at all, and only the loop device
 //! backing the volume's own image is ever formatted or mounted, whatever device argument the
 //! caller passes.
+//!
+//! Whoever else can write a shared image dir (another node's root, a client of the NFS export)
+//! cannot make a node use one of its own files or disks: an image is used only when it is a
+//! regular file, opened without following a symlink (a symlink, FIFO, device node or directory
+//! is refused, saying which), and the loop device is set up on that open file, never on a path
+//! (module `loopdev`). Every file the driver writes there is made anew and renamed into place, so
+//! whatever was planted at its name is replaced, never written through (module `files`).
 
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub use claim::MAX_NODE_LEN;
@@ -53,14 +59,18 @@ use flexvolume_os::mount;
 pub use image_dirs::{ImageDirs, ImageDirsError};
 
 mod claim;
+mod files;
 pub mod image_dirs;
+mod loopdev;
 mod losetup;
 mod volume;
 use flexvolume_driver::{
     Capabilities, Driver, DriverError, DriverResult, Provisioned, ResultExt as _, VolumeOptions,
 };
+use volume::{
+    file_holds_data, mounted_source, mounts_of, other_backing_file, size_of, Foreign, Image,
+};
 pub use volume::{image_holds_data, parse_size, Volume};
-use volume::{mounted_source, mounts_of, other_backing_file, size_of, Foreign};
 
 /// Where images live unless the volume's `imageDir` option says otherwise.
 pub const DEFAULT_IMAGE_DIR: &str = "/var/lib/flexd-loop";
@@ -152,7 +162,14 @@ impl LoopDriver {
         if detach_name == pv_name && volume.dir == self.image_dirs()?.default_dir() {
             return Ok(());
         }
-        fs::write(&alias, detach_name).context(format_args!("cannot write {}", alias.display()))?;
+        // Atomically, and never through a symlink (or anything else) planted at the name.
+        files::write_atomically(
+            &alias,
+            &files::temp_beside(&alias),
+            detach_name.as_bytes(),
+            0o600,
+        )
+        .context(format_args!("cannot write {}", alias.display()))?;
         Ok(())
     }
 
@@ -166,8 +183,10 @@ impl LoopDriver {
     /// attach remembered, or a bare image name in the default image dir.
     fn volume_to_detach(&self, volume_name: &str) -> DriverResult<Volume> {
         if let Some(alias) = self.detach_alias(volume_name)? {
-            match fs::read_to_string(&alias) {
-                Ok(remembered) => return Volume::from_detach_name(remembered.trim()),
+            match files::read_regular(&alias, 1 << 16) {
+                Ok(remembered) => {
+                    return Volume::from_detach_name(String::from_utf8_lossy(&remembered).trim())
+                }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
                     return Err(DriverError::failure(format!(
@@ -192,7 +211,8 @@ impl LoopDriver {
     }
 
     /// The volume whose image backs `device`, when it is one of ours: `<dir>/<name>.img` with
-    /// its lock file beside it.
+    /// its lock file beside it. (A device this driver set up says so itself, even once its image
+    /// is gone: [`loopdev::set_up_by_driver`].)
     fn volume_of_device(device: &str) -> Option<Volume> {
         let image = losetup::backing_file(device)?;
         let name = image.file_name()?.to_str()?.strip_suffix(".img")?;
@@ -261,7 +281,8 @@ impl Driver for LoopDriver {
     fn wait_for_attach(&self, _device: &str, options: &VolumeOptions) -> DriverResult<String> {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
-        volume.device_or_attach("")
+        let image = volume.open_image()?;
+        volume.device_or_attach(&image)
     }
 
     /// Whether the claim names `node`: the claim is the attachment, as a SAN's mapping of a LUN
@@ -280,18 +301,19 @@ impl Driver for LoopDriver {
     fn mount_device(&self, dir: &Path, device: &str, options: &VolumeOptions) -> DriverResult<()> {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
+        let image = volume.open_image()?;
         // Only the device backing this volume's image is ever formatted or mounted: set up
         // here (or reused) whatever device the caller names. A loop device that backs another
         // image is a caller's mix-up, and said so.
-        if let Some(other) = other_backing_file(device, &volume.image()) {
+        if let Some(other) = other_backing_file(device, &image.identity) {
             return Err(DriverError::failure(format!(
                 "device {device} does not back volume {} (it backs {}); refusing to mount it",
                 volume.name,
                 other.display()
             )));
         }
-        let actual = volume.device_or_attach("")?;
-        let mounted = mount_device_on(&volume, &actual, dir, options);
+        let actual = volume.device_or_attach(&image)?;
+        let mounted = mount_device_on(&volume, &image, &actual, dir, options);
         // A device this node set up for a mount that failed would stay behind (detach, in the
         // controller, never releases a node's loop device): released when nothing mounts it,
         // as unmountdevice does. The retry sets one up again.
@@ -306,6 +328,9 @@ impl Driver for LoopDriver {
             return Ok(());
         };
         let volume = Self::volume_of_device(&device);
+        // Released below when it is ours: an image's, or one this driver set up (its image may
+        // have been removed or renamed since).
+        let ours = volume.is_some() || loopdev::set_up_by_driver(&device);
         let _lock = volume.as_ref().map(Volume::lock).transpose()?;
         // A concurrent call may have finished first while we waited, and the loop device may
         // even back another image by now: look again under the lock.
@@ -314,7 +339,7 @@ impl Driver for LoopDriver {
         }
         mount::unmount(dir).context("cannot unmount the device")?;
         // Ours and mounted nowhere else (a target's bind mount, another device dir): release.
-        if volume.is_some() && mounts_of(&device)?.is_empty() {
+        if ours && mounts_of(&device)?.is_empty() {
             losetup::detach(&device)?;
         }
         Ok(())
@@ -437,10 +462,8 @@ impl Driver for LoopDriver {
         let volume = self.volume(options)?;
         let _lock = volume.lock()?;
         let image = volume.image();
-        let file = OpenOptions::new()
-            .write(true)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&image)
+        volume.require_image("")?;
+        let file = files::open_regular(&image, rustix::fs::OFlags::WRONLY)
             .context(format_args!("cannot open image {}", image.display()))?;
         let len = file
             .metadata()
@@ -484,6 +507,7 @@ impl Driver for LoopDriver {
 /// formatting it only when it holds nothing at all.
 fn mount_device_on(
     volume: &Volume,
+    image: &Image,
     device: &str,
     dir: &Path,
     options: &VolumeOptions,
@@ -504,7 +528,7 @@ fn mount_device_on(
     let unrecognised = mount::filesystem_of(Path::new(device))
         .context("cannot inspect the device")?
         .is_none();
-    if unrecognised && image_holds_data(&volume.image()).context("cannot read the image")? {
+    if unrecognised && file_holds_data(&image.file).context("cannot read the image")? {
         return Err(DriverError::failure(format!(
             "image {} holds data but no filesystem blkid recognises; refusing to format it \
              (wipe it yourself if it is really unused)",

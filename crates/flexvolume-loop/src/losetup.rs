@@ -1,5 +1,6 @@
-//! Loop devices, through util-linux's `losetup`. Output is always captured: a driver's stdout
-//! is its reply.
+//! Loop devices by name, through util-linux's `losetup`: detaching one, refreshing its size.
+//! Output is always captured: a driver's stdout is its reply. Setting a device up on an image, and
+//! finding the one backing an image, never go through a path: [`crate::loopdev`].
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -23,29 +24,6 @@ pub(crate) fn run(args: &[&std::ffi::OsStr]) -> DriverResult<String> {
         )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// The loop device backing `image` (compared by inode, as `losetup -j` does).
-pub fn device_of(image: &Path) -> DriverResult<Option<String>> {
-    let out = run(&[
-        "--list".as_ref(),
-        "--noheadings".as_ref(),
-        "--output".as_ref(),
-        "NAME".as_ref(),
-        "--associated".as_ref(),
-        image.as_os_str(),
-    ])?;
-    Ok(out.lines().next().map(|l| l.trim().to_owned()))
-}
-
-/// A new loop device for `image`, or the one already backing it (`--nooverlap`).
-pub fn attach(image: &Path) -> DriverResult<String> {
-    run(&[
-        "--find".as_ref(),
-        "--show".as_ref(),
-        "--nooverlap".as_ref(),
-        image.as_os_str(),
-    ])
 }
 
 /// Detaches `device` and waits (up to 5 s) until the kernel has let it go. While anyone

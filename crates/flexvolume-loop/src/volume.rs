@@ -1,29 +1,28 @@
 //! One volume (`<dir>/<name>.img` with its lock, marker and claim beside it) and the checks and
 //! escapes its names and sizes go through.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use flexvolume_driver::{DriverError, DriverResult, ResultExt as _, VolumeOptions};
 use flexvolume_os::mount;
+use rustix::fs::OFlags;
 
+use crate::files::{self, Identity};
 use crate::{
-    image_dirs, losetup, DEFAULT_IMAGE_DIR, DEFAULT_SIZE, IMAGE_DIR_OPTION, MAX_NAME_LEN,
+    image_dirs, loopdev, losetup, DEFAULT_IMAGE_DIR, DEFAULT_SIZE, IMAGE_DIR_OPTION, MAX_NAME_LEN,
     SIZE_OPTION, VOLUME_ID_OPTION,
 };
 
-/// A file of the driver's own beside an image (a lock, a marker), opened for writing and
-/// created when absent; never through a symlink a caller planted at its name.
-pub(crate) fn open_own_file(path: &Path, truncate: bool) -> io::Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(truncate)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
+/// A volume's image, open: the regular file at `<dir>/<name>.img`, reached without following a
+/// symlink (see [`files`]). What the node's loop device is set up on, and what is read to tell a
+/// raw dump from a fresh image.
+#[derive(Debug)]
+pub(crate) struct Image {
+    pub file: File,
+    pub identity: Identity,
 }
 
 /// One volume: `<dir>/<name>.img`.
@@ -130,7 +129,7 @@ impl Volume {
         }
         let path = self.lock_path();
         loop {
-            let file = open_own_file(&path, false)
+            let file = files::open_or_create(&path, 0o600)
                 .context(format_args!("cannot open lock {}", path.display()))?;
             rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
                 .context(format_args!("cannot lock {}", path.display()))?;
@@ -149,8 +148,8 @@ impl Volume {
 
     /// Whether the image is the one a provision of this name made (the marker names its inode).
     pub(crate) fn provisioned_here(&self) -> DriverResult<bool> {
-        let marker = match fs::read_to_string(self.marker_path()) {
-            Ok(text) => text,
+        let marker = match files::read_regular(&self.marker_path(), 256) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => {
                 return Err(DriverError::failure(format!(
@@ -196,12 +195,13 @@ impl Volume {
             .metadata()
             .context(format_args!("cannot stat {}", self.image().display()))?;
         let marker = self.marker_path();
-        let written = open_own_file(&marker, true).and_then(|mut f| {
-            use std::io::Write as _;
-            f.write_all(identity(&meta).as_bytes())?;
-            f.sync_all()
-        });
-        written.context(format_args!("cannot write {}", marker.display()))
+        files::write_atomically(
+            &marker,
+            &files::temp_beside(&marker),
+            identity(&meta).as_bytes(),
+            0o600,
+        )
+        .context(format_args!("cannot write {}", marker.display()))
     }
 
     /// Creates the image (sparse, exclusive) or reuses the one there. Returns the new image's
@@ -209,11 +209,8 @@ impl Volume {
     pub(crate) fn create_or_reuse_image(&self, size: u64) -> DriverResult<Option<File>> {
         self.check_size(size)?;
         let image = self.image();
-        let created = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&image);
+        // O_EXCL: a name already taken (an image, or a symlink planted there) is never opened.
+        let created = files::create_new(&image, 0o600);
         match created {
             Ok(file) => {
                 // set_len makes a hole: no block is written until the filesystem writes one.
@@ -238,8 +235,9 @@ impl Volume {
                     .context(format_args!("cannot stat {}", image.display()))?;
                 if !meta.is_file() {
                     return Err(DriverError::failure(format!(
-                        "{} exists and is not a regular file; refusing to use it",
-                        image.display()
+                        "cannot use image {}: {}; refusing to use it",
+                        image.display(),
+                        files::not_regular(meta.file_type())
                     )));
                 }
                 Ok(None)
@@ -278,7 +276,7 @@ impl Volume {
     /// Provision's work, under the lock: the size of the image there now.
     pub(crate) fn provision_locked(&self, size: u64) -> DriverResult<u64> {
         if self.has_provisioned_image(Foreign::AlreadyExists)? {
-            let existing = fs::metadata(self.image())
+            let existing = fs::symlink_metadata(self.image())
                 .context(format_args!("cannot stat {}", self.image().display()))?
                 .len();
             if existing < size {
@@ -304,36 +302,83 @@ impl Volume {
         Ok(size)
     }
 
-    /// The loop device backing the image on this host, if any.
+    /// The loop device backing the image on this host, if any (by the image's device and
+    /// inode). An image that is not a regular file is an error: no loop device of this driver
+    /// can back it.
     pub(crate) fn device(&self) -> DriverResult<Option<String>> {
-        if !self.image().exists() {
-            return Ok(None);
+        let image = self.image();
+        match files::look(&image) {
+            Ok(found) => loopdev::find(&found.identity),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.unusable_image(&e)),
         }
-        losetup::device_of(&self.image())
     }
 
-    /// The loop device backing the image on this host, set up when there is none
-    /// (waitforattach and mountdevice, under the volume's lock). An image that is not there is
-    /// NOT_FOUND; `remedy` ends the message (what would create it, or nothing).
-    pub(crate) fn device_or_attach(&self, remedy: &str) -> DriverResult<String> {
-        self.require_image(remedy)?;
-        match self.device()? {
+    /// The image, open for reading and writing (read-only when the file refuses writing, as
+    /// losetup falls back): the regular file at the image's path, never what a symlink there
+    /// points to, nor a FIFO, a device or a directory. NOT_FOUND when there is nothing.
+    pub(crate) fn open_image(&self) -> DriverResult<Image> {
+        let path = self.image();
+        let found = match files::look(&path) {
+            Ok(found) => found,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.not_found("")),
+            Err(e) => return Err(self.unusable_image(&e)),
+        };
+        let file = found
+            .open(OFlags::RDWR)
+            .or_else(|e| match e.raw_os_error() {
+                Some(code)
+                    if code == rustix::io::Errno::ROFS.raw_os_error()
+                        || code == rustix::io::Errno::ACCESS.raw_os_error() =>
+                {
+                    found.open(OFlags::RDONLY)
+                }
+                _ => Err(e),
+            })
+            .map_err(|e| self.unusable_image(&e))?;
+        Ok(Image {
+            file,
+            identity: found.identity,
+        })
+    }
+
+    /// The loop device backing `image` (this volume's, open) on this host, set up on the open
+    /// file when there is none (waitforattach and mountdevice, under the volume's lock).
+    pub(crate) fn device_or_attach(&self, image: &Image) -> DriverResult<String> {
+        match loopdev::find(&image.identity)? {
             Some(device) => Ok(device),
-            None => losetup::attach(&self.image()),
+            None => loopdev::attach(&image.file, &self.image()),
         }
     }
 
     /// NOT_FOUND unless the image is there; `remedy` ends the message (what would create it,
-    /// or nothing).
+    /// or nothing). Anything but a regular file there (a symlink, a FIFO, a device) is refused.
     pub(crate) fn require_image(&self, remedy: &str) -> DriverResult<()> {
-        if self.image().exists() {
-            return Ok(());
+        match fs::symlink_metadata(self.image()) {
+            Ok(meta) if meta.is_file() => Ok(()),
+            Ok(meta) => Err(self.unusable_image(&files::not_regular(meta.file_type()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.not_found(remedy)),
+            Err(e) => Err(self.unusable_image(&e)),
         }
-        Err(DriverError::not_found(format!(
+    }
+
+    fn not_found(&self, remedy: &str) -> DriverError {
+        DriverError::not_found(format!(
             "volume {} does not exist (no image {}){remedy}",
             self.name,
             self.image().display()
-        )))
+        ))
+    }
+
+    /// The error for an image that cannot be used: `error` says why (what it is, when not a
+    /// regular file).
+    fn unusable_image(&self, error: &io::Error) -> DriverError {
+        DriverError::failure(format!(
+            "cannot use image {} of volume {}: {error}; an image must be a regular file, and \
+             a symlink is never followed",
+            self.image().display(),
+            self.name
+        ))
     }
 
     pub(crate) fn attached_device(&self) -> DriverResult<String> {
@@ -426,21 +471,27 @@ pub(crate) fn unescape(text: &str) -> Option<String> {
 }
 
 /// Whether any byte of the image is not zero. Only the data extents are read (SEEK_DATA /
-/// SEEK_HOLE), so a fresh sparse image costs nothing whatever its size.
+/// SEEK_HOLE), so a fresh sparse image costs nothing whatever its size. The image must be a
+/// regular file, and a symlink is never followed.
 pub fn image_holds_data(image: &Path) -> io::Result<bool> {
+    file_holds_data(&files::open_regular(image, OFlags::RDONLY)?)
+}
+
+/// [`image_holds_data`] of an image already open.
+pub(crate) fn file_holds_data(file: &File) -> io::Result<bool> {
     use rustix::fs::SeekFrom;
     use std::io::Read as _;
-    let mut file = File::open(image)?;
+    let mut file = file;
     let mut buf = vec![0u8; 1 << 20];
     let mut pos = 0;
     loop {
-        let start = match rustix::fs::seek(&file, SeekFrom::Data(pos)) {
+        let start = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
             Ok(start) => start,
             Err(rustix::io::Errno::NXIO) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let end = rustix::fs::seek(&file, SeekFrom::Hole(start))?;
-        rustix::fs::seek(&file, SeekFrom::Start(start))?;
+        let end = rustix::fs::seek(file, SeekFrom::Hole(start))?;
+        rustix::fs::seek(file, SeekFrom::Start(start))?;
         let mut left = end - start;
         while left > 0 {
             let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -492,15 +543,11 @@ pub(crate) fn mounted_source(dir: &Path) -> DriverResult<Option<String>> {
 }
 
 /// The file backing `device` when it is a loop device backed by a file other than `image`
-/// (compared by device and inode, as losetup does). A device that is no loop device, or a free
-/// one, backs nothing.
-pub(crate) fn other_backing_file(device: &str, image: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
+/// (compared by the backing file's device and inode, which the kernel gives, never by path). A
+/// device that is no loop device, or a free one, backs nothing.
+pub(crate) fn other_backing_file(device: &str, image: &Identity) -> Option<PathBuf> {
     let backing = losetup::backing_file(device)?;
-    let same = match (fs::metadata(&backing), fs::metadata(image)) {
-        (Ok(b), Ok(i)) => (b.dev(), b.ino()) == (i.dev(), i.ino()),
-        _ => false,
-    };
+    let same = loopdev::backing_identity(device).is_some_and(|b| b == *image);
     (!same).then_some(backing)
 }
 

@@ -1,7 +1,8 @@
 //! The loop driver as a shared-storage driver: two "nodes" (two node names) against one image
-//! dir, claims, and where loop devices are (and are not) made. Real images, real loop devices,
-//! real mkfs and mounts: what needs root skips visibly without it, and the sandbox unmounts
-//! and frees every loop device backed by its files, even when a test fails.
+//! dir, claims, where loop devices are (and are not) made, and what whoever else writes the
+//! shared dir can plant in it. Real images, real loop devices, real mkfs and mounts: what needs
+//! root skips visibly without it, and the sandbox unmounts and frees every loop device backed by
+//! its files, even when a test fails.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -508,4 +509,374 @@ fn device_bytes(device: &str) -> u64 {
     let name = Path::new(device).file_name().unwrap().to_str().unwrap();
     let sectors = fs::read_to_string(format!("/sys/block/{name}/size")).unwrap();
     sectors.trim().parse::<u64>().unwrap() * 512
+}
+
+// ---- Names planted in the shared image dir (issue #48, finding 5) ----
+//
+// Whoever can write the image dir (another node's root, any client of the NFS export) can put a
+// symlink, a FIFO or a device node where the driver expects an image or a file of its own.
+
+/// Runs `call` on another thread; fails the test when it has not answered in 20 s (a FIFO's
+/// open blocks forever).
+fn within<T: Send + 'static>(what: &str, call: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(call());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+/// The loop devices on this host whose backing file is `file` (by sysfs' path).
+fn devices_backed_by(file: &Path) -> Vec<String> {
+    test_support::loop_devices_below(Path::new("/"))
+        .into_iter()
+        .filter(|(_, backing)| backing == file)
+        .map(|(device, _)| device)
+        .collect()
+}
+
+/// A block device node at `path` for the same device as `device`.
+fn block_node(path: &Path, device: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = fs::metadata(device).unwrap().rdev();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::BlockDevice,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        rdev,
+    )
+    .unwrap();
+}
+
+fn expect_refused(result: Result<impl std::fmt::Debug, DriverError>, says: &str, call: &str) {
+    let error = result.expect_err(call);
+    let text = message(&error);
+    assert!(
+        matches!(error, DriverError::Failure(_)),
+        "{call}: a plain failure: {error:?}"
+    );
+    assert!(text.contains(says), "{call}: {text}");
+}
+
+/// A symlink at `<imageDir>/<volume>.img` to a file of the host: no call-out follows it. Nothing
+/// is claimed, no loop device is set up on the file it points to, and one the host already has on
+/// that file is neither answered nor mounted.
+#[test]
+fn a_symlink_in_place_of_an_image_is_never_followed_nor_its_target_attached() {
+    test_support::require_root!("needs root (loop devices, mounts)");
+    let s = SharedImages::new();
+    let options = s.options("pv-1", "");
+    let target = s.sandbox.path("host-disk");
+    fs::File::create(&target)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    std::os::unix::fs::symlink(&target, s.image("pv-1")).unwrap();
+    let image = s.image("pv-1").display().to_string();
+    let says = "is a symlink (never followed), not a regular file";
+
+    let driver = s.driver();
+    let refused = driver.attach(&options, "node-a");
+    expect_refused(refused, says, "attach");
+    assert!(!s.claim("pv-1").exists(), "nothing claimed");
+    let refused = driver.wait_for_attach("", &options).unwrap_err();
+    assert!(message(&refused).contains(&image), "{refused}");
+    expect_refused(Err::<(), _>(refused), says, "waitforattach");
+    let dir = s.sandbox.target("device-mount");
+    expect_refused(driver.mount_device(&dir, "", &options), says, "mountdevice");
+    assert!(!test_support::is_mounted(&dir));
+    assert!(
+        devices_backed_by(&target).is_empty(),
+        "a device on the target"
+    );
+    let listed = Command::new("losetup")
+        .arg("--associated")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(listed.stdout.is_empty(), "{listed:?}");
+
+    // A loop device the host has on that file is not the volume's.
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let host = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    expect_refused(
+        driver.wait_for_attach(&host, &options),
+        says,
+        "waitforattach",
+    );
+    expect_refused(
+        driver.mount_device(&dir, &host, &options),
+        says,
+        "mountdevice",
+    );
+    assert!(!test_support::is_mounted(&dir));
+    expect_refused(
+        driver.expand_volume(&options, &dir, 32 << 20, 0),
+        says,
+        "expandvolume",
+    );
+    assert_eq!(fs::metadata(&target).unwrap().len(), 16 << 20);
+    assert_eq!(devices_backed_by(&target), vec![host], "the host's only");
+}
+
+/// A FIFO at `<imageDir>/<volume>.img`: every call-out that opens the image fails at once, saying
+/// what is there, rather than hang on the FIFO.
+#[test]
+fn a_fifo_in_place_of_an_image_fails_at_once() {
+    let s = SharedImages::new();
+    test_support::make_fifo(&s.image("pv-1"), 0o600);
+    let says = "is a FIFO, not a regular file";
+    let (driver, options) = (s.driver(), s.options("pv-1", ""));
+    expect_refused(
+        within("waitforattach", move || {
+            driver.wait_for_attach("", &options)
+        }),
+        says,
+        "waitforattach",
+    );
+    let (driver, options) = (s.driver(), s.options("pv-1", ""));
+    let dir = s.sandbox.target("device-mount");
+    let dir_ = dir.clone();
+    expect_refused(
+        within("mountdevice", move || {
+            driver.mount_device(&dir_, "", &options)
+        }),
+        says,
+        "mountdevice",
+    );
+    let (driver, options) = (s.driver(), s.options("pv-1", ""));
+    expect_refused(
+        within("expandvolume", move || {
+            driver.expand_volume(&options, Path::new("/"), 32 << 20, 0)
+        }),
+        says,
+        "expandvolume",
+    );
+    let (driver, options) = (s.driver(), s.options("pv-1", r#","size":"8Mi""#));
+    expect_refused(
+        within("attach", move || driver.attach(&options, "node-a")),
+        says,
+        "attach",
+    );
+    let image = s.image("pv-1");
+    let read = within("image_holds_data", move || {
+        crate::image_holds_data(&image).map_err(|e| e.to_string())
+    });
+    assert!(read.unwrap_err().contains(says));
+    assert!(!test_support::is_mounted(&dir));
+    assert!(s.devices_of("pv-1").is_empty());
+}
+
+/// A block device node at `<imageDir>/<volume>.img` (a node for one of the host's disks): refused;
+/// no loop device is set up on it.
+#[test]
+fn a_block_device_in_place_of_an_image_is_refused() {
+    test_support::require_root!("needs root (device nodes, loop devices)");
+    let s = SharedImages::new();
+    let disk = s.sandbox.loop_device(8);
+    block_node(&s.image("pv-1"), &disk);
+    let options = s.options("pv-1", "");
+    let says = "is a block device, not a regular file";
+    let driver = s.driver();
+    expect_refused(driver.attach(&options, "node-a"), says, "attach");
+    expect_refused(driver.wait_for_attach("", &options), says, "waitforattach");
+    let dir = s.sandbox.target("device-mount");
+    expect_refused(driver.mount_device(&dir, "", &options), says, "mountdevice");
+    expect_refused(
+        driver.expand_volume(&options, &dir, 32 << 20, 0),
+        says,
+        "expandvolume",
+    );
+    assert!(!test_support::is_mounted(&dir));
+    assert!(s.devices_of("pv-1").is_empty(), "a device on the node");
+    assert!(
+        devices_backed_by(Path::new(&disk)).is_empty(),
+        "a device on the disk"
+    );
+}
+
+/// Symlinks (and FIFOs) planted where the driver writes its own files (the PV name's detach name,
+/// the claim's temporary file, the provision marker and its temporary file): each is replaced,
+/// the file it points to left untouched, and nothing blocks. A symlink or FIFO at a volume's lock
+/// is refused, saying what it is.
+#[test]
+fn what_the_driver_writes_is_never_written_through_a_planted_name() {
+    let s = SharedImages::new();
+    let victim = |name: &str| s.sandbox.write(name, &format!("{name}: host data\n"));
+    let untouched = |path: &Path| {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            fs::read_to_string(path).unwrap(),
+            format!("{name}: host data\n"),
+            "written through a planted symlink"
+        );
+    };
+    let plant = |target: &Path, at: &str| {
+        std::os::unix::fs::symlink(target, s.dir.join(at)).unwrap();
+    };
+    let regular = |at: &str| {
+        let meta = fs::symlink_metadata(s.dir.join(at)).unwrap();
+        assert!(meta.is_file(), "{at}: {meta:?}");
+    };
+
+    // attach: the PV name's detach name, the claim (through its temporary file).
+    let alias_victim = victim("alias-victim");
+    let alias_temp_victim = victim("alias-temp-victim");
+    let claim_temp_victim = victim("claim-temp-victim");
+    plant(&alias_victim, ".pv-of-image.detach");
+    plant(&alias_temp_victim, ".pv-of-image.detach.tmp");
+    plant(&claim_temp_victim, ".image-of-pv.claim.tmp");
+    let options = s.options("pv-of-image", r#","volumeID":"image-of-pv","size":"8Mi""#);
+    s.driver().attach(&options, "node-a").unwrap();
+    untouched(&alias_victim);
+    untouched(&alias_temp_victim);
+    untouched(&claim_temp_victim);
+    regular(".pv-of-image.detach");
+    assert_eq!(
+        fs::read_to_string(s.claim("image-of-pv")).unwrap(),
+        "node-a\n"
+    );
+    s.driver().detach("pv-of-image", "node-a").unwrap();
+    assert!(!s.claim("image-of-pv").exists(), "detached by the PV name");
+
+    // A FIFO at the claim's temporary file would block a writer opening it.
+    test_support::make_fifo(&s.dir.join(".image-of-pv.claim.tmp"), 0o600);
+    let (driver, options_) = (s.driver(), options.clone());
+    within("attach", move || driver.attach(&options_, "node-b")).unwrap();
+    assert_eq!(
+        fs::read_to_string(s.claim("image-of-pv")).unwrap(),
+        "node-b\n"
+    );
+
+    // provision: the marker and its temporary file.
+    let marker_victim = victim("marker-victim");
+    let marker_temp_victim = victim("marker-temp-victim");
+    plant(&marker_victim, ".pvc-1.provisioned");
+    plant(&marker_temp_victim, ".pvc-1.provisioned.tmp");
+    let provision = s.options("pvc-1", r#","requestBytes":"8388608""#);
+    s.driver().provision(&provision).unwrap();
+    untouched(&marker_victim);
+    untouched(&marker_temp_victim);
+    regular(".pvc-1.provisioned");
+    // The marker written is the image's: provision again is a retry, and delete removes it.
+    s.driver().provision(&provision).unwrap();
+    if test_support::is_root() {
+        s.driver()
+            .delete(&s.options("pvc-1", r#","volumeID":"pvc-1""#))
+            .unwrap();
+        assert!(!s.image("pvc-1").exists());
+    }
+
+    // The lock is opened in place (it is what serialises the volume): a symlink or FIFO there is
+    // refused, never followed or waited on.
+    let lock_victim = victim("lock-victim");
+    plant(&lock_victim, ".locked.lock");
+    let locked = s.options("locked", r#","size":"8Mi""#);
+    expect_refused(
+        s.driver().attach(&locked, "node-a"),
+        "is a symlink (never followed), not a regular file",
+        "attach",
+    );
+    untouched(&lock_victim);
+    fs::remove_file(s.dir.join(".locked.lock")).unwrap();
+    test_support::make_fifo(&s.dir.join(".locked.lock"), 0o600);
+    let (driver, locked_) = (s.driver(), locked.clone());
+    expect_refused(
+        within("attach", move || driver.attach(&locked_, "node-a")),
+        "is a FIFO, not a regular file",
+        "attach",
+    );
+    assert!(!s.image("locked").exists());
+}
+
+/// A block device node planted where the driver writes a file of its own (a disk of this host,
+/// when the shared dir lets device nodes through): the node is replaced, and the disk keeps every
+/// byte.
+#[test]
+fn a_device_node_planted_where_the_driver_writes_is_replaced_not_written() {
+    test_support::require_root!("needs root (device nodes, loop devices)");
+    let s = SharedImages::new();
+    let disk = s.sandbox.loop_device(1);
+    for at in [
+        ".pvc-1.provisioned",
+        ".pvc-1.provisioned.tmp",
+        ".pv-of-image.detach",
+        ".image-of-pv.claim.tmp",
+    ] {
+        block_node(&s.dir.join(at), &disk);
+    }
+    s.driver()
+        .provision(&s.options("pvc-1", r#","requestBytes":"8388608""#))
+        .unwrap();
+    let options = s.options("pv-of-image", r#","volumeID":"image-of-pv","size":"8Mi""#);
+    s.driver().attach(&options, "node-a").unwrap();
+    let mut bytes = Vec::new();
+    use std::io::Read as _;
+    fs::File::open(&disk)
+        .unwrap()
+        .take(64 << 10)
+        .read_to_end(&mut bytes)
+        .unwrap();
+    assert_eq!(bytes.len(), 64 << 10);
+    assert!(bytes.iter().all(|b| *b == 0), "the disk was written");
+    for at in [
+        ".pvc-1.provisioned",
+        ".pv-of-image.detach",
+        ".image-of-pv.claim",
+    ] {
+        let meta = fs::symlink_metadata(s.dir.join(at)).unwrap();
+        assert!(meta.is_file(), "{at}: {meta:?}");
+    }
+    assert_eq!(
+        fs::read_to_string(s.claim("image-of-pv")).unwrap(),
+        "node-a\n"
+    );
+    assert!(!s.dir.join(".pvc-1.provisioned.tmp").exists());
+    assert!(!s.dir.join(".image-of-pv.claim.tmp").exists());
+}
+
+/// unmountdevice releases a loop device the driver set up even when the image's name no longer
+/// says which volume it was (removed, or renamed, meanwhile), and leaves alone a loop device the
+/// driver did not set up that happened to be mounted there.
+#[test]
+fn unmountdevice_releases_the_driver_s_device_and_only_it() {
+    test_support::require_root!("needs root (loop devices, mkfs, mounts)");
+    let s = SharedImages::new();
+    let driver = s.driver();
+    for (volume, gone) in [("removed", None), ("renamed", Some("elsewhere.img"))] {
+        let options = s.options(volume, r#","size":"16Mi""#);
+        driver.attach(&options, "node-a").unwrap();
+        let device = driver.wait_for_attach("", &options).unwrap();
+        let dir = s.sandbox.target(volume);
+        driver.mount_device(&dir, &device, &options).unwrap();
+        match gone {
+            None => fs::remove_file(s.image(volume)).unwrap(),
+            Some(name) => fs::rename(s.image(volume), s.dir.join(name)).unwrap(),
+        }
+        driver.unmount_device(&dir).unwrap();
+        assert!(!test_support::is_mounted(&dir));
+        assert_eq!(
+            crate::losetup::backing_file_text(&device),
+            None,
+            "{volume}: {device} still set up"
+        );
+    }
+    // The host's own loop device, mounted on a device dir: unmounted, not released.
+    let disk = s.sandbox.loop_device(16);
+    let dir = s.sandbox.target("host");
+    fs::create_dir_all(&dir).unwrap();
+    flexvolume_os::mount::format_and_mount(Path::new(&disk), &dir, "ext4", false).unwrap();
+    driver.unmount_device(&dir).unwrap();
+    assert!(!test_support::is_mounted(&dir));
+    assert!(
+        crate::losetup::backing_file_text(&disk).is_some(),
+        "released"
+    );
 }
