@@ -50,4 +50,4 @@ pub use layout::{InstalledDriver, LayoutPolicy};
 pub use plugin::Plugin;
 pub use registry::Registry;
 pub use resolver::Resolver;
-pub use runner::{CallError, RunnerConfig};
+pub use runner::{CallError, Cancel, RunnerConfig};

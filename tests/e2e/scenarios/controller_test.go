@@ -126,34 +126,60 @@ func (c *Cluster) waitDetached(ctx context.Context, pv string, timeout time.Dura
 // flexdRecords is the resource the controller keeps its records as.
 var flexdRecords = schema.GroupVersionResource{Group: "flexd.io", Version: "v1alpha1", Resource: "flexdrecords"}
 
-// attachmentRecords counts the controller's attachment records of a volume.
+// attachmentRecords counts the controller's attachments of a volume: the entries (one a node)
+// of spec.attachments in its FlexdRecord (one object a volume, spec.volume its CSI volume id);
+// 0 when it has none.
 func (c *Cluster) attachmentRecords(ctx context.Context, volume string) (int, error) {
-	return c.controllerRecords(ctx, "attachment", volume)
-}
-
-// provisionedRecords counts the controller's provisioned records of a volume.
-func (c *Cluster) provisionedRecords(ctx context.Context, volume string) (int, error) {
-	return c.controllerRecords(ctx, "provisioned", volume)
-}
-
-// controllerRecords counts the controller's records of a kind (attachment, provisioned) of a
-// volume.
-func (c *Cluster) controllerRecords(ctx context.Context, kind, volume string) (int, error) {
-	client, err := dynamic.NewForConfig(c.Config)
-	if err != nil {
-		return 0, err
-	}
-	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "flexd.io/record=" + kind})
+	records, err := c.flexdRecordsOf(ctx, volume)
 	if err != nil {
 		return 0, err
 	}
 	count := 0
-	for _, item := range list.Items {
-		if name, _, _ := unstructured.NestedString(item.Object, "spec", "volume"); name == volume {
+	for _, record := range records {
+		attachments, _, err := unstructured.NestedMap(record.Object, "spec", "attachments")
+		if err != nil {
+			return 0, fmt.Errorf("FlexdRecord %s: spec.attachments: %w", record.GetName(), err)
+		}
+		count += len(attachments)
+	}
+	return count, nil
+}
+
+// provisionedRecords counts the controller's provisioned records of a volume: 1 when its
+// FlexdRecord holds spec.provisioned (done or not), else 0.
+func (c *Cluster) provisionedRecords(ctx context.Context, volume string) (int, error) {
+	records, err := c.flexdRecordsOf(ctx, volume)
+	if err != nil {
+		return 0, err
+	}
+	count := 0
+	for _, record := range records {
+		if _, found, _ := unstructured.NestedFieldNoCopy(record.Object, "spec", "provisioned"); found {
 			count++
 		}
 	}
 	return count, nil
+}
+
+// flexdRecordsOf are the controller's FlexdRecords in flexd's namespace whose spec.volume is the
+// volume: one object a volume (and driver), holding its fence, its provisioned volume and its
+// attachments, deleted once it holds none of them.
+func (c *Cluster) flexdRecordsOf(ctx context.Context, volume string) ([]unstructured.Unstructured, error) {
+	client, err := dynamic.NewForConfig(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	list, err := client.Resource(flexdRecords).Namespace(c.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var records []unstructured.Unstructured
+	for _, item := range list.Items {
+		if name, _, _ := unstructured.NestedString(item.Object, "spec", "volume"); name == volume {
+			records = append(records, item)
+		}
+	}
+	return records, nil
 }
 
 // expectRecordsTokenNarrow: the token flexd's container holds lists the records, and is

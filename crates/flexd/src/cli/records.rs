@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use flexvolume_host::controller_records::{ControllerRecords, StateDirRecords};
+use flexvolume_host::controller_records::{
+    legacy_records, ControllerRecord, RecordStore, StateDirStore,
+};
 use flexvolume_host::state::StateDir;
 use serde::Serialize;
 
@@ -74,7 +76,7 @@ fn import(global: &Global, args: ImportArgs) -> anyhow::Result<ExitCode> {
         "--from {}: no such directory (the older controller's state dir)",
         args.from.display()
     );
-    let source = StateDirRecords::new(StateDir::new(&args.from));
+    let source = StateDirStore::new(StateDir::new(&args.from));
     let destination_root = global.state_dir.clone();
     let report = match args.controller_records {
         RecordsHome::StateDir => {
@@ -82,7 +84,7 @@ fn import(global: &Global, args: ImportArgs) -> anyhow::Result<ExitCode> {
                 destination_root != args.from,
                 "--from is the --state-dir records are imported into"
             );
-            let destination = StateDirRecords::new(StateDir::new(&destination_root));
+            let destination = StateDirStore::new(StateDir::new(&destination_root));
             copy(&source, &destination, &destination_root)?
         }
         RecordsHome::Kubernetes => {
@@ -116,49 +118,92 @@ fn import(global: &Global, args: ImportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Copies every readable record of `source` that `destination` does not have. Attachments
-/// are re-keyed to `destination_root` (the destination's own state dir, whose locks they are
-/// taken under), and lose their pinned driver copy, which stays in the old state dir: they are
-/// detached with the installed driver. An unreadable record fails the import, naming it, so that
-/// nothing is silently left behind.
+/// Every record of the state dir `source`: those this flexd writes and those an older one did
+/// (`legacy_records`). An unreadable record fails, naming it, so that nothing is silently left
+/// behind.
+fn source_records(source: &StateDirStore) -> anyhow::Result<Vec<ControllerRecord>> {
+    let mut records = Vec::new();
+    for record in legacy_records(&source.state)? {
+        records.push(record.context("a record of an older controller")?);
+    }
+    for driver in source.drivers()? {
+        let mut from = None;
+        loop {
+            let page = source.page(&driver, from.as_deref(), 500)?;
+            for stored in page.records {
+                records.push(
+                    stored
+                        .with_context(|| format!("a record of driver {driver}"))?
+                        .record,
+                );
+            }
+            match page.next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Copies every readable record of `source` that `destination` does not have, volume by volume,
+/// each with one write from the version read (a conflict fails the import: run it again).
+/// Attachments are re-keyed to `destination_root` (the destination's own state dir, whose locks
+/// they are taken under), and lose their pinned driver copy, which stays in the old state dir:
+/// they are detached with the installed driver. A fence is never copied.
 pub fn copy(
-    source: &StateDirRecords,
-    destination: &dyn ControllerRecords,
+    source: &StateDirStore,
+    destination: &dyn RecordStore,
     destination_root: &std::path::Path,
 ) -> anyhow::Result<ImportReport> {
     let mut report = ImportReport::default();
-    for driver in source.drivers()? {
-        for record in source.all_provisioned(&driver)? {
-            let volume =
-                record.with_context(|| format!("a provisioned record of driver {driver}"))?;
-            let counts = match destination.provisioned(&driver, &volume.name)? {
+    for record in source_records(source)? {
+        let driver = flexvolume_host::DriverName::parse(&record.driver)
+            .with_context(|| format!("the driver of record {:?}", record.volume))?;
+        let stored = destination.read(&driver, &record.volume)?;
+        let (mut there, version) = match stored {
+            Some(s) => (s.record, Some(s.version)),
+            None => (ControllerRecord::new(&driver, &record.volume), None),
+        };
+        anyhow::ensure!(
+            there.is_of(&driver, &record.volume),
+            "the destination's record of volume {} of driver {driver} holds another volume",
+            record.volume
+        );
+        let mut changed = false;
+        if let Some(volume) = record.provisioned {
+            let counts = match &there.provisioned {
                 None => {
-                    destination.save_provisioned(&driver, &volume)?;
+                    there.provisioned = Some(volume);
+                    changed = true;
                     &mut report.imported
                 }
-                Some(there) if there == volume => &mut report.already_there,
+                Some(kept) if *kept == volume => &mut report.already_there,
                 Some(_) => &mut report.kept_newer,
             };
             counts.provisioned += 1;
         }
-        for record in source.attachments(&driver)? {
-            let mut record = record.with_context(|| format!("an attachment of driver {driver}"))?;
-            record.target = flexvolume_host::controller_records::attachment_path(
+        for (node, mut attachment) in record.attachments {
+            attachment.target = flexvolume_host::controller_records::attachment_path(
                 destination_root,
-                &record.driver,
-                &record.volume_name,
-                &record.node,
+                &attachment.driver,
+                &attachment.volume_name,
+                &attachment.node,
             )?;
-            record.pinned = None;
-            let counts = match destination.attachment(&driver, &record.volume_name, &record.node)? {
+            attachment.pinned = None;
+            let counts = match there.attachments.get(&node) {
                 None => {
-                    destination.save_attachment(&record)?;
+                    there.attachments.insert(node, attachment);
+                    changed = true;
                     &mut report.imported
                 }
-                Some(there) if there == record => &mut report.already_there,
+                Some(kept) if *kept == attachment => &mut report.already_there,
                 Some(_) => &mut report.kept_newer,
             };
             counts.attachments += 1;
+        }
+        if changed {
+            destination.write(&there, version.as_ref())?;
         }
     }
     Ok(report)

@@ -24,7 +24,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
     CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, CustomResourceValidation,
-    JSONSchemaProps, JSON,
+    JSONSchemaProps, JSONSchemaPropsOrBool,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -666,32 +666,48 @@ pub(super) fn records_definition() -> CustomResourceDefinition {
         type_: Some("string".to_owned()),
         ..Default::default()
     };
-    let spec = JSONSchemaProps {
+    let object = || JSONSchemaProps {
+        type_: Some("object".to_owned()),
+        x_kubernetes_preserve_unknown_fields: Some(true),
+        ..Default::default()
+    };
+    let integer = || JSONSchemaProps {
+        type_: Some("integer".to_owned()),
+        minimum: Some(0.0),
+        ..Default::default()
+    };
+    // One record per volume: its fence, its provisioned volume, its attachments by node
+    // (flexvolume_host::controller_records::ControllerRecord).
+    let fence = JSONSchemaProps {
         type_: Some("object".to_owned()),
         required: Some(
-            ["record", "driver", "volume", "data"]
+            ["holder", "token", "operation", "leaseSeconds", "renewals"]
                 .map(str::to_owned)
                 .to_vec(),
         ),
         properties: Some(BTreeMap::from([
-            (
-                "record".to_owned(),
-                JSONSchemaProps {
-                    enum_: Some(vec![
-                        JSON(serde_json::json!("attachment")),
-                        JSON(serde_json::json!("provisioned")),
-                    ]),
-                    ..string()
-                },
-            ),
+            ("holder".to_owned(), string()),
+            ("token".to_owned(), integer()),
+            ("operation".to_owned(), string()),
+            ("leaseSeconds".to_owned(), integer()),
+            ("renewals".to_owned(), integer()),
+        ])),
+        ..Default::default()
+    };
+    let spec = JSONSchemaProps {
+        type_: Some("object".to_owned()),
+        required: Some(["driver", "volume"].map(str::to_owned).to_vec()),
+        properties: Some(BTreeMap::from([
             ("driver".to_owned(), string()),
             ("volume".to_owned(), string()),
-            ("node".to_owned(), string()),
+            ("fence".to_owned(), fence),
+            ("fences".to_owned(), integer()),
+            ("provisioned".to_owned(), object()),
             (
-                "data".to_owned(),
+                "attachments".to_owned(),
                 JSONSchemaProps {
                     type_: Some("object".to_owned()),
-                    x_kubernetes_preserve_unknown_fields: Some(true),
+                    additional_properties: Some(JSONSchemaPropsOrBool::Schema(Box::new(object()))),
                     ..Default::default()
                 },
             ),
@@ -726,10 +742,10 @@ pub(super) fn records_definition() -> CustomResourceDefinition {
                 }),
                 additional_printer_columns: Some(
                     [
-                        ("Record", ".spec.record"),
                         ("Driver", ".spec.driver"),
                         ("Volume", ".spec.volume"),
-                        ("Node", ".spec.node"),
+                        ("Fenced by", ".spec.fence.holder"),
+                        ("Operation", ".spec.fence.operation"),
                     ]
                     .map(|(name, path)| CustomResourceColumnDefinition {
                         name: name.to_owned(),

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use flexvolume_host::lifecycle::LifecycleError;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
@@ -134,33 +133,15 @@ impl Controller for ControllerService {
         let (req, volume_id) = request::one_volume(request)?;
         let resolver = ServedResolver(self.calls.driver.clone());
         let driver = self.calls.driver.name.clone();
-        let node = req.node_id.clone();
+        // CSI: no node id means every node the volume is published to.
+        let node = match req.node_id.as_str() {
+            "" => None,
+            id => Some(request::node_id(id)?.to_owned()),
+        };
         let detached = self
             .calls
             .run_locked(&volume_id, move |lifecycle, id| {
-                // CSI: no node id means every node the volume is published to.
-                let nodes = if node.is_empty() {
-                    lifecycle
-                        .controller_records
-                        .attachments(&driver)?
-                        .into_iter()
-                        .flatten()
-                        .filter(|r| r.volume_name == id)
-                        .map(|r| r.node)
-                        .collect()
-                } else {
-                    vec![node]
-                };
-                let mut detached = 0;
-                for node in nodes {
-                    if lifecycle
-                        .controller_unpublish(&driver, id, &node, &resolver)?
-                        .managed
-                    {
-                        detached += 1;
-                    }
-                }
-                Ok::<_, LifecycleError>(detached)
+                lifecycle.controller_unpublish(&driver, id, node.as_deref(), &resolver)
             })
             .await?;
         tracing::info!(driver = %self.calls.driver.name, volume = %volume_id, node = %req.node_id, detached, "ControllerUnpublishVolume");

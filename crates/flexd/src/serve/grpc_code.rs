@@ -51,6 +51,7 @@ pub fn lifecycle_code(error: &LifecycleError) -> Code {
             None => Code::Internal,
         },
         LifecycleError::Call(CallError::Timeout { .. }) => Code::DeadlineExceeded,
+        LifecycleError::Call(CallError::Cancelled { .. }) => Code::Aborted,
         LifecycleError::Records(e) => records_code(e),
         LifecycleError::Call(CallError::NotSupported { .. }) => Code::Unimplemented,
         // The driver failed or misbehaved, a mount or the state dir failed: the CO retries.
@@ -66,7 +67,11 @@ pub fn lifecycle_code(error: &LifecycleError) -> Code {
 /// says of an operation pending on the volume); a store out of reach is UNAVAILABLE.
 fn records_code(error: &RecordsError) -> Code {
     match error {
-        RecordsError::Conflict { .. } => Code::Aborted,
+        // Another replica's call in flight, a write in between, a fence lost: the CO retries.
+        RecordsError::Conflict { .. }
+        | RecordsError::Busy { .. }
+        | RecordsError::FenceLost { .. }
+        | RecordsError::Expired { .. } => Code::Aborted,
         RecordsError::Unavailable { .. } => Code::Unavailable,
         RecordsError::Name(_) => Code::InvalidArgument,
         RecordsError::State(_) | RecordsError::Corrupt { .. } => Code::Internal,

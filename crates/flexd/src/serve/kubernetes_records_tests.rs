@@ -1,15 +1,18 @@
-//! `KubernetesRecords` through the real kube client over HTTP, against a small in-memory stand-in
+//! `KubernetesStore` through the real kube client over HTTP, against a small in-memory stand-in
 //! for the API server that keeps `resourceVersion` as the API server does: a write or a delete
-//! from an out-of-date version is refused with 409, a create of a name that exists too. Two
-//! instances over one server are two replicas. The e2e's controller, upgrade and failover
-//! scenarios run the same code against a real API server, where a conflict cannot be made on
-//! purpose; here it can.
+//! from an out-of-date version is refused with 409, a create of a name that exists too, and
+//! lists honour `limit` and `continue`. It counts what a correct client never sends: a delete
+//! without a precondition, a list without a limit. Two instances over one server are two
+//! replicas. The e2e's controller, fence and failover scenarios run the same code against a
+//! real API server, where a conflict cannot be made on purpose; here it can.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
-use flexvolume_host::controller_records::{ControllerRecords, RecordsError};
+use flexvolume_host::controller_records::{
+    ControllerRecord, ControllerRecords, FenceSettings, RecordStore, RecordsError,
+};
 use flexvolume_host::lifecycle::ProvisionedVolume;
 use flexvolume_host::DriverName;
 use http_body_util::{BodyExt as _, Full};
@@ -18,16 +21,20 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use super::KubernetesRecords;
+use super::{KubernetesStore, PAGE_LIMIT};
 
 const NAMESPACE: &str = "flexd-system";
 const PREFIX: &str = "/apis/flexd.io/v1alpha1/namespaces/flexd-system/flexdrecords";
 
-/// The objects the stand-in holds, by name, and the last resourceVersion it gave.
+/// The objects the stand-in holds, by name, and the last resourceVersion it gave; what it was
+/// asked that a correct client never asks.
 #[derive(Default)]
 struct Store {
     objects: BTreeMap<String, Value>,
     version: u64,
+    unconditional_deletes: usize,
+    unlimited_lists: usize,
+    largest_limit: usize,
 }
 
 fn status(code: StatusCode, reason: &str) -> (StatusCode, Value) {
@@ -57,17 +64,33 @@ fn answer(
     let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     match (method, name) {
         (&Method::GET, None) => {
-            let selector = query
-                .split('&')
-                .find_map(|p| p.strip_prefix("labelSelector="))
-                .map(|s| {
-                    s.replace("%3D", "=")
-                        .replace("%2C", ",")
-                        .replace("%2F", "/")
-                });
-            let items: Vec<Value> = store
+            let param = |key: &str| {
+                query
+                    .split('&')
+                    .find_map(|p| p.strip_prefix(&format!("{key}=")))
+                    .map(|s| {
+                        s.replace("%3D", "=")
+                            .replace("%2C", ",")
+                            .replace("%2F", "/")
+                    })
+            };
+            let selector = param("labelSelector");
+            let limit = param("limit").and_then(|l| l.parse::<usize>().ok());
+            match limit {
+                Some(limit) => store.largest_limit = store.largest_limit.max(limit),
+                None => store.unlimited_lists += 1,
+            }
+            // The continue token is the last name returned; "expired" is one the API server
+            // has forgotten.
+            let after = param("continue");
+            if after.as_deref() == Some("expired") {
+                return status(StatusCode::GONE, "Expired");
+            }
+            let mut items: Vec<Value> = store
                 .objects
-                .values()
+                .iter()
+                .filter(|(name, _)| after.as_deref().is_none_or(|a| name.as_str() > a))
+                .map(|(_, o)| o)
                 .filter(|o| {
                     selector.as_deref().is_none_or(|s| {
                         s.split(',').all(|term| {
@@ -78,9 +101,18 @@ fn answer(
                 })
                 .cloned()
                 .collect();
+            let mut next = String::new();
+            if let Some(limit) = limit.filter(|l| *l > 0 && items.len() > *l) {
+                items.truncate(limit);
+                next = items
+                    .last()
+                    .and_then(|o| o["metadata"]["name"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+            }
             let version = store.version.to_string();
             let list = json!({"kind": "FlexdRecordList", "apiVersion": "flexd.io/v1alpha1",
-                "metadata": {"resourceVersion": version}, "items": items});
+                "metadata": {"resourceVersion": version, "continue": next}, "items": items});
             (StatusCode::OK, list)
         }
         (&Method::GET, Some(name)) => match store.objects.get(name) {
@@ -119,7 +151,11 @@ fn answer(
                 return status(StatusCode::NOT_FOUND, "NotFound");
             };
             let wanted = body["preconditions"]["resourceVersion"].as_str();
-            if wanted.is_some_and(|w| Some(w) != version_of(current)) {
+            let stale = wanted.is_some_and(|w| Some(w) != version_of(current));
+            if wanted.is_none() {
+                store.unconditional_deletes += 1;
+            }
+            if stale {
                 return status(StatusCode::CONFLICT, "Conflict");
             }
             let gone = store.objects.remove(name).unwrap_or(Value::Null);
@@ -178,24 +214,27 @@ async fn serve() -> (String, Arc<Mutex<Store>>) {
     (url, store)
 }
 
-/// A replica's records: a kube client of the URL.
-fn replica(runtime: &tokio::runtime::Runtime, url: &str) -> KubernetesRecords {
+/// A replica's store: a kube client of the URL.
+fn replica(runtime: &tokio::runtime::Runtime, url: &str) -> KubernetesStore {
     let _entered = runtime.enter();
     let config = kube::Config::new(url.parse::<hyper::Uri>().unwrap());
     let client = kube::Client::try_from(config).unwrap();
-    KubernetesRecords::new(client, NAMESPACE)
+    KubernetesStore::new(client, NAMESPACE)
 }
 
-fn provisioned(name: &str, pool: &str) -> ProvisionedVolume {
-    ProvisionedVolume {
-        name: name.into(),
+fn record(volume: &str, pool: &str) -> ControllerRecord {
+    let d = DriverName::parse("acme/x").unwrap();
+    let mut record = ControllerRecord::new(&d, volume);
+    record.provisioned = Some(ProvisionedVolume {
+        name: volume.into(),
         driver: "acme/x".into(),
         capacity_bytes: 1 << 20,
         fs_type: "ext4".into(),
         parameters: BTreeMap::new(),
         options: BTreeMap::from([("pool".to_owned(), pool.to_owned())]),
         done: false,
-    }
+    });
+    record
 }
 
 /// The write or delete was refused as a conflict.
@@ -214,102 +253,151 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Issue #48's second finding: a replica's listing refreshed the versions it remembered, so a
+/// write or a delete decided on an older read went through, and a delete whose version was
+/// unknown went out with no precondition. Versions are now carried from each read to its own
+/// write; a listing changes nothing of them.
 #[test]
-fn replicas_never_overwrite_each_other() {
+fn a_write_or_delete_decided_on_an_older_read_is_refused_whatever_was_listed() {
     let runtime = runtime();
     let (url, store) = runtime.block_on(serve());
     let (a, b) = (replica(&runtime, &url), replica(&runtime, &url));
     let d = DriverName::parse("acme/x").unwrap();
 
-    // A provisions; B reads what A wrote and finishes it.
-    a.save_provisioned(&d, &provisioned("pv-1", "first"))
-        .unwrap();
-    let mut read = b
-        .provisioned(&d, "pv-1")
-        .unwrap()
-        .expect("B reads A's record");
-    assert_eq!(read.options["pool"], "first");
-    read.done = true;
-    b.save_provisioned(&d, &read).unwrap();
+    let v1 = a.write(&record("pv-1", "first"), None).unwrap();
+    let read = b.read(&d, "pv-1").unwrap().expect("B reads A's record");
+    assert_eq!(read.version, v1);
+    let mut done = read.record.clone();
+    done.provisioned.as_mut().unwrap().done = true;
+    let v2 = b.write(&done, Some(&read.version)).unwrap();
 
-    // A writes from the version it last saw: refused, and the object is B's.
-    let stale = a.save_provisioned(&d, &provisioned("pv-1", "stale"));
-    expect_conflict(&stale);
-    let kept = b.provisioned(&d, "pv-1").unwrap().unwrap();
-    assert!(kept.done && kept.options["pool"] == "first", "{kept:?}");
-
-    // A conflict makes A read again before its next write, which then succeeds.
-    let fresh = a.provisioned(&d, "pv-1").unwrap().unwrap();
-    assert!(fresh.done);
-    a.save_provisioned(
-        &d,
-        &ProvisionedVolume {
-            capacity_bytes: 2 << 20,
-            ..fresh
-        },
-    )
-    .unwrap();
-    // (Checked in the stand-in: a read by B would bring B up to date.)
-    let held = store
-        .lock()
-        .unwrap()
-        .objects
-        .values()
-        .next()
-        .cloned()
-        .unwrap();
+    // A lists (seeing B's write), then writes and deletes from what it read before: refused.
+    let listed = a.page(&d, None, 10).unwrap();
+    assert_eq!(listed.records.len(), 1);
+    expect_conflict(&a.write(&record("pv-1", "stale"), Some(&v1)));
+    expect_conflict(&a.delete(&d, "pv-1", &v1));
+    let kept = b.read(&d, "pv-1").unwrap().unwrap();
     assert_eq!(
-        held["spec"]["data"]["capacity_bytes"],
-        json!(2 << 20),
-        "{held}"
+        (kept.version.clone(), kept.record.clone()),
+        (v2.clone(), done)
     );
 
-    // B's delete from its out-of-date version is refused; after a read it goes.
-    let refused = b.remove_provisioned(&d, "pv-1");
-    expect_conflict(&refused);
-    assert!(b.provisioned(&d, "pv-1").unwrap().is_some());
-    b.remove_provisioned(&d, "pv-1").unwrap();
-    assert_eq!(a.provisioned(&d, "pv-1").unwrap(), None);
-    assert!(store.lock().unwrap().objects.is_empty());
+    // A record absent when listed, created since: a delete needs its version, never goes out
+    // without one.
+    assert!(a.page(&d, None, 10).unwrap().records.len() == 1);
+    b.write(&record("pv-2", "b"), None).unwrap();
+    expect_conflict(&a.delete(&d, "pv-2", &v1));
+    assert!(a.read(&d, "pv-2").unwrap().is_some());
 
     // Two replicas creating the same record at once: one create wins, the other conflicts.
-    a.save_provisioned(&d, &provisioned("pv-2", "a")).unwrap();
-    let second = b.save_provisioned(&d, &provisioned("pv-2", "b"));
-    expect_conflict(&second);
-    assert_eq!(
-        b.provisioned(&d, "pv-2").unwrap().unwrap().options["pool"],
-        "a"
+    a.write(&record("pv-3", "a"), None).unwrap();
+    expect_conflict(&b.write(&record("pv-3", "b"), None));
+
+    a.delete(&d, "pv-1", &v2).unwrap();
+    assert_eq!(store.lock().unwrap().unconditional_deletes, 0);
+}
+
+/// Issue #48's fourth finding: listings read every record of a driver in one LIST. Each request
+/// now asks for at most a page, and pages walk every record once.
+#[test]
+fn listings_are_pages_of_bounded_size_that_walk_every_record_once() {
+    let runtime = runtime();
+    let (url, store) = runtime.block_on(serve());
+    let a = replica(&runtime, &url);
+    let d = DriverName::parse("acme/x").unwrap();
+    let total = PAGE_LIMIT * 2 + 37;
+    for i in 0..total {
+        a.write(&record(&format!("pv-{i}"), "p"), None).unwrap();
+    }
+    let y = DriverName::parse("acme/y").unwrap();
+    let mut other = ControllerRecord::new(&y, "pv-y");
+    other.fences = 1;
+    a.write(&other, None).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut from = None;
+    let mut pages = 0;
+    loop {
+        // Asking for more than a page gets a page.
+        let page = a.page(&d, from.as_deref(), PAGE_LIMIT * 10).unwrap();
+        pages += 1;
+        for stored in page.records {
+            let stored = stored.unwrap();
+            assert_eq!(stored.record.driver, "acme/x");
+            assert!(seen.insert(stored.record.volume), "listed twice");
+        }
+        match page.next {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!((seen.len(), pages), (total, 3));
+    let store = store.lock().unwrap();
+    assert_eq!(store.unlimited_lists, 0);
+    assert_eq!(store.largest_limit, PAGE_LIMIT);
+    drop(store);
+    let expired = a.page(&d, Some("expired"), 10);
+    assert!(
+        matches!(expired, Err(RecordsError::Expired { .. })),
+        "{expired:?}"
     );
 }
 
+/// Issue #48's sixth finding: on a name-hash collision the other volume's record was read as
+/// this one's version, and the next write replaced it. A record whose key is not the one asked
+/// for is refused as corrupt, and never written over.
 #[test]
-fn listings_select_by_driver_and_forget_what_went() {
+fn a_record_under_another_key_is_corrupt_and_never_overwritten() {
     let runtime = runtime();
-    let (url, _store) = runtime.block_on(serve());
-    let (a, b) = (replica(&runtime, &url), replica(&runtime, &url));
+    let (url, store) = runtime.block_on(serve());
+    let a = replica(&runtime, &url);
     let d = DriverName::parse("acme/x").unwrap();
-    for name in ["pv-1", "pv-2"] {
-        a.save_provisioned(&d, &provisioned(name, "p")).unwrap();
+    a.write(&record("pv-2", "theirs"), None).unwrap();
+    // The object of pv-2 found under pv-1's name, as a collision would have it.
+    {
+        let mut store = store.lock().unwrap();
+        let theirs = store.objects.values().next().cloned().unwrap();
+        let name = super::object_name("acme/x", "pv-1");
+        let mut moved = theirs;
+        moved["metadata"]["name"] = json!(name);
+        store.objects.insert(name, moved);
     }
-    let y = DriverName::parse("acme/y").unwrap();
-    let mut other = provisioned("pv-3", "p");
-    other.driver = y.to_string();
-    a.save_provisioned(&y, &other).unwrap();
-    let names = |records: &KubernetesRecords| -> Vec<String> {
-        let mut names: Vec<String> = records
-            .all_provisioned(&d)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.unwrap().name)
-            .collect();
-        names.sort();
-        names
-    };
-    assert_eq!(names(&b), ["pv-1", "pv-2"]);
-    assert_eq!(b.versions().len(), 2, "B remembers what it listed");
-    a.remove_provisioned(&d, "pv-2").unwrap();
-    assert_eq!(names(&b), ["pv-1"]);
-    assert_eq!(b.versions().len(), 1, "B forgot the record A removed");
+    let records = ControllerRecords::new(Arc::new(a), FenceSettings::default());
+    assert!(matches!(
+        records.read(&d, "pv-1"),
+        Err(RecordsError::Corrupt { .. })
+    ));
+    assert!(matches!(
+        records.fence(&d, "pv-1", "provision"),
+        Err(RecordsError::Corrupt { .. })
+    ));
+    let store = store.lock().unwrap();
+    let kept = &store.objects[&super::object_name("acme/x", "pv-1")];
+    assert_eq!(kept["spec"]["volume"], "pv-2");
+    assert_eq!(kept["spec"]["provisioned"]["options"]["pool"], "theirs");
+}
+
+/// The fence through the API server: the other replica is refused while it is held, and the
+/// record goes with the release when nothing is left in it.
+#[test]
+fn a_fence_held_through_the_api_server_refuses_the_other_replica() {
+    let runtime = runtime();
+    let (url, store) = runtime.block_on(serve());
+    let d = DriverName::parse("acme/x").unwrap();
+    let a = ControllerRecords::new(Arc::new(replica(&runtime, &url)), FenceSettings::default())
+        .with_holder("a");
+    let b = ControllerRecords::new(Arc::new(replica(&runtime, &url)), FenceSettings::default())
+        .with_holder("b");
+    let fence = a.fence(&d, "pv-1", "attach to node-1").unwrap();
+    let refused = b.fence(&d, "pv-1", "detach from node-1");
+    assert!(
+        matches!(&refused, Err(RecordsError::Busy { holder, .. }) if holder == "a"),
+        "{refused:?}"
+    );
+    fence.release().unwrap();
+    assert!(store.lock().unwrap().objects.is_empty());
+    let fence = b.fence(&d, "pv-1", "detach from node-1").unwrap();
+    fence.release().unwrap();
+    assert_eq!(store.lock().unwrap().unconditional_deletes, 0);
 }
 
 #[test]
@@ -322,7 +410,7 @@ fn an_api_server_out_of_reach_is_unavailable() {
     });
     let records = replica(&runtime, &url);
     let d = DriverName::parse("acme/x").unwrap();
-    let answer = records.provisioned(&d, "pv-1");
+    let answer = records.read(&d, "pv-1");
     assert!(
         matches!(answer, Err(RecordsError::Unavailable { .. })),
         "{answer:?}"

@@ -1,5 +1,7 @@
 //! CSI ListVolumes (docs/csi.md#list-volumes): the volumes flexd's records know for the driver
-//! (provisioned, attached), a page at a time ([`super::pagination`]), and for a driver that
+//! (provisioned, attached), a page at a time, read from the records a page at a time too
+//! ([`super::pagination`], [`PAGE_LIMIT`]): memory follows the page, not the number of
+//! records. For a driver that
 //! attaches, the nodes each is published on: the nodes its attach records name, each checked
 //! with the driver's `isattached`, as kube-controller-manager's `VerifyVolumesAreAttached` did
 //! about once a minute. The external-attacher's reconciler lists as often, and re-attaches a
@@ -7,12 +9,14 @@
 //!
 //! What a check's answer does to a recorded node is [`published`]; how long the checks of one
 //! listing may take is [`check_budget`]. At most [`CHECKS_AT_ONCE`] `isattached` run at once
-//! per driver, whatever the number of listings. No volume lock is held while the driver is
-//! asked; a volume found detached is locked only to mark its record.
+//! per driver, whatever the number of listings. No lock is held while the driver is asked, and
+//! none to mark a volume found detached: one write from the version the listing read, which
+//! loses to any call on the volume since.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use flexvolume_host::controller_records::Stored;
 use flexvolume_host::lifecycle::{KnownVolume, LifecycleError};
 use flexvolume_host::state::{Progress, VolumeRecord};
 use flexvolume_host::{CallOutKind, Plugin};
@@ -31,6 +35,10 @@ use flexd::proto::csi::{list_volumes_response, ListVolumesRequest, ListVolumesRe
 /// even one the listing stopped waiting for, so a hanging driver never has more than this many
 /// of them running.
 pub const CHECKS_AT_ONCE: usize = 8;
+
+/// The most volumes one ListVolumes answers, whatever `max_entries` asks: the records read for
+/// one answer, and the `isattached` checks made for it.
+pub const PAGE_LIMIT: usize = 500;
 
 /// What the driver's `isattached` said of one recorded attachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,19 +115,37 @@ pub async fn list_volumes(
     let started = Instant::now();
     let deadline = client_deadline(request.metadata());
     let req = request.into_inner();
-    let size = pagination::page_size(req.max_entries)?;
-    let after = pagination::resume_after(&req.starting_token)?;
+    let size = pagination::page_size(req.max_entries)?
+        .unwrap_or(PAGE_LIMIT)
+        .min(PAGE_LIMIT);
+    let from = pagination::resume_after(&req.starting_token)?;
     let plugin = calls.ready_plugin()?;
     let driver = calls.driver.name.clone();
     let lifecycle = calls.lifecycle.clone();
-    let inventory = tokio::task::spawn_blocking(move || lifecycle.known_volumes(&driver))
-        .await
-        .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
-        .map_err(|e| super::grpc_code::from_lifecycle(&e))?;
-    for error in &inventory.unreadable {
+    let page = tokio::task::spawn_blocking(move || {
+        // Records with nothing to list (a provision in flight) are read but not answered: read
+        // on until the page is full or the records end.
+        let mut page = lifecycle.volume_page(&driver, from.as_deref(), size)?;
+        while page.volumes.len() < size {
+            let Some(from) = page.next.take() else { break };
+            let more = lifecycle.volume_page(&driver, Some(&from), size - page.volumes.len())?;
+            page.volumes.extend(more.volumes);
+            page.unreadable.extend(more.unreadable);
+            page.next = more.next;
+        }
+        Ok::<_, LifecycleError>(page)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("operation did not finish: {e}")))?
+    .map_err(|e| super::grpc_code::from_lifecycle(&e))?;
+    for error in &page.unreadable {
         tracing::warn!(driver = %calls.driver.name, error = %error, "a controller record is left out of ListVolumes");
     }
-    let page = pagination::page(inventory.volumes, |v| v.id.as_str(), after.as_deref(), size);
+    let next_token = page
+        .next
+        .as_deref()
+        .map(pagination::token_after)
+        .unwrap_or_default();
     // CSI: a plugin with LIST_VOLUMES_PUBLISHED_NODES gives every entry a status.
     let nodes = if plugin.capabilities.attach {
         let runner = &calls.lifecycle.runner;
@@ -131,7 +157,7 @@ pub async fn list_volumes(
             calls,
             &plugin,
             checks_at_once,
-            &page.entries,
+            &page.volumes,
             started + budget,
         )
         .await;
@@ -139,9 +165,9 @@ pub async fn list_volumes(
     } else {
         None
     };
-    tracing::debug!(driver = %calls.driver.name, entries = page.entries.len(), last_page = page.next_token.is_empty(), "ListVolumes");
+    tracing::debug!(driver = %calls.driver.name, entries = page.volumes.len(), last_page = next_token.is_empty(), "ListVolumes");
     let entries = page
-        .entries
+        .volumes
         .into_iter()
         .enumerate()
         .map(|(i, volume)| list_volumes_response::Entry {
@@ -159,13 +185,13 @@ pub async fn list_volumes(
         .collect();
     Ok(Response::new(ListVolumesResponse {
         entries,
-        next_token: page.next_token,
+        next_token,
     }))
 }
 
 /// The published nodes of each volume of the page, in its order: each attach record checked
 /// with `isattached` (see [`published`]); records found detached are marked so (see
-/// [`flexvolume_host::lifecycle::Lifecycle::attachment_gone`]).
+/// [`flexvolume_host::controller_records::ControllerRecords::mark_detached`]).
 async fn published_nodes(
     calls: &VolumeCalls,
     plugin: &Arc<Plugin>,
@@ -175,7 +201,7 @@ async fn published_nodes(
 ) -> Vec<Vec<String>> {
     let records: Vec<&VolumeRecord> = volumes.iter().flat_map(|v| &v.attachments).collect();
     let checks = check_all(calls, plugin, checks_at_once, &records, until).await;
-    let mut gone: Vec<(String, Vec<VolumeRecord>)> = Vec::new();
+    let mut gone: Vec<(Stored, Vec<String>)> = Vec::new();
     let mut checked = records.iter().zip(&checks);
     let mut nodes = Vec::with_capacity(volumes.len());
     let mut unanswered = Vec::new();
@@ -190,11 +216,11 @@ async fn published_nodes(
             if published(record.progress, check) {
                 published_here.push(record.node.clone());
             } else if *check == Check::NotAttached && record.progress == Progress::Mounted {
-                gone_here.push((*record).clone());
+                gone_here.push(record.node.clone());
             }
         }
         if !gone_here.is_empty() {
-            gone.push((volume.id.clone(), gone_here));
+            gone.push((volume.seen.clone(), gone_here));
         }
         nodes.push(published_here);
     }
@@ -209,7 +235,7 @@ async fn published_nodes(
         let more = if unanswered.len() > 5 { ", …" } else { "" };
         tracing::warn!(driver = %calls.driver.name, unanswered = unanswered.len(), attachments = %format!("{shown}{more}"), "isattached did not answer before ListVolumes had to: the attach records decide");
     }
-    mark_gone(calls, gone).await;
+    mark_gone(calls, gone, until).await;
     nodes
 }
 
@@ -286,36 +312,31 @@ async fn check_all(
     checks
 }
 
-/// Marks the attach records found detached (per volume id), each volume under its lock, taken
-/// only for that: a volume with a call in flight is left to it (that call settles the record).
-async fn mark_gone(calls: &VolumeCalls, gone: Vec<(String, Vec<VolumeRecord>)>) {
-    let mut locked = Vec::new();
-    for (volume, records) in gone {
-        match calls.locks.try_lock(&volume) {
-            Some(guard) => locked.push((guard, records)),
-            None => {
-                tracing::debug!(driver = %calls.driver.name, volume = %volume, "a call on the volume is in flight: its records are left to it")
-            }
-        }
-    }
-    if locked.is_empty() {
+/// Marks the attach records found detached, each volume's with one write from the version the
+/// listing read (see [`flexvolume_host::controller_records::ControllerRecords::mark_detached`]):
+/// no lock taken, and a volume a call changed since is left to that call. Waited for until
+/// `until` at most; the writes still running then finish on their own.
+async fn mark_gone(calls: &VolumeCalls, gone: Vec<(Stored, Vec<String>)>, until: Instant) {
+    if gone.is_empty() {
         return;
     }
     let lifecycle = calls.lifecycle.clone();
     let driver = calls.driver.name.clone();
-    let marked = tokio::task::spawn_blocking(move || {
-        for (guard, records) in locked {
-            for record in records {
-                if let Err(e) = lifecycle.attachment_gone(&record) {
-                    tracing::warn!(driver = %driver, volume = %record.volume_name, node = %record.node, error = %message_of(&e), "cannot record that the volume was found detached: the next ControllerPublish will not attach it again");
-                }
+    let marking = tokio::task::spawn_blocking(move || {
+        for (seen, nodes) in gone {
+            if let Err(e) = lifecycle.controller_records.mark_detached(&seen, &nodes) {
+                tracing::warn!(driver = %driver, volume = %seen.record.volume, nodes = ?nodes, error = %message_of(&e), "cannot record that the volume was found detached: the next ControllerPublish will not attach it again");
             }
-            drop(guard);
         }
-    })
-    .await;
-    if let Err(e) = marked {
-        tracing::warn!(driver = %calls.driver.name, error = %e, "marking volumes found detached did not finish");
+    });
+    match tokio::time::timeout_at(until, marking).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(driver = %calls.driver.name, error = %e, "marking volumes found detached did not finish")
+        }
+        Err(_) => {
+            tracing::debug!(driver = %calls.driver.name, "marking volumes found detached goes on after the listing answered")
+        }
     }
 }
 

@@ -33,6 +33,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use flexvolume_host::controller_records::{
+    ControllerRecords, FenceSettings, RecordStore, StateDirStore,
+};
 use flexvolume_host::lifecycle::Lifecycle;
 use flexvolume_host::prober::{EventKind, ProbeEvent, Prober, ProberConfig};
 use flexvolume_host::{DriverName, Registry, Resolver, RunnerConfig};
@@ -81,6 +84,11 @@ pub struct ServeArgs {
     /// `token`, `ca.crt` and `namespace`.
     #[arg(long, value_name = "DIR", default_value = kubernetes_records::DEFAULT_CREDENTIALS)]
     pub records_credentials: PathBuf,
+    /// How long a controller replica's fence on a volume holds without renewal: a replica that
+    /// dies in a call leaves the volume to the other this long after the other first saw it
+    /// (docs/csi.md#fences). At least twice the driver's kill grace and a second.
+    #[arg(long, value_parser = crate::settings::parse_duration, default_value = "20s")]
+    pub fence_lease: std::time::Duration,
 }
 
 /// Where the controller's records are kept (`--controller-records`).
@@ -335,15 +343,34 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e).context("cannot create the state dir"),
     }
     state.watch_records();
-    let mut lifecycle = Lifecycle::new(runner.clone(), state, global.node_name());
-    if args.controller_records == RecordsHome::Kubernetes {
-        anyhow::ensure!(
-            args.mode == Mode::Controller,
-            "--controller-records=kubernetes is for --mode controller: a node keeps its own records"
-        );
-        let records = runtime.block_on(kubernetes_records::connect(&args.records_credentials))?;
-        lifecycle.controller_records = Arc::new(records);
-    }
+    let mut lifecycle = Lifecycle::new(runner.clone(), state.clone(), global.node_name());
+    let fences = FenceSettings::new(args.fence_lease, runner.kill_grace)
+        .map_err(|e| anyhow::anyhow!("--fence-lease: {e}"))?;
+    let store: Arc<dyn RecordStore> = match args.controller_records {
+        RecordsHome::Kubernetes => {
+            anyhow::ensure!(
+                args.mode == Mode::Controller,
+                "--controller-records=kubernetes is for --mode controller: a node keeps its own records"
+            );
+            Arc::new(runtime.block_on(kubernetes_records::connect(&args.records_credentials))?)
+        }
+        RecordsHome::StateDir => {
+            let store = StateDirStore::new(state);
+            let adopted = store.adopt_legacy().context(
+                "cannot adopt the controller records an older flexd left in the state dir",
+            )?;
+            if adopted > 0 {
+                tracing::info!(
+                    volumes = adopted,
+                    "adopted the controller records an older flexd kept in the state dir"
+                );
+            }
+            Arc::new(store)
+        }
+    };
+    let records = ControllerRecords::new(store, fences);
+    tracing::info!(holder = %records.holder(), lease = ?fences.lease, "controller fences are signed by this replica");
+    lifecycle.controller_records = Arc::new(records);
     let lifecycle = Arc::new(lifecycle);
     let config = ProberConfig::for_host(
         global.plugin_dir.clone(),
@@ -445,6 +472,7 @@ mod tests {
                 socket_group: None,
                 controller_records: RecordsHome::StateDir,
                 records_credentials: kubernetes_records::DEFAULT_CREDENTIALS.into(),
+                fence_lease: std::time::Duration::from_secs(20),
             },
             endpoints: HashMap::new(),
             unserved: BTreeMap::new(),

@@ -1,119 +1,115 @@
-//! Controller records in memory, shared by every clone: two controller services over one
-//! `MemoryRecords` behave as two replicas over one API server. For tests; nothing survives the
-//! process.
+//! Controller records in memory, shared by every clone: two controllers over one `MemoryStore`
+//! behave as two replicas over one API server, versions included. For tests; nothing survives
+//! the process.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{ControllerRecords, RecordsError};
-use crate::lifecycle::ProvisionedVolume;
-use crate::state::VolumeRecord;
+use super::{check_name, ControllerRecord, Page, RecordStore, RecordsError, Stored, Version};
 use flexvolume_protocol::name::DriverName;
-
-type AttachmentKey = (String, String, String);
 
 #[derive(Debug, Default)]
 struct Records {
-    attachments: BTreeMap<AttachmentKey, VolumeRecord>,
-    provisioned: BTreeMap<(String, String), ProvisionedVolume>,
+    /// By (driver, volume): the record and its version.
+    records: BTreeMap<(String, String), (ControllerRecord, u64)>,
+    last_version: u64,
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct MemoryRecords {
+pub struct MemoryStore {
     records: Arc<Mutex<Records>>,
 }
 
-impl MemoryRecords {
+impl MemoryStore {
     fn with<T>(&self, f: impl FnOnce(&mut Records) -> T) -> T {
         f(&mut self.records.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
-fn key(driver: &DriverName, volume: &str, node: &str) -> AttachmentKey {
-    (driver.to_string(), volume.to_owned(), node.to_owned())
+fn conflict(driver: &str, volume: &str) -> RecordsError {
+    RecordsError::Conflict {
+        what: format!("volume {volume} of driver {driver}"),
+    }
 }
 
-impl ControllerRecords for MemoryRecords {
+impl RecordStore for MemoryStore {
     fn describe(&self) -> String {
         "memory".to_owned()
     }
 
-    fn attachment(
-        &self,
-        driver: &DriverName,
-        volume: &str,
-        node: &str,
-    ) -> Result<Option<VolumeRecord>, RecordsError> {
-        Ok(self.with(|r| r.attachments.get(&key(driver, volume, node)).cloned()))
-    }
-
-    fn save_attachment(&self, record: &VolumeRecord) -> Result<(), RecordsError> {
-        let k = key(&record.driver, &record.volume_name, &record.node);
-        self.with(|r| r.attachments.insert(k, record.clone()));
-        Ok(())
-    }
-
-    fn remove_attachment(
-        &self,
-        driver: &DriverName,
-        volume: &str,
-        node: &str,
-    ) -> Result<(), RecordsError> {
-        self.with(|r| r.attachments.remove(&key(driver, volume, node)));
-        Ok(())
-    }
-
-    fn attachments(
-        &self,
-        driver: &DriverName,
-    ) -> Result<Vec<Result<VolumeRecord, RecordsError>>, RecordsError> {
+    fn read(&self, driver: &DriverName, volume: &str) -> Result<Option<Stored>, RecordsError> {
         Ok(self.with(|r| {
-            r.attachments
-                .values()
-                .filter(|a| a.driver == *driver)
-                .cloned()
-                .map(Ok)
-                .collect()
+            r.records
+                .get(&(driver.to_string(), volume.to_owned()))
+                .map(|(record, version)| Stored {
+                    version: Version(version.to_string()),
+                    record: record.clone(),
+                })
         }))
     }
 
-    fn provisioned(
+    fn write(
         &self,
-        driver: &DriverName,
-        name: &str,
-    ) -> Result<Option<ProvisionedVolume>, RecordsError> {
-        Ok(self.with(|r| {
-            r.provisioned
-                .get(&(driver.to_string(), name.to_owned()))
-                .cloned()
-        }))
+        record: &ControllerRecord,
+        expected: Option<&Version>,
+    ) -> Result<Version, RecordsError> {
+        check_name(&record.volume)?;
+        self.with(|r| {
+            let key = (record.driver.clone(), record.volume.clone());
+            let stored = r.records.get(&key).map(|(_, v)| Version(v.to_string()));
+            if stored.as_ref() != expected {
+                return Err(conflict(&record.driver, &record.volume));
+            }
+            r.last_version += 1;
+            let version = r.last_version;
+            r.records.insert(key, (record.clone(), version));
+            Ok(Version(version.to_string()))
+        })
     }
 
-    fn save_provisioned(
+    fn delete(
         &self,
         driver: &DriverName,
-        volume: &ProvisionedVolume,
+        volume: &str,
+        expected: &Version,
     ) -> Result<(), RecordsError> {
-        let k = (driver.to_string(), volume.name.clone());
-        self.with(|r| r.provisioned.insert(k, volume.clone()));
-        Ok(())
+        self.with(|r| {
+            let key = (driver.to_string(), volume.to_owned());
+            match r.records.get(&key) {
+                Some((_, v)) if v.to_string() == expected.0 => {
+                    r.records.remove(&key);
+                    Ok(())
+                }
+                _ => Err(conflict(driver.as_str(), volume)),
+            }
+        })
     }
 
-    fn remove_provisioned(&self, driver: &DriverName, name: &str) -> Result<(), RecordsError> {
-        self.with(|r| r.provisioned.remove(&(driver.to_string(), name.to_owned())));
-        Ok(())
-    }
-
-    fn all_provisioned(
+    fn page(
         &self,
         driver: &DriverName,
-    ) -> Result<Vec<Result<ProvisionedVolume, RecordsError>>, RecordsError> {
+        from: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, RecordsError> {
         Ok(self.with(|r| {
-            r.provisioned
+            let mut of_driver = r
+                .records
                 .iter()
                 .filter(|((d, _), _)| d == driver.as_str())
-                .map(|(_, v)| Ok(v.clone()))
-                .collect()
+                .filter(|((_, v), _)| from.is_none_or(|from| v.as_str() > from))
+                .map(|(_, (record, version))| Stored {
+                    version: Version(version.to_string()),
+                    record: record.clone(),
+                });
+            let records: Vec<Stored> = of_driver.by_ref().take(limit).collect();
+            let next = match (of_driver.next(), records.last()) {
+                (Some(_), Some(last)) => Some(last.record.volume.clone()),
+                _ => None,
+            };
+            Page {
+                records: records.into_iter().map(Ok).collect(),
+                next,
+            }
         }))
     }
 }

@@ -1,9 +1,11 @@
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::state_dir::provisioned_path;
 use super::*;
-use crate::state::{Progress, Role};
+use crate::state::{Progress, Role, StateDir};
 
 fn driver() -> DriverName {
     DriverName::parse("acme/x").unwrap()
@@ -41,120 +43,394 @@ fn provisioned(name: &str) -> ProvisionedVolume {
     }
 }
 
-/// What every backend must do: what is saved is read back, listed by driver, replaced by the
-/// next save and gone after removal.
-fn behaves_as_a_store(records: &dyn ControllerRecords, root: &Path) {
+fn is_conflict<T: std::fmt::Debug>(result: Result<T, RecordsError>) -> bool {
+    matches!(result, Err(RecordsError::Conflict { .. }))
+}
+
+/// What every store must do: a write or delete decided on another version than the stored
+/// one is refused, a stale one included; pages walk every record once.
+fn keeps_versions(store: &dyn RecordStore, root: &Path) {
     let d = driver();
-    let other = DriverName::parse("acme/y").unwrap();
-    assert_eq!(records.attachment(&d, "pv-1", "node-a").unwrap(), None);
-    let mut a = attachment(root, "pv-1", "node-a");
-    records.save_attachment(&a).unwrap();
-    records
-        .save_attachment(&attachment(root, "pv-1", "node-b"))
-        .unwrap();
+    assert!(store.read(&d, "pv-1").unwrap().is_none());
+    let mut record = ControllerRecord::new(&d, "pv-1");
+    record
+        .attachments
+        .insert("node-a".into(), attachment(root, "pv-1", "node-a"));
+    let v1 = store.write(&record, None).unwrap();
+    assert!(is_conflict(store.write(&record, None)), "created twice");
+    let read = store.read(&d, "pv-1").unwrap().unwrap();
     assert_eq!(
-        records.attachment(&d, "pv-1", "node-a").unwrap(),
-        Some(a.clone())
+        (read.version.clone(), read.record.clone()),
+        (v1.clone(), record.clone())
     );
-    a.progress = Progress::Mounted;
-    records.save_attachment(&a).unwrap();
+    record.provisioned = Some(provisioned("pv-1"));
+    let v2 = store.write(&record, Some(&v1)).unwrap();
+    assert_ne!(v1, v2);
+    assert!(
+        is_conflict(store.write(&record, Some(&v1))),
+        "a write from a stale read"
+    );
+    assert!(
+        is_conflict(store.delete(&d, "pv-1", &v1)),
+        "a delete from a stale read"
+    );
+    assert_eq!(store.read(&d, "pv-1").unwrap().unwrap().record, record);
+    store.delete(&d, "pv-1", &v2).unwrap();
+    assert!(store.read(&d, "pv-1").unwrap().is_none());
+    assert!(
+        is_conflict(store.delete(&d, "pv-1", &v2)),
+        "a delete of a record gone"
+    );
+    assert!(
+        is_conflict(store.write(&record, Some(&v2))),
+        "a write to a record gone"
+    );
+
+    // Pages: every record of the driver once, none of another driver.
+    for i in 0..5 {
+        store
+            .write(&ControllerRecord::new(&d, &format!("pv-{i}")), None)
+            .unwrap();
+    }
+    let other = DriverName::parse("acme/y").unwrap();
+    store
+        .write(&ControllerRecord::new(&other, "pv-9"), None)
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut from = None;
+    loop {
+        let page = store.page(&d, from.as_deref(), 2).unwrap();
+        assert!(page.records.len() <= 2);
+        seen.extend(page.records.into_iter().map(|r| r.unwrap().record.volume));
+        match page.next {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["pv-0", "pv-1", "pv-2", "pv-3", "pv-4"]);
+}
+
+#[test]
+fn the_memory_store_keeps_versions() {
+    keeps_versions(&MemoryStore::default(), Path::new("/s"));
+}
+
+#[test]
+fn the_state_dir_store_keeps_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateDirStore::new(StateDir::new(dir.path()));
+    keeps_versions(&store, dir.path());
+    // A record is not read from where another volume's record should be.
+    let path = store.path(&driver(), "pv-x").unwrap();
+    std::fs::copy(store.path(&driver(), "pv-2").unwrap(), &path).unwrap();
+    let records = ControllerRecords::new(Arc::new(store.clone()), FenceSettings::default());
+    assert!(matches!(
+        records.read(&driver(), "pv-x"),
+        Err(RecordsError::Corrupt { .. })
+    ));
+    assert!(
+        matches!(
+            records.fence(&driver(), "pv-x", "attach"),
+            Err(RecordsError::Corrupt { .. })
+        ),
+        "never fenced, never overwritten"
+    );
+    let page = store.page(&driver(), None, 100).unwrap();
+    assert_eq!(page.records.iter().filter(|r| r.is_err()).count(), 1);
+}
+
+/// Short fences for tests: 1 s, stopped at 0.5 s.
+fn short() -> FenceSettings {
+    FenceSettings {
+        lease: Duration::from_secs(1),
+        stop_after: Duration::from_millis(500),
+    }
+}
+
+fn replica(store: &Arc<dyn RecordStore>, name: &str) -> ControllerRecords {
+    ControllerRecords::new(store.clone(), short()).with_holder(name)
+}
+
+fn busy_holder<T>(result: Result<T, RecordsError>) -> Option<String> {
+    match result {
+        Err(RecordsError::Busy { holder, .. }) => Some(holder),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_fence_refuses_the_other_replica_until_released_and_an_empty_record_goes() {
+    let store: Arc<dyn RecordStore> = Arc::new(MemoryStore::default());
+    let (a, b) = (replica(&store, "a"), replica(&store, "b"));
+    let fence = a.fence(&driver(), "pv-1", "attach to node-1").unwrap();
     assert_eq!(
-        records
-            .attachment(&d, "pv-1", "node-a")
+        busy_holder(b.fence(&driver(), "pv-1", "detach")).as_deref(),
+        Some("a")
+    );
+    assert!(
+        busy_holder(a.fence(&driver(), "pv-1", "detach")).is_some(),
+        "nor a second call of the same replica"
+    );
+    let record = a.read(&driver(), "pv-1").unwrap().unwrap().record;
+    let held = record.fence.unwrap();
+    assert_eq!((held.holder.as_str(), held.token), ("a", 1));
+    fence.release().unwrap();
+    assert!(
+        a.read(&driver(), "pv-1").unwrap().is_none(),
+        "nothing left: deleted"
+    );
+    let fence = b.fence(&driver(), "pv-1", "detach").unwrap();
+    assert_eq!(
+        fence.record().fence.unwrap().token,
+        1,
+        "a new record starts again"
+    );
+    fence
+        .update(|r| r.provisioned = Some(provisioned("pv-1")))
+        .unwrap();
+    drop(fence);
+    let record = a.read(&driver(), "pv-1").unwrap().unwrap().record;
+    assert!(record.fence.is_none(), "released on drop");
+    assert!(record.provisioned.is_some());
+    let fence = a.fence(&driver(), "pv-1", "delete").unwrap();
+    assert_eq!(fence.record().fence.unwrap().token, 2);
+}
+
+#[test]
+fn a_renewed_fence_is_never_taken_over() {
+    let store: Arc<dyn RecordStore> = Arc::new(MemoryStore::default());
+    let (a, b) = (replica(&store, "a"), replica(&store, "b"));
+    let fence = a.fence(&driver(), "pv-1", "attach to node-1").unwrap();
+    // Three leases of the other replica retrying.
+    let until = Instant::now() + short().lease * 3;
+    while Instant::now() < until {
+        assert_eq!(
+            busy_holder(b.fence(&driver(), "pv-1", "detach")).as_deref(),
+            Some("a")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(fence.cancel().reason().is_none(), "the holder kept it");
+    fence
+        .update(|r| r.provisioned = Some(provisioned("pv-1")))
+        .unwrap();
+    let renewals = fence.record().fence.unwrap().renewals;
+    assert!(renewals >= 1, "renewed: {renewals}");
+    fence.release().unwrap();
+}
+
+#[test]
+fn a_fence_left_by_a_dead_replica_is_taken_over_after_a_whole_lease() {
+    let store: Arc<dyn RecordStore> = Arc::new(MemoryStore::default());
+    let mut left = ControllerRecord::new(&driver(), "pv-1");
+    left.fence = Some(Fence {
+        holder: "dead".into(),
+        token: 7,
+        operation: "attach to node-1".into(),
+        lease_seconds: 1,
+        renewals: 3,
+    });
+    left.fences = 7;
+    left.attachments.insert(
+        "node-1".into(),
+        attachment(Path::new("/s"), "pv-1", "node-1"),
+    );
+    store.write(&left, None).unwrap();
+    let b = replica(&store, "b");
+    let first_refused = Instant::now();
+    assert_eq!(
+        busy_holder(b.fence(&driver(), "pv-1", "detach")).as_deref(),
+        Some("dead")
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fence = loop {
+        match b.fence(&driver(), "pv-1", "detach") {
+            Ok(fence) => break fence,
+            Err(RecordsError::Busy { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("not taken over: {e}"),
+        }
+    };
+    assert!(
+        first_refused.elapsed() >= Duration::from_secs(1),
+        "taken over before a whole lease of it was seen"
+    );
+    assert_eq!(fence.taken_over().map(|f| f.holder.as_str()), Some("dead"));
+    let record = fence.record();
+    assert_eq!(record.fence.as_ref().map(|f| f.token), Some(8));
+    assert!(
+        record.attachments.contains_key("node-1"),
+        "the dead replica's record is there to be undone"
+    );
+}
+
+/// A store whose writes can be made to fail, as an API server out of reach.
+#[derive(Debug)]
+struct Flaky {
+    inner: MemoryStore,
+    down: AtomicBool,
+}
+
+impl RecordStore for Flaky {
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+    fn read(&self, driver: &DriverName, volume: &str) -> Result<Option<Stored>, RecordsError> {
+        self.inner.read(driver, volume)
+    }
+    fn write(
+        &self,
+        record: &ControllerRecord,
+        expected: Option<&Version>,
+    ) -> Result<Version, RecordsError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(RecordsError::Unavailable {
+                store: "flaky".into(),
+                message: "down".into(),
+            });
+        }
+        self.inner.write(record, expected)
+    }
+    fn delete(
+        &self,
+        driver: &DriverName,
+        volume: &str,
+        expected: &Version,
+    ) -> Result<(), RecordsError> {
+        self.inner.delete(driver, volume, expected)
+    }
+    fn page(
+        &self,
+        driver: &DriverName,
+        from: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, RecordsError> {
+        self.inner.page(driver, from, limit)
+    }
+}
+
+#[test]
+fn a_holder_that_cannot_renew_stops_its_call_before_another_may_take_over() {
+    let flaky = Arc::new(Flaky {
+        inner: MemoryStore::default(),
+        down: AtomicBool::new(false),
+    });
+    let store: Arc<dyn RecordStore> = flaky.clone();
+    let (a, b) = (replica(&store, "a"), replica(&store, "b"));
+    let fence = a.fence(&driver(), "pv-1", "attach to node-1").unwrap();
+    flaky.down.store(true, Ordering::SeqCst);
+    // The other replica starts counting the lease now, from the last renewal it sees.
+    assert!(busy_holder(b.fence(&driver(), "pv-1", "detach")).is_some());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fence.cancel().reason().is_none() {
+        assert!(Instant::now() < deadline, "the holder never stopped");
+        // Until the holder stopped, the other replica is refused.
+        assert!(
+            busy_holder(b.fence(&driver(), "pv-1", "detach")).is_some(),
+            "taken over while the holder's call may still run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    flaky.down.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        fence.update(|r| r.provisioned = None),
+        Err(RecordsError::FenceLost { .. })
+    ));
+    drop(fence);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.fence(&driver(), "pv-1", "detach").is_err() {
+        assert!(Instant::now() < deadline, "never taken over");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_holder_whose_fence_was_taken_writes_nothing_more_and_stops_its_call() {
+    let store: Arc<dyn RecordStore> = Arc::new(MemoryStore::default());
+    let a = replica(&store, "a");
+    let fence = a.fence(&driver(), "pv-1", "attach to node-1").unwrap();
+    // Another replica's write (a takeover) in between.
+    let stored = store.read(&driver(), "pv-1").unwrap().unwrap();
+    let mut theirs = stored.record.clone();
+    theirs.fence.as_mut().unwrap().holder = "b".into();
+    store.write(&theirs, Some(&stored.version)).unwrap();
+    let result = fence.update(|r| {
+        r.attachments.insert(
+            "node-1".into(),
+            attachment(Path::new("/s"), "pv-1", "node-1"),
+        );
+    });
+    assert!(
+        matches!(result, Err(RecordsError::FenceLost { .. })),
+        "{result:?}"
+    );
+    assert!(
+        fence.cancel().reason().is_some(),
+        "its driver call is stopped"
+    );
+    assert!(fence.release().is_err());
+    let now = store.read(&driver(), "pv-1").unwrap().unwrap().record;
+    assert_eq!(now, theirs, "the other replica's record is untouched");
+}
+
+#[test]
+fn a_listing_marks_an_attachment_detached_only_from_what_it_saw() {
+    let store: Arc<dyn RecordStore> = Arc::new(MemoryStore::default());
+    let a = replica(&store, "a");
+    let mut record = ControllerRecord::new(&driver(), "pv-1");
+    let mut attached = attachment(Path::new("/s"), "pv-1", "node-1");
+    attached.progress = Progress::Mounted;
+    record.attachments.insert("node-1".into(), attached);
+    store.write(&record, None).unwrap();
+    let seen = a
+        .page(&driver(), None, 10)
+        .unwrap()
+        .records
+        .remove(0)
+        .unwrap();
+    // A call takes the fence after the listing read the record: the mark is left to it.
+    let fence = a.fence(&driver(), "pv-1", "detach from node-1").unwrap();
+    assert!(!a.mark_detached(&seen, &["node-1".to_owned()]).unwrap());
+    fence.release().unwrap();
+    let seen = a
+        .page(&driver(), None, 10)
+        .unwrap()
+        .records
+        .remove(0)
+        .unwrap();
+    assert!(a.mark_detached(&seen, &["node-1".to_owned()]).unwrap());
+    assert_eq!(
+        a.attachment(&driver(), "pv-1", "node-1")
             .unwrap()
             .unwrap()
             .progress,
-        Progress::Mounted
+        Progress::Mounting
     );
-    let mut nodes: Vec<String> = records
-        .attachments(&d)
-        .unwrap()
-        .into_iter()
-        .map(|r| r.unwrap().node)
-        .collect();
-    nodes.sort();
-    assert_eq!(nodes, ["node-a", "node-b"]);
-    assert!(records.attachments(&other).unwrap().is_empty());
-    records.remove_attachment(&d, "pv-1", "node-a").unwrap();
-    records.remove_attachment(&d, "pv-1", "node-a").unwrap();
-    assert_eq!(records.attachment(&d, "pv-1", "node-a").unwrap(), None);
-    assert_eq!(records.attachments(&d).unwrap().len(), 1);
-
-    assert_eq!(records.provisioned(&d, "pvc-1").unwrap(), None);
-    let mut v = provisioned("pvc-1");
-    records.save_provisioned(&d, &v).unwrap();
-    v.done = true;
-    records.save_provisioned(&d, &v).unwrap();
-    records.save_provisioned(&d, &provisioned("pvc-2")).unwrap();
-    assert_eq!(records.provisioned(&d, "pvc-1").unwrap(), Some(v));
-    assert_eq!(records.provisioned(&other, "pvc-1").unwrap(), None);
-    let mut names: Vec<String> = records
-        .all_provisioned(&d)
-        .unwrap()
-        .into_iter()
-        .map(|v| v.unwrap().name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["pvc-1", "pvc-2"]);
-    records.remove_provisioned(&d, "pvc-1").unwrap();
-    records.remove_provisioned(&d, "pvc-1").unwrap();
-    assert_eq!(records.provisioned(&d, "pvc-1").unwrap(), None);
-    assert_eq!(records.all_provisioned(&d).unwrap().len(), 1);
 }
 
 #[test]
-fn the_state_dir_is_a_store() {
+fn an_older_flexds_records_are_adopted_once() {
     let dir = tempfile::tempdir().unwrap();
-    let records = StateDirRecords::new(crate::state::StateDir::new(dir.path()));
-    behaves_as_a_store(&records, dir.path());
-}
+    let state = StateDir::new(dir.path());
+    let old = attachment(dir.path(), "pv-1", "node-a");
+    state.save(&old).unwrap();
+    let path = provisioned_path(dir.path(), &driver(), "pv-1").unwrap();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut volume = provisioned("pv-1");
+    volume.done = true;
+    std::fs::write(&path, serde_json::to_vec(&volume).unwrap()).unwrap();
 
-#[test]
-fn memory_is_a_store_shared_by_its_clones() {
-    let records = MemoryRecords::default();
-    behaves_as_a_store(&records, Path::new("/s"));
-    let twin = records.clone();
-    twin.save_provisioned(&driver(), &provisioned("pvc-9"))
-        .unwrap();
-    assert!(records.provisioned(&driver(), "pvc-9").unwrap().is_some());
-}
-
-#[test]
-fn record_names_are_safe_and_long_names_are_hashed() {
-    let root = PathBuf::from("/s");
-    let short = provisioned_path(&root, &driver(), "pvc-1").unwrap();
-    assert_eq!(short, Path::new("/s/provisioned/acme~x/pvc-1.json"));
-    let hostile = provisioned_path(&root, &driver(), "../../etc/passwd").unwrap();
-    assert!(hostile.starts_with("/s/provisioned/acme~x/"));
-    assert_eq!(hostile.components().count(), short.components().count());
-    let long = provisioned_path(&root, &driver(), &"é".repeat(128)).unwrap();
-    let file = long.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(file.starts_with("%h") && file.len() < 40, "{file}");
-    assert!(provisioned_path(&root, &driver(), "").is_err());
-}
-
-#[test]
-fn a_provisioned_record_copied_under_another_name_is_reported_not_listed() {
-    let dir = tempfile::tempdir().unwrap();
-    let records = StateDirRecords::new(crate::state::StateDir::new(dir.path()));
-    records
-        .save_provisioned(&driver(), &provisioned("pvc-1"))
-        .unwrap();
-    let home = provisioned_path(dir.path(), &driver(), "pvc-1").unwrap();
-    std::fs::copy(&home, home.with_file_name("pvc-2.json")).unwrap();
-    std::fs::write(home.with_file_name("pvc-3.json"), b"{").unwrap();
-    std::fs::write(home.with_file_name(".pvc-4.json.1.tmp"), b"{").unwrap();
-    let listed = records.all_provisioned(&driver()).unwrap();
-    let names: Vec<&str> = listed
-        .iter()
-        .filter_map(|v| v.as_ref().ok())
-        .map(|v| v.name.as_str())
-        .collect();
-    assert_eq!(names, ["pvc-1"]);
-    assert_eq!(
-        listed.iter().filter(|v| v.is_err()).count(),
-        2,
-        "{listed:?}"
-    );
-    assert_eq!(records.provisioned(&driver(), "pvc-2").unwrap(), None);
+    let legacy = legacy_records(&state).unwrap();
+    assert_eq!(legacy.len(), 1, "one record per volume");
+    let store = StateDirStore::new(state.clone());
+    assert_eq!(store.drivers().unwrap(), [driver()]);
+    assert_eq!(store.adopt_legacy().unwrap(), 1);
+    let record = store.read(&driver(), "pv-1").unwrap().unwrap().record;
+    assert_eq!(record.attachments["node-a"], old);
+    assert_eq!(record.provisioned, Some(volume));
+    assert!(!path.exists());
+    assert!(state.load(&old.target).unwrap().is_none());
+    assert_eq!(store.adopt_legacy().unwrap(), 0, "once");
 }

@@ -1,9 +1,10 @@
 //! CSI's controller side for an attaching driver: ControllerPublish = attach, recorded (with
 //! the name detach will need, since ControllerUnpublish carries no volume context) in the
-//! controller records ([`crate::controller_records`]); ControllerUnpublish = detach of that
-//! record. An attachment the driver's `isattached` finds gone (CSI ListVolumes asks) goes
-//! back to the state of an attach that did not finish, so that the CO's next ControllerPublish
-//! attaches it again.
+//! volume's controller record ([`crate::controller_records`]), under the volume's fence;
+//! ControllerUnpublish = detach of that record. An attachment the driver's `isattached` finds
+//! gone (CSI ListVolumes asks) goes back to the state of an attach that did not finish
+//! ([`crate::controller_records::ControllerRecords::mark_detached`]), so that the CO's next
+//! ControllerPublish attaches it again.
 
 use super::attacher;
 use super::{Lifecycle, LifecycleError};
@@ -26,37 +27,75 @@ impl Lifecycle {
         )?)
     }
 
-    /// CSI ControllerPublish: attach, recorded (with the name detach will need: ControllerUnpublish
-    /// carries no volume context) before the driver runs, so that
-    /// [`Lifecycle::controller_unpublish`] detaches it under the same name. A recorded attachment
-    /// is not redone.
+    /// This lifecycle with its drivers also holding `locks` and stopped when `fence` is lost
+    /// (controller_records::fence).
+    pub(super) fn fenced(
+        &self,
+        locks: &[&crate::state::Lock],
+        fence: &crate::controller_records::Fenced,
+    ) -> Lifecycle {
+        let mut lc = self.holding(locks);
+        lc.runner = lc.runner.cancelled_by(fence.cancel());
+        lc
+    }
+
+    /// CSI ControllerPublish: attach, under the volume's fence, recorded (with the name detach
+    /// will need: ControllerUnpublish carries no volume context) before the driver runs, so that
+    /// [`Lifecycle::controller_unpublish`] detaches it under the same name. A recorded
+    /// attachment is not redone.
     pub fn controller_publish(
         &self,
         plugin: &crate::plugin::Plugin,
         spec: &flexvolume_protocol::spec::VolumeSpec,
         node: &str,
     ) -> Result<super::AttachOutcome, LifecycleError> {
+        let records = &self.controller_records;
+        let done = |record: &crate::controller_records::ControllerRecord| {
+            record
+                .attachments
+                .get(node)
+                .filter(|r| r.progress == Progress::Mounted)
+                .map(|r| super::AttachOutcome {
+                    device: r.device.clone().unwrap_or_default(),
+                    attached_now: false,
+                })
+        };
+        // Attached already, and no call in flight on the volume: answered from the record
+        // alone, as it stood at that read.
+        if let Some(stored) = records.read(&spec.driver, &spec.volume_name)? {
+            if stored.record.fence.is_none() {
+                if let Some(outcome) = done(&stored.record) {
+                    return Ok(outcome);
+                }
+            }
+        }
         let key = self.attachment_key(&spec.driver, &spec.volume_name, node)?;
         let key_lock = self.state.lock(&key)?;
         let lc = &self.holding(&[&key_lock]);
-        let records = &self.controller_records;
-        if let Some(record) = records
-            .attachment(&spec.driver, &spec.volume_name, node)?
-            .filter(|r| r.progress == Progress::Mounted)
-        {
-            return Ok(super::AttachOutcome {
-                device: record.device.unwrap_or_default(),
-                attached_now: false,
-            });
-        }
+        // Read-only, unfenced: getvolumename changes nothing.
         attacher::get_volume_name(lc, plugin, spec)?;
         let mut record = VolumeRecord {
             attachable: true,
             node: node.to_owned(),
             ..super::target::new_record(lc, plugin, spec, &key, Role::Attach, false)?
         };
-        // A failed or interrupted attach keeps this record: ControllerUnpublish then detaches.
-        records.save_attachment(&record)?;
+        // The attach record goes in with the fence, in one write, unless the attachment is done
+        // already. A failed or interrupted attach keeps it: ControllerUnpublish then detaches.
+        let fence = records.fence_with(
+            &spec.driver,
+            &spec.volume_name,
+            &format!("attach to {node}"),
+            &|r| {
+                if done(r).is_none() {
+                    r.attachments.insert(node.to_owned(), record.clone());
+                }
+            },
+        )?;
+        if let Some(outcome) = done(&fence.record()) {
+            fence.release()?;
+            return Ok(outcome);
+        }
+        let lc = &self.fenced(&[&key_lock], &fence);
         let device = match lc.attach(plugin, spec, node) {
             Ok(device) => device,
             // The driver named the volume or the node unknown: nothing is attached, so there
@@ -64,44 +103,22 @@ impl Lifecycle {
             Err(LifecycleError::Call(e))
                 if e.code() == Some(flexvolume_protocol::ErrorCode::NotFound) =>
             {
-                records.remove_attachment(&spec.driver, &spec.volume_name, node)?;
+                fence.release_with(|r| {
+                    r.attachments.remove(node);
+                })?;
                 return Err(e.into());
             }
             Err(e) => return Err(e),
         };
         record.device = Some(device.clone()).filter(|d| !d.is_empty());
         record.progress = Progress::Mounted;
-        records.save_attachment(&record)?;
+        fence.release_with(|r| {
+            r.attachments.insert(node.to_owned(), record);
+        })?;
         Ok(super::AttachOutcome {
             device,
             attached_now: true,
         })
-    }
-
-    /// An attachment the driver's `isattached` said is gone (detached behind Kubernetes' back):
-    /// its record, still `seen` as it was when the driver was asked and still marked attached,
-    /// goes back to `Mounting`, the state of an attach that did not finish. The next
-    /// ControllerPublish then runs attach again instead of answering from the record, and a
-    /// ControllerUnpublish still detaches under the recorded name (the driver may be wrong).
-    /// Returns whether the record was changed: a record that changed meanwhile (a publish or
-    /// unpublish ran) is left as it is.
-    pub fn attachment_gone(&self, seen: &VolumeRecord) -> Result<bool, LifecycleError> {
-        if seen.role != Role::Attach || seen.progress != Progress::Mounted {
-            return Ok(false);
-        }
-        let key = self.attachment_key(&seen.driver, &seen.volume_name, &seen.node)?;
-        let _key_lock = self.state.lock(&key)?;
-        let records = &self.controller_records;
-        match records.attachment(&seen.driver, &seen.volume_name, &seen.node)? {
-            Some(record) if record == *seen => {
-                records.save_attachment(&VolumeRecord {
-                    progress: Progress::Mounting,
-                    ..record
-                })?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
     }
 }
 
@@ -158,24 +175,26 @@ esac
         };
         lc.controller_publish(&plugin, &spec, "node-1").unwrap();
         let records = &lc.controller_records;
-        let seen = records
-            .attachment(&plugin.driver.name, "pv-1", "node-1")
-            .unwrap()
-            .unwrap();
+        let seen = records.read(&plugin.driver.name, "pv-1").unwrap().unwrap();
         std::fs::write(dir.path().join("attached"), "false").unwrap();
+        let attachment = &seen.record.attachments["node-1"];
         assert_eq!(
-            lc.attached_answer(&plugin, &seen.spec().unwrap(), "node-1")
+            lc.attached_answer(&plugin, &attachment.spec().unwrap(), "node-1")
                 .unwrap(),
             Some(false)
         );
 
         // A record that changed since it was seen is left alone.
-        let stale = VolumeRecord {
-            device: Some("/dev/other".into()),
+        let stale = crate::controller_records::Stored {
+            version: crate::controller_records::Version("0".into()),
             ..seen.clone()
         };
-        assert!(!lc.attachment_gone(&stale).unwrap());
-        assert!(lc.attachment_gone(&seen).unwrap());
+        assert!(!records
+            .mark_detached(&stale, &["node-1".to_owned()])
+            .unwrap());
+        assert!(records
+            .mark_detached(&seen, &["node-1".to_owned()])
+            .unwrap());
         let progress = || {
             records
                 .attachment(&plugin.driver.name, "pv-1", "node-1")
@@ -184,7 +203,12 @@ esac
                 .progress
         };
         assert_eq!(progress(), Progress::Mounting);
-        assert!(!lc.attachment_gone(&seen).unwrap(), "marked once");
+        assert!(
+            !records
+                .mark_detached(&seen, &["node-1".to_owned()])
+                .unwrap(),
+            "marked once"
+        );
 
         assert_eq!(attaches(), 1);
         lc.controller_publish(&plugin, &spec, "node-1").unwrap();

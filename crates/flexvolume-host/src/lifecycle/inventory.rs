@@ -1,12 +1,12 @@
 //! What flexd's records know of one driver's volumes, for CSI ListVolumes: the volumes it
-//! provisioned and the volumes it attached (both in the controller records,
-//! [`crate::controller_records`]), one entry per volume id, sorted by id. Reading the records is
-//! [`Lifecycle::known_volumes`]; putting them together is `merge`, which does no I/O.
+//! provisioned and the volumes it attached ([`crate::controller_records`]), a page at a time, one
+//! entry per volume. Reading a page is [`Lifecycle::volume_page`]; what a record lists as is
+//! [`KnownVolume::of`], which does no I/O.
 
 use std::collections::BTreeMap;
 
 use super::{Lifecycle, LifecycleError, ProvisionedVolume};
-use crate::controller_records::RecordsError;
+use crate::controller_records::{RecordsError, Stored};
 use crate::state::{Role, VolumeRecord};
 use flexvolume_protocol::name::DriverName;
 
@@ -19,9 +19,37 @@ pub struct KnownVolume {
     pub provisioned: Option<ProvisionedVolume>,
     /// Its attach records (CSI ControllerPublish), one per node, sorted by node.
     pub attachments: Vec<VolumeRecord>,
+    /// The record as read, with its version: what a change decided on this listing is made
+    /// from ([`crate::controller_records::ControllerRecords::mark_detached`]).
+    pub seen: Stored,
 }
 
 impl KnownVolume {
+    /// What a stored record lists as: `None` for a record with nothing to list (a provision
+    /// that did not finish, a fence alone) or of another driver.
+    pub fn of(driver: &DriverName, stored: Stored) -> Option<Self> {
+        let record = &stored.record;
+        if record.driver != driver.as_str() {
+            return None;
+        }
+        let provisioned = record.provisioned.clone().filter(|v| v.done);
+        let attachments: Vec<VolumeRecord> = record
+            .attachments
+            .values()
+            .filter(|r| r.role == Role::Attach && r.driver == *driver)
+            .cloned()
+            .collect();
+        if provisioned.is_none() && attachments.is_empty() {
+            return None;
+        }
+        Some(Self {
+            id: record.volume.clone(),
+            provisioned,
+            attachments,
+            seen: stored,
+        })
+    }
+
     /// The size the volume was provisioned with; 0 (unknown) for a static volume.
     pub fn capacity_bytes(&self) -> u64 {
         self.provisioned.as_ref().map_or(0, |v| v.capacity_bytes)
@@ -39,80 +67,48 @@ impl KnownVolume {
     }
 }
 
-/// The volumes of `driver` that the records know, one per id, sorted by id (byte order): the
-/// provisioned volumes whose `provision` finished, and the volumes of its attach records.
-/// Records of other drivers and of other roles are left out.
-fn merge(
-    driver: &DriverName,
-    provisioned: Vec<ProvisionedVolume>,
-    records: Vec<VolumeRecord>,
-) -> Vec<KnownVolume> {
-    let mut volumes: BTreeMap<String, KnownVolume> = BTreeMap::new();
-    fn entry<'a>(volumes: &'a mut BTreeMap<String, KnownVolume>, id: &str) -> &'a mut KnownVolume {
-        volumes.entry(id.to_owned()).or_insert_with(|| KnownVolume {
-            id: id.to_owned(),
-            provisioned: None,
-            attachments: Vec::new(),
-        })
-    }
-    for volume in provisioned {
-        if volume.done && volume.driver == driver.as_str() {
-            let id = volume.name.clone();
-            entry(&mut volumes, &id).provisioned = Some(volume);
-        }
-    }
-    for record in records {
-        if record.role == Role::Attach && record.driver == *driver {
-            let id = record.volume_name.clone();
-            entry(&mut volumes, &id).attachments.push(record);
-        }
-    }
-    let mut volumes: Vec<KnownVolume> = volumes.into_values().collect();
-    for volume in &mut volumes {
-        volume.attachments.sort_by(|a, b| a.node.cmp(&b.node));
-    }
-    volumes
-}
-
-/// What [`Lifecycle::known_volumes`] read.
+/// What [`Lifecycle::volume_page`] read.
 #[derive(Debug, Default)]
-pub struct Inventory {
-    /// One per volume id, sorted by id (byte order): the provisioned volumes whose `provision`
-    /// finished, and the volumes of the driver's attach records.
+pub struct VolumePage {
+    /// One per volume, in the store's order.
     pub volumes: Vec<KnownVolume>,
+    /// Where the next page starts; `None` on the last.
+    pub next: Option<String>,
     /// Records that could not be read or do not belong where they are: left out of
     /// `volumes`, for the caller to report.
     pub unreadable: Vec<RecordsError>,
 }
 
 impl Lifecycle {
-    /// Every volume of `driver` that the records know (see [`Inventory`]). Takes no lock: a
-    /// listing is a snapshot that an operation running meanwhile may make stale, as CSI allows.
-    pub fn known_volumes(&self, driver: &DriverName) -> Result<Inventory, LifecycleError> {
-        let records = &self.controller_records;
-        let mut unreadable = Vec::new();
-        let (provisioned, bad): (Vec<_>, Vec<_>) = records
-            .all_provisioned(driver)?
-            .into_iter()
-            .partition(Result::is_ok);
-        unreadable.extend(bad.into_iter().filter_map(Result::err));
-        let (attachments, bad): (Vec<_>, Vec<_>) = records
-            .attachments(driver)?
-            .into_iter()
-            .partition(Result::is_ok);
-        unreadable.extend(bad.into_iter().filter_map(Result::err));
-        let provisioned = provisioned.into_iter().flatten().collect();
-        let attachments = attachments.into_iter().flatten().collect();
-        Ok(Inventory {
-            volumes: merge(driver, provisioned, attachments),
-            unreadable,
-        })
+    /// One page of the volumes of `driver` that the records know (see [`VolumePage`]), at
+    /// most `limit` records read. Takes no lock: a listing is a snapshot that an operation
+    /// running meanwhile may make stale, as CSI allows. A page may hold fewer volumes than
+    /// records read (records with nothing to list), none even, and still have a next.
+    pub fn volume_page(
+        &self,
+        driver: &DriverName,
+        from: Option<&str>,
+        limit: usize,
+    ) -> Result<VolumePage, LifecycleError> {
+        let page = self.controller_records.page(driver, from, limit)?;
+        let mut listed = VolumePage {
+            next: page.next,
+            ..Default::default()
+        };
+        for record in page.records {
+            match record {
+                Ok(stored) => listed.volumes.extend(KnownVolume::of(driver, stored)),
+                Err(e) => listed.unreadable.push(e),
+            }
+        }
+        Ok(listed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller_records::{ControllerRecord, Version};
     use crate::state::Progress;
     use std::path::PathBuf;
 
@@ -132,10 +128,10 @@ mod tests {
         }
     }
 
-    fn record(volume: &str, node: &str, role: Role, driver: &str) -> VolumeRecord {
+    fn record(volume: &str, node: &str, role: Role) -> VolumeRecord {
         VolumeRecord {
             target: PathBuf::from(format!("/s/attachments/{volume}/{node}")),
-            driver: DriverName::parse(driver).unwrap(),
+            driver: driver(),
             volume_name: volume.into(),
             fs_type: String::new(),
             read_only: false,
@@ -152,30 +148,22 @@ mod tests {
         }
     }
 
+    fn stored(record: ControllerRecord) -> Stored {
+        Stored {
+            version: Version("1".into()),
+            record,
+        }
+    }
+
     #[test]
-    fn one_entry_per_id_sorted_with_its_attachments_by_node() {
-        let volumes = merge(
-            &driver(),
-            vec![
-                provisioned("pvc-b", true),
-                provisioned("pvc-a", true),
-                provisioned("pvc-half", false),
-            ],
-            vec![
-                record("pvc-b", "node-2", Role::Attach, "acme/x"),
-                record("pvc-b", "node-1", Role::Attach, "acme/x"),
-                record("static", "node-1", Role::Attach, "acme/x"),
-                record("static", "node-1", Role::Stage, "acme/x"),
-                record("other", "node-1", Role::Attach, "acme/y"),
-            ],
-        );
-        let ids: Vec<&str> = volumes.iter().map(|v| v.id.as_str()).collect();
-        assert_eq!(
-            ids,
-            ["pvc-a", "pvc-b", "static"],
-            "no half-made, other driver or role"
-        );
-        let b = &volumes[1];
+    fn a_record_lists_its_finished_provision_and_its_attachments_by_node() {
+        let mut b = ControllerRecord::new(&driver(), "pvc-b");
+        b.provisioned = Some(provisioned("pvc-b", true));
+        for node in ["node-2", "node-1"] {
+            b.attachments
+                .insert(node.into(), record("pvc-b", node, Role::Attach));
+        }
+        let b = KnownVolume::of(&driver(), stored(b)).unwrap();
         let nodes: Vec<&str> = b.attachments.iter().map(|r| r.node.as_str()).collect();
         assert_eq!(nodes, ["node-1", "node-2"]);
         assert_eq!(b.capacity_bytes(), 1 << 20);
@@ -184,42 +172,34 @@ mod tests {
             "provision",
             "the provisioned options win"
         );
-        let s = &volumes[2];
+
+        let mut s = ControllerRecord::new(&driver(), "static");
+        s.attachments
+            .insert("node-1".into(), record("static", "node-1", Role::Attach));
+        let s = KnownVolume::of(&driver(), stored(s)).unwrap();
         assert_eq!(s.capacity_bytes(), 0);
         assert_eq!(s.options()["from"], "attach-node-1");
-        assert_eq!(
-            s.attachments.len(),
-            1,
-            "the stage record is not an attachment"
-        );
-        assert!(volumes[0].attachments.is_empty());
-    }
 
-    #[test]
-    fn provisioned_records_are_read_and_strays_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let lc = Lifecycle::new(
-            Default::default(),
-            crate::state::StateDir::new(dir.path()),
-            "n".into(),
+        let mut half = ControllerRecord::new(&driver(), "pvc-half");
+        half.provisioned = Some(provisioned("pvc-half", false));
+        assert_eq!(KnownVolume::of(&driver(), stored(half)), None, "half-made");
+        let mut other = ControllerRecord::new(&DriverName::parse("acme/y").unwrap(), "o");
+        other
+            .attachments
+            .insert("node-1".into(), record("o", "node-1", Role::Attach));
+        assert_eq!(
+            KnownVolume::of(&driver(), stored(other)),
+            None,
+            "another driver"
         );
-        assert!(lc.known_volumes(&driver()).unwrap().volumes.is_empty());
-        let write = |name: &str, volume: &ProvisionedVolume| {
-            let path = lc.provisioned_path(&driver(), name).unwrap();
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, serde_json::to_vec(volume).unwrap()).unwrap();
-            path
-        };
-        write("pvc-1", &provisioned("pvc-1", true));
-        // A copy under another name is not that volume's record.
-        write("pvc-2", &provisioned("pvc-1", true));
-        let corrupt = write("pvc-3", &provisioned("pvc-3", true));
-        std::fs::write(&corrupt, b"{").unwrap();
-        let temp = corrupt.with_file_name(".pvc-4.json.1.tmp");
-        std::fs::write(temp, b"{").unwrap();
-        let inventory = lc.known_volumes(&driver()).unwrap();
-        let ids: Vec<&str> = inventory.volumes.iter().map(|v| v.id.as_str()).collect();
-        assert_eq!(ids, ["pvc-1"]);
-        assert_eq!(inventory.unreadable.len(), 2, "{:?}", inventory.unreadable);
+        let mut stage = ControllerRecord::new(&driver(), "staged");
+        stage
+            .attachments
+            .insert("node-1".into(), record("staged", "node-1", Role::Stage));
+        assert_eq!(
+            KnownVolume::of(&driver(), stored(stage)),
+            None,
+            "not an attach record"
+        );
     }
 }

@@ -38,7 +38,7 @@ mod unmounter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::controller_records::{ControllerRecords, StateDirRecords};
+use crate::controller_records::{ControllerRecords, FenceSettings, StateDirStore};
 
 use crate::plugin::Plugin;
 use crate::runner::{CallError, RunnerConfig};
@@ -49,7 +49,7 @@ use flexvolume_protocol::name::DriverName;
 use flexvolume_protocol::spec::{PodInfo, VolumeSpec};
 
 pub use expander::{ExpandOutcome, Expansion};
-pub use inventory::{Inventory, KnownVolume};
+pub use inventory::{KnownVolume, VolumePage};
 pub use provisioner::{ProvisionError, ProvisionOutcome, ProvisionRequest, ProvisionedVolume};
 pub use reconcile::ReconcileReport;
 pub use unmounter::DriverResolver;
@@ -146,9 +146,9 @@ pub struct Lifecycle {
     pub state: StateDir,
     /// This node's name, as attach/detach/isattached receive it.
     pub node: String,
-    /// Where the CSI controller's attachments and provisioned volumes are kept: the state dir
-    /// unless replicas share them ([`crate::controller_records`]).
-    pub controller_records: Arc<dyn ControllerRecords>,
+    /// Where the CSI controller's attachments and provisioned volumes are kept, with their
+    /// fences: the state dir unless replicas share them ([`crate::controller_records`]).
+    pub controller_records: Arc<ControllerRecords>,
 }
 
 /// A mount to perform.
@@ -242,7 +242,10 @@ impl Lifecycle {
     /// A lifecycle whose controller records are kept in its state dir.
     pub fn new(runner: RunnerConfig, state: StateDir, node: String) -> Self {
         Self {
-            controller_records: Arc::new(StateDirRecords::new(state.clone())),
+            controller_records: Arc::new(ControllerRecords::new(
+                Arc::new(StateDirStore::new(state.clone())),
+                FenceSettings::default(),
+            )),
             runner,
             state,
             node,

@@ -138,13 +138,15 @@ impl Lifecycle {
         Ok(self.controller_records.provisioned(driver, name)?)
     }
 
-    /// CSI CreateVolume: `provision`, recorded. A volume recorded as done under the same name
-    /// is returned as it is when the request matches it, and is a conflict when it does not.
+    /// CSI CreateVolume: `provision`, under the volume's fence, recorded. A volume recorded as
+    /// done under the same name is returned as it is when the request matches it, and is a
+    /// conflict when it does not.
     ///
     /// A provision that did not finish blocks nothing: when the driver answered `Failure` its
-    /// record goes at once; one cut short (a timeout, a crash) is completed by a matching
-    /// retry, and deleted (`delete` with its options) before a retry that asks for another
-    /// volume under the same name.
+    /// record goes at once; one cut short (a timeout, a crash, a fence lost) is completed by a
+    /// matching retry, and deleted (`delete` with its options) before a retry that asks for
+    /// another volume under the same name. Another replica's provision in flight holds the
+    /// fence: this one is refused until it ends, never run beside it.
     pub fn provision(
         &self,
         request: &ProvisionRequest<'_>,
@@ -155,22 +157,48 @@ impl Lifecycle {
         let driver = &request.plugin.driver.name;
         let path = self.provisioned_path(driver, request.name)?;
         let lock = self.state.lock(&path)?;
-        let lc = self.holding(&[&lock]);
-        if let Some(existing) = self.provisioned(driver, request.name)? {
+        let records = &self.controller_records;
+        // Made already, and no call in flight: answered from the record alone.
+        if let Some(existing) = records
+            .read(driver, request.name)
+            .map_err(LifecycleError::from)?
+            .filter(|s| s.record.fence.is_none())
+            .and_then(|s| s.record.provisioned)
+            .filter(|v| v.done)
+        {
+            return match existing.matches(request) {
+                Ok(()) => Ok(ProvisionOutcome {
+                    volume: existing,
+                    provisioned_now: false,
+                }),
+                Err(requested_other) => Err(ProvisionError::Conflict {
+                    name: request.name.to_owned(),
+                    existing: requested_other,
+                    requested: describe(request),
+                }),
+            };
+        }
+        let fence = records
+            .fence(driver, request.name, "provision")
+            .map_err(LifecycleError::from)?;
+        let lc = self.fenced(&[&lock], &fence);
+        if let Some(existing) = fence.record().provisioned {
             match existing.matches(request) {
                 Ok(()) if existing.done => {
+                    fence.release().map_err(LifecycleError::from)?;
                     return Ok(ProvisionOutcome {
                         volume: existing,
                         provisioned_now: false,
-                    })
+                    });
                 }
                 Ok(()) => {}
                 Err(requested_other) if existing.done => {
+                    fence.release().map_err(LifecycleError::from)?;
                     return Err(ProvisionError::Conflict {
                         name: request.name.to_owned(),
                         existing: requested_other,
                         requested: describe(request),
-                    })
+                    });
                 }
                 // Half-made under other settings: whatever it left goes before the new one.
                 Err(_) => delete_call(&lc, request.plugin, &existing, request.secrets)?,
@@ -185,9 +213,8 @@ impl Lifecycle {
             options: request.parameters.clone(),
             done: false,
         };
-        let records = &self.controller_records;
-        records
-            .save_provisioned(driver, &volume)
+        fence
+            .update(|r| r.provisioned = Some(volume.clone()))
             .map_err(LifecycleError::from)?;
         let mut spec = volume.spec(driver);
         spec.secrets = request.secrets.clone();
@@ -202,8 +229,8 @@ impl Lifecycle {
                 // The driver answered: nothing was made, and nothing may block a corrected
                 // retry. Anything else (a timeout) may have left a half-made volume.
                 if matches!(e, CallError::Failure { .. }) {
-                    records
-                        .remove_provisioned(driver, request.name)
+                    fence
+                        .release_with(|r| r.provisioned = None)
                         .map_err(LifecycleError::from)?;
                 }
                 return Err(LifecycleError::from(e).into());
@@ -218,8 +245,8 @@ impl Lifecycle {
             volume.capacity_bytes = bytes;
         }
         volume.done = true;
-        records
-            .save_provisioned(driver, &volume)
+        fence
+            .release_with(|r| r.provisioned = Some(volume.clone()))
             .map_err(LifecycleError::from)?;
         Ok(ProvisionOutcome {
             volume,
@@ -227,10 +254,10 @@ impl Lifecycle {
         })
     }
 
-    /// CSI DeleteVolume: `delete` of a volume flexd provisioned, then its record goes. A
-    /// volume flexd has no record of is gone already (success, `false`); one still attached,
-    /// staged or published on this flexd is refused. A driver that answers `NotFound` has
-    /// nothing left to delete.
+    /// CSI DeleteVolume: `delete` of a volume flexd provisioned, under its fence, then its
+    /// record goes. A volume flexd has no record of is gone already (success, `false`); one
+    /// still attached (its record says where), staged or published on this flexd is refused.
+    /// A driver that answers `NotFound` has nothing left to delete.
     pub fn delete_provisioned(
         &self,
         plugin: &Plugin,
@@ -238,21 +265,28 @@ impl Lifecycle {
         secrets: &BTreeMap<String, Vec<u8>>,
     ) -> Result<bool, ProvisionError> {
         let driver = &plugin.driver.name;
+        let records = &self.controller_records;
+        match records.read(driver, name).map_err(LifecycleError::from)? {
+            Some(s) if s.record.provisioned.is_some() || s.record.fence.is_some() => {}
+            _ => return Ok(false),
+        }
         let path = self.provisioned_path(driver, name)?;
         let lock = self.state.lock(&path)?;
-        let lc = self.holding(&[&lock]);
-        let Some(volume) = self.provisioned(driver, name)? else {
+        let fence = records
+            .fence(driver, name, "delete")
+            .map_err(LifecycleError::from)?;
+        let lc = self.fenced(&[&lock], &fence);
+        let record = fence.record();
+        let Some(volume) = record.provisioned.clone() else {
+            fence.release().map_err(LifecycleError::from)?;
             return Ok(false);
         };
-        // Attached anywhere (the controller records), or staged or published by this flexd.
-        let attached = self
-            .controller_records
-            .attachments(driver)
-            .map_err(LifecycleError::from)?;
+        // Attached anywhere (the volume's record), or staged or published by this flexd.
         let local = self.state.list()?;
-        let users: Vec<String> = attached
-            .into_iter()
-            .flatten()
+        let users: Vec<String> = record
+            .attachments
+            .values()
+            .cloned()
             .chain(local.into_iter().flatten())
             .filter(|r| r.driver == *driver && r.volume_name == name)
             .map(|r| match r.role {
@@ -263,14 +297,15 @@ impl Lifecycle {
             .into_iter()
             .collect();
         if !users.is_empty() {
+            fence.release().map_err(LifecycleError::from)?;
             return Err(ProvisionError::InUse {
                 name: name.to_owned(),
                 what: users.join(", "),
             });
         }
         delete_call(&lc, plugin, &volume, secrets)?;
-        self.controller_records
-            .remove_provisioned(driver, name)
+        fence
+            .release_with(|r| r.provisioned = None)
             .map_err(LifecycleError::from)?;
         Ok(true)
     }

@@ -85,41 +85,74 @@ impl Lifecycle {
         self.teardown(path, resolve, Expect::volume(role, volume))
     }
 
-    /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached. An
-    /// attachment flexd has no record of is not detached again (success).
+    /// CSI ControllerUnpublish: detach what [`Lifecycle::controller_publish`] attached to
+    /// `node` (`None`: to every node, as CSI says of an empty node id), under the volume's
+    /// fence; each attachment's record goes once its detach succeeded. An attachment flexd has
+    /// no record of is not detached again (success). Returns how many were detached.
     pub fn controller_unpublish(
         &self,
         driver: &DriverName,
         volume_id: &str,
-        node: &str,
+        node: Option<&str>,
         resolve: &dyn DriverResolver,
-    ) -> Result<UnmountOutcome, LifecycleError> {
-        let key = self.attachment_key(driver, volume_id, node)?;
-        let key_lock = self.state.lock(&key)?;
-        let lc = &self.holding(&[&key_lock]);
+    ) -> Result<usize, LifecycleError> {
         let records = &self.controller_records;
-        let mut outcome = UnmountOutcome {
-            target: key.clone(),
-            managed: false,
-            unmounted_device: false,
-            detached: false,
+        let attached = |record: &crate::controller_records::ControllerRecord| -> Vec<String> {
+            match node {
+                Some(node) if record.attachments.contains_key(node) => vec![node.to_owned()],
+                Some(_) => Vec::new(),
+                None => record.attachments.keys().cloned().collect(),
+            }
         };
-        let Some(record) = records.attachment(driver, volume_id, node)? else {
-            // Not ours: nothing to undo.
-            return Ok(outcome);
-        };
-        if record.role != Role::Attach {
-            return Err(LifecycleError::WrongRole {
-                target: key,
-                expected: Role::Attach,
-                found: record.role,
-            });
+        // Nothing recorded and no call in flight: nothing of ours to undo, as of this read.
+        match records.read(driver, volume_id)? {
+            None => return Ok(0),
+            Some(stored)
+                if stored.record.fence.is_none() && attached(&stored.record).is_empty() =>
+            {
+                return Ok(0)
+            }
+            Some(_) => {}
         }
-        let plugin = plugin_of(resolve, &record)?;
-        outcome.managed = true;
-        outcome.detached = attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
-        records.remove_attachment(driver, volume_id, node)?;
-        Ok(outcome)
+        let operation = match node {
+            Some(node) => format!("detach from {node}"),
+            None => "detach from every node".to_owned(),
+        };
+        let fence = records.fence(driver, volume_id, &operation)?;
+        let mut detached = 0;
+        for node in attached(&fence.record()) {
+            let key = self.attachment_key(driver, volume_id, &node)?;
+            let key_lock = self.state.lock(&key)?;
+            let lc = &self.fenced(&[&key_lock], &fence);
+            let Some(record) = fence.record().attachments.get(&node).cloned() else {
+                continue;
+            };
+            if record.role != Role::Attach {
+                return Err(LifecycleError::WrongRole {
+                    target: key,
+                    expected: Role::Attach,
+                    found: record.role,
+                });
+            }
+            let plugin = plugin_of(resolve, &record)?;
+            attacher::detach(lc, &plugin, &record.detach_name, &record.node)?;
+            detached += 1;
+            // The last detach's record goes with the fence, in one write.
+            if fence.record().attachments.len() > 1 {
+                fence.update(|r| {
+                    r.attachments.remove(&node);
+                })?;
+            } else {
+                return fence
+                    .release_with(|r| {
+                        r.attachments.remove(&node);
+                    })
+                    .map(|()| detached)
+                    .map_err(Into::into);
+            }
+        }
+        fence.release()?;
+        Ok(detached)
     }
 
     /// Tears down what the record of `target` says was done.
