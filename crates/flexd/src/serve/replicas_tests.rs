@@ -414,3 +414,20 @@ async fn a_provision_in_flight_is_never_run_twice() {
         calls_of(dir.path(), "provision")
     );
 }
+
+/// Issue #48's sixth finding, last part: ControllerUnpublish took any node id. One it could not
+/// have published to is refused before anything is read or run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpublish_to_a_node_id_no_publish_could_have_is_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = plugin(dir.path());
+    let a = replica(dir.path(), "a", &plugin, &MemoryStore::default());
+    for bad in ["node\n1", &"n".repeat(1024)] {
+        let refused = a
+            .controller_unpublish_volume(Request::new(unpublish("pv-1", bad)))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    }
+    assert!(calls_of(dir.path(), "detach").is_empty());
+}
