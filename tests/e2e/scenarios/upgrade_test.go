@@ -59,7 +59,8 @@ func scenarioUpgrade(ctx context.Context) {
 	volume := claim.Spec.VolumeName
 	image := c.Path("loop-images", volume+".img")
 	gomega.Expect(image).To(gomega.BeAnExistingFile(), "the old controller's volume")
-	gomega.Expect(filepath.Join(old, "provisioned", "flexd~loop", volume+".json")).To(gomega.BeAnExistingFile(), "its record on the claim")
+	// The volume's record in the state dir (docs/csi.md#controller-records).
+	gomega.Expect(filepath.Join(old, "controller", "flexd~loop", volume+".json")).To(gomega.BeAnExistingFile(), "its record on the claim")
 	gomega.Expect(c.provisionedRecords(ctx, volume)).To(gomega.Equal(0), "records of %s in the API server before the import", volume)
 
 	ginkgo.By("the upgrade: the old controller stopped, the import Job run, the new manifests applied")

@@ -327,7 +327,10 @@ impl RecordStore for KubernetesStore {
             }
         })?;
         let list = listed.map_err(|e| RecordsError::Expired {
-            message: e.to_string(),
+            message: match e {
+                kube::Error::Api(status) => status.message,
+                other => other.to_string(),
+            },
         })?;
         Ok(Page {
             records: list.items.iter().map(stored).collect(),

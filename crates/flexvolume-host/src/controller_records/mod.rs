@@ -60,8 +60,9 @@ pub enum RecordsError {
         operation: String,
         why: String,
     },
-    /// A listing's page token the store no longer accepts (the API server forgot it).
-    #[error("the listing's token has expired: start the listing again ({message})")]
+    /// A listing's page token the store does not accept: one it forgot (the API server keeps
+    /// them a few minutes) or never made.
+    #[error("the listing's token is no longer valid (expired, or not one the store made): start the listing again ({message})")]
     Expired { message: String },
     /// The store could not be reached or refused the call (the API server is down, the
     /// controller's token lacks a permission).
