@@ -53,6 +53,10 @@ pub struct ManifestsArgs {
     /// the network; by default only on the node's loopback (kubelet's probes reach it there).
     #[arg(long)]
     pub expose_metrics: bool,
+    /// The controller replicas' fence lease (`flexd serve --fence-lease`): how long a volume
+    /// waits for the other replica when one dies mid-call. Default: serve's own, 20s.
+    #[arg(long, value_name = "T", value_parser = fence_lease)]
+    pub fence_lease: Option<std::time::Duration>,
     /// A host directory the drivers use (an image dir, a config dir), repeatable: mounted at the
     /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
     #[arg(long = "host-dir", value_name = "PATH", value_parser = checks::node_path)]
@@ -139,6 +143,17 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A fence lease the controller will accept with its default kill grace (checked again by
+/// serve, with the grace it runs with).
+fn fence_lease(text: &str) -> Result<std::time::Duration, String> {
+    let lease = crate::settings::parse_duration(text)?;
+    flexvolume_host::controller_records::FenceSettings::new(
+        lease,
+        flexvolume_host::runner::DEFAULT_KILL_GRACE,
+    )?;
+    Ok(lease)
+}
+
 fn settings(global: &Global, args: &ManifestsArgs, host_dirs: Vec<PathBuf>) -> Settings {
     Settings {
         namespace: args.namespace.clone(),
@@ -151,6 +166,7 @@ fn settings(global: &Global, args: &ManifestsArgs, host_dirs: Vec<PathBuf>) -> S
         provisioner_image: args.provisioner_image.clone(),
         resizer_image: args.resizer_image.clone(),
         expose_metrics: args.expose_metrics,
+        fence_lease: args.fence_lease,
     }
 }
 

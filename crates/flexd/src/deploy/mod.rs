@@ -180,6 +180,8 @@ pub struct Settings {
     /// The node's metrics on every address of the node, for scraping from the network; by
     /// default only on its loopback.
     pub expose_metrics: bool,
+    /// The controller's `--fence-lease`; `None` leaves serve's default.
+    pub fence_lease: Option<std::time::Duration>,
 }
 
 /// The sidecar images `flexd manifests` uses unless told otherwise: the versions the e2e cluster

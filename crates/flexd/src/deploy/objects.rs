@@ -438,7 +438,7 @@ pub(super) fn node_daemonset(settings: &Settings) -> DaemonSet {
 /// The controller Deployment's `flexd` arguments. It is not on the host network: its metrics
 /// port is on the pod's own address, where kubelet's probes reach it.
 pub(crate) fn controller_args(settings: &Settings) -> Vec<String> {
-    vec![
+    let mut args = vec![
         format!("--plugin-dir={}", path(&settings.plugin_dir)),
         format!("--state-dir={CONTROLLER_STATE_DIR}"),
         "--log-format=json".to_owned(),
@@ -449,7 +449,11 @@ pub(crate) fn controller_args(settings: &Settings) -> Vec<String> {
         format!("--csi-dir={CONTROLLER_CSI_DIR}"),
         format!("--socket-group={SIDECAR_USER}"),
         format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
-    ]
+    ];
+    if let Some(lease) = settings.fence_lease {
+        args.push(format!("--fence-lease={}ms", lease.as_millis()));
+    }
+    args
 }
 
 /// The `flexd-capabilities` container's arguments: the resizers' socket (see the module doc).

@@ -14,6 +14,7 @@ fn settings() -> Settings {
         provisioner_image: DEFAULT_PROVISIONER_IMAGE.to_owned(),
         resizer_image: DEFAULT_RESIZER_IMAGE.to_owned(),
         expose_metrics: false,
+        fence_lease: None,
     }
 }
 
