@@ -28,7 +28,9 @@ var _ = ginkgo.BeforeSuite(func() {
 // last: its driver is installed and removed between two of kube-controller-manager's probes,
 // and that controller's FlexVolume prober then retries the removed driver on every probe for
 // good (its log fills with the errors); the oracle and migrate_apply, which go through
-// kube-controller-manager, run before that. nodes (a volume moved between nodes) skips itself on
+// kube-controller-manager, run before that. fence, which installs and removes a driver as well,
+// runs just before controller, after every scenario that goes through kube-controller-manager
+// (nodeloss, reconciler too). nodes (a volume moved between nodes) and fence skip themselves on
 // a single node. A failed scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
@@ -51,6 +53,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
 	ginkgo.It("failover", ginkgo.Label("failover"), scenarioFailover)
+	ginkgo.It("fence", ginkgo.Label("fence"), scenarioFence)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
 	// A benchmark (bench/attach-scale.sh), not in run.sh's list.
 	ginkgo.It("attach_scale", ginkgo.Label("attach_scale"), scenarioAttachScale)
