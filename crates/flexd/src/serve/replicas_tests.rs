@@ -240,6 +240,17 @@ async fn what_one_replica_did_the_other_sees_and_undoes() {
     assert!(published_nodes(&a).await.is_empty());
 }
 
+/// Replicas "a" (shared, to run a call in a task) and "b" of [`DRIVER`] in `dir`, over one
+/// store.
+fn two_replicas(dir: &Path) -> (Arc<ControllerService>, ControllerService) {
+    let plugin = plugin(dir);
+    let records = MemoryStore::default();
+    (
+        Arc::new(replica(dir, "a", &plugin, &records)),
+        replica(dir, "b", &plugin, &records),
+    )
+}
+
 fn publish(volume: &str, node: &str) -> csi::ControllerPublishVolumeRequest {
     csi::ControllerPublishVolumeRequest {
         volume_id: volume.into(),
@@ -297,10 +308,7 @@ fn claim(dir: &Path, volume: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detach_waits_for_the_other_replicas_attach_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin(dir.path());
-    let records = MemoryStore::default();
-    let a = Arc::new(replica(dir.path(), "a", &plugin, &records));
-    let b = replica(dir.path(), "b", &plugin, &records);
+    let (a, b) = two_replicas(dir.path());
     slow(dir.path(), "attach", 2);
     let attaching = {
         let a = a.clone();
@@ -340,10 +348,7 @@ async fn a_detach_waits_for_the_other_replicas_attach_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attach_waits_for_the_other_replicas_detach_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin(dir.path());
-    let records = MemoryStore::default();
-    let a = Arc::new(replica(dir.path(), "a", &plugin, &records));
-    let b = replica(dir.path(), "b", &plugin, &records);
+    let (a, b) = two_replicas(dir.path());
     a.controller_publish_volume(Request::new(publish("pv-1", "node-1")))
         .await
         .unwrap();
@@ -378,10 +383,7 @@ async fn an_attach_waits_for_the_other_replicas_detach_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provision_in_flight_is_never_run_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin(dir.path());
-    let records = MemoryStore::default();
-    let a = Arc::new(replica(dir.path(), "a", &plugin, &records));
-    let b = replica(dir.path(), "b", &plugin, &records);
+    let (a, b) = two_replicas(dir.path());
     let create = || csi::CreateVolumeRequest {
         name: "pvc-1".into(),
         volume_capabilities: vec![capability()],
