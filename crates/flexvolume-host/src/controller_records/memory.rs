@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{check_name, ControllerRecord, Page, RecordStore, RecordsError, Stored, Version};
+use super::{
+    check_name, is_expected, ControllerRecord, Page, RecordStore, RecordsError, Stored, Version,
+};
 use flexvolume_protocol::name::DriverName;
 
 #[derive(Debug, Default)]
@@ -56,8 +58,7 @@ impl RecordStore for MemoryStore {
         check_name(&record.volume)?;
         self.with(|r| {
             let key = (record.driver.clone(), record.volume.clone());
-            let stored = r.records.get(&key).map(|(_, v)| Version(v.to_string()));
-            if stored.as_ref() != expected {
+            if !is_expected(r.records.get(&key).map(|(_, v)| *v), expected) {
                 return Err(conflict(&record.driver, &record.volume));
             }
             r.last_version += 1;
@@ -75,13 +76,11 @@ impl RecordStore for MemoryStore {
     ) -> Result<(), RecordsError> {
         self.with(|r| {
             let key = (driver.to_string(), volume.to_owned());
-            match r.records.get(&key) {
-                Some((_, v)) if v.to_string() == expected.0 => {
-                    r.records.remove(&key);
-                    Ok(())
-                }
-                _ => Err(conflict(driver.as_str(), volume)),
+            if !is_expected(r.records.get(&key).map(|(_, v)| *v), Some(expected)) {
+                return Err(conflict(driver.as_str(), volume));
             }
+            r.records.remove(&key);
+            Ok(())
         })
     }
 

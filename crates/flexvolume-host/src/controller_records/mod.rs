@@ -210,6 +210,12 @@ fn key(driver: &DriverName, volume: &str) -> (String, String) {
     (driver.to_string(), volume.to_owned())
 }
 
+/// Whether a record stored at the numbered version `stored` (`None`: no record) is the one a
+/// write or delete decided on `expected` may change: the stores that number their versions.
+pub(crate) fn is_expected(stored: Option<u64>, expected: Option<&Version>) -> bool {
+    stored.map(|v| v.to_string()).as_deref() == expected.map(|e| e.0.as_str())
+}
+
 /// A volume or node name a record can be kept under: not empty.
 pub fn check_name(name: &str) -> Result<(), RecordsError> {
     if name.is_empty() {
@@ -242,14 +248,6 @@ impl ControllerRecords {
 
     pub fn holder(&self) -> &str {
         &self.holder
-    }
-
-    pub fn settings(&self) -> &FenceSettings {
-        &self.settings
-    }
-
-    pub fn store(&self) -> &Arc<dyn RecordStore> {
-        &self.store
     }
 
     /// The record of `driver`'s volume `volume` as stored now, checked to be that volume's:

@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_name, ControllerRecord, Page, RecordStore, RecordsError, Stored, Version};
+use super::{
+    check_name, is_expected, ControllerRecord, Page, RecordStore, RecordsError, Stored, Version,
+};
 use crate::lifecycle::{path_component, ProvisionedVolume};
 use crate::state::{Role, StateDir, StateError};
 use flexvolume_protocol::name::DriverName;
@@ -243,7 +245,7 @@ impl RecordStore for StateDirStore {
         let path = self.path(&driver, &record.volume)?;
         let _lock = self.state.lock(&path)?;
         let stored = Self::load(&path)?.map(|f| f.version);
-        if stored.map(|v| Version(v.to_string())).as_ref() != expected {
+        if !is_expected(stored, expected) {
             return Err(conflict(&driver, &record.volume));
         }
         let version = stored.unwrap_or(0) + 1;
@@ -267,9 +269,8 @@ impl RecordStore for StateDirStore {
     ) -> Result<(), RecordsError> {
         let path = self.path(driver, volume)?;
         let _lock = self.state.lock(&path)?;
-        match Self::load(&path)? {
-            Some(file) if file.version.to_string() == expected.0 => {}
-            _ => return Err(conflict(driver, volume)),
+        if !is_expected(Self::load(&path)?.map(|f| f.version), Some(expected)) {
+            return Err(conflict(driver, volume));
         }
         fs::remove_file(&path).map_err(io_err(&path))?;
         let dir = path.parent().unwrap_or(Path::new("/"));
