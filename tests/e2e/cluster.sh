@@ -566,14 +566,23 @@ node_ready() {
 
 # The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
 # the disk as it was, no process, no mount of the pods, no cgroup).
+# init_ready UNSHARE_PID PIDFILE: unshare's child is pause (so it has mounted /proc and entered
+# its network namespace) and its pid is in PIDFILE. Found any earlier, nsenter would join
+# namespaces half made: the host's network among them.
+init_ready() {
+  local child
+  child=$(pgrep -P "$1") || return 1
+  [ "$(readlink "/proc/$child/exe")" = "$(readlink -f "$D/bin/pause")" ] || return 1
+  echo "$child" >"$2"
+}
+
 start_init() {
   log "up: pid and mount namespaces, init = pause"
   setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \
     nsenter --net=/run/netns/$NETNS "$D/bin/pause" \
     >"$D/logs/init.log" 2>&1 </dev/null &
   echo $! >"$D/run/unshare.pid"
-  wait_for 10 "the cluster's init" pgrep -P "$(cat "$D/run/unshare.pid")"
-  pgrep -P "$(cat "$D/run/unshare.pid")" >"$D/run/init.pid"
+  wait_for 10 "the cluster's init" init_ready "$(cat "$D/run/unshare.pid")" "$D/run/init.pid"
 
   # containerd 1.6 keeps its shims' sockets, fifos and runc state in /run/containerd whatever
   # its state dir: a tmpfs there, in the cluster's mount namespace only (/ is not shared).
@@ -702,8 +711,7 @@ start_worker_init() {
     nsenter --net=/run/netns/$(node_netns $i) "$D/bin/pause" \
     >"$(node_log $i init)" 2>&1 </dev/null &
   echo $! >"$dir/run/unshare.pid"
-  wait_for 10 "node $name's init" pgrep -P "$(cat "$dir/run/unshare.pid")"
-  pgrep -P "$(cat "$dir/run/unshare.pid")" >"$dir/run/init.pid"
+  wait_for 10 "node $name's init" init_ready "$(cat "$dir/run/unshare.pid")" "$dir/run/init.pid"
   touch "$dir/var-log/.$E2E_NAME-$name"
   innode $i sh -euc '
     D=$1 dir=$2 name=$3 tmpfs=$4

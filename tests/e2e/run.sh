@@ -131,7 +131,14 @@ case "${1:-all}" in
     passed=0 failed=0
     trap finish EXIT
     set +e
-    (set -euo pipefail; up) >&2
+    # A command that stops `up` is named: its own message may be lost in a daemon's log. (The
+    # ERR trap also fires in command substitutions, whose failures do not stop `up`: it only
+    # remembers, and the EXIT trap tells.)
+    (set -Eeuo pipefail
+      stopped_at=unknown
+      trap 'stopped_at="${BASH_SOURCE[0]##*/}:$LINENO: $BASH_COMMAND"' ERR
+      trap 'status=$?; [ $status = 0 ] || log "ERROR: up stopped (exit $status) at $stopped_at"' EXIT
+      up) >&2
     status=$?
     set -e
     if [ $status = 0 ]; then
