@@ -1,8 +1,8 @@
 //! The official CSI conformance suite, csi-sanity (kubernetes-csi/csi-test, pinned in
 //! `tests/e2e/go.mod`), against a real `flexd serve --mode both` for every shape a driver can
 //! have: {attaches, does not} × {provisions, does not} × {expands, does not} (one shell driver,
-//! `tests/drivers/shape`, with its capabilities written in), the example drivers and the
-//! builtin loop driver. Each must have zero failures.
+//! `tests/drivers/shape`, with its capabilities written in), the example drivers (rust-tiny
+//! included) and the builtin loop driver. Each must have zero failures.
 //!
 //! What the suite runs is decided by what flexd itself says the driver offers, and the test
 //! first checks that this is what the driver's capabilities call for:
@@ -341,6 +341,17 @@ fn csi_sanity_passes_against_the_tmpfs_example() {
 #[test]
 fn csi_sanity_passes_against_the_attachable_example() {
     example("attachable", true, false);
+}
+
+/// `examples/drivers/rust-tiny`, compiled here as `flexd check`'s test compiles it: `init` says
+/// only `{"attach": false}`, so it neither attaches nor provisions.
+#[test]
+fn csi_sanity_passes_against_the_rust_tiny_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let compiled = test_support::compile_tiny_driver(dir.path(), false);
+    let path = dir.path().join("rust-tiny");
+    std::fs::rename(compiled, &path).unwrap();
+    driver_file("rust-tiny", &path, false, false);
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod migrate;
 mod mount_namespace;
 mod ownership;
 mod provision;
+mod rust_version;
 mod serve;
 mod soak;
 mod volume;
