@@ -28,7 +28,8 @@ pub struct ManifestsArgs {
     /// The flexd image (built from deploy/Dockerfile, target flexd).
     #[arg(long, value_parser = checks::image, default_value = concat!("registry.example/flexd:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
-    /// The namespace of flexd's pods, accounts and claim (a DNS-1123 label).
+    /// The namespace of flexd's pods, accounts and controller records (FlexdRecord objects; a
+    /// DNS-1123 label).
     #[arg(long, value_parser = checks::dns_label, default_value = "flexd-system")]
     pub namespace: String,
     /// kubelet's root dir (--root-dir): CSI and registration sockets go under it.
