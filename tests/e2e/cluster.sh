@@ -59,6 +59,13 @@ FLEXD_IMAGE=localhost/flexd:e2e
 PAUSE_IMAGE=localhost/pause:e2e
 TOOLS_IMAGE=localhost/e2e-tools:e2e
 INSTALLER_IMAGE=localhost/flexd-installer:e2e
+# Where the flexd and installer images come from: "dockerfile" (the default, and CI's) builds
+# them from deploy/Dockerfile with buildah (tests/e2e/images.sh), as an operator does; "binary"
+# packs $FLEXD (or a release build) with this host's tools, for a quicker loop while working on
+# flexd itself. Either way the previous build (FLEXD_PREVIOUS_IMAGE, $FLEXD packed so) is there
+# for the upgrade scenario to roll from.
+E2E_IMAGES=${E2E_IMAGES:-dockerfile}
+FLEXD_PREVIOUS_IMAGE=localhost/flexd:e2e-previous
 NAMESPACE=flexd-system
 TOKEN=flexd-e2e-admin-token-0123456789abcdef
 # The storage scenario's driver with a controller side: flexd's builtin loop driver.
@@ -156,6 +163,15 @@ preflight() {
     [ -x /usr/lib/cni/$plugin ] || missing+=("/usr/lib/cni/$plugin")
   done
   ((${#missing[@]} == 0)) || skip "missing ${missing[*]} (apt-get install -y containerd runc containernetworking-plugins umoci busybox-static jq curl nftables)"
+  case $E2E_IMAGES in
+    dockerfile)
+      for tool in buildah skopeo mmdebstrap rustc; do
+        command -v $tool >/dev/null || missing+=("$tool")
+      done
+      ((${#missing[@]} == 0)) || skip "missing ${missing[*]} for the images from deploy/Dockerfile (apt-get install -y buildah skopeo mmdebstrap; or E2E_IMAGES=binary)" ;;
+    binary) ;;
+    *) echo "E2E_IMAGES=$E2E_IMAGES: dockerfile or binary" >&2; exit 2 ;;
+  esac
   [ -d /sys/fs/cgroup ] || skip "no /sys/fs/cgroup"
 }
 
@@ -332,6 +348,10 @@ build() {
     (cd "$repo" && cargo build --release -p flexd >&2)
     cp "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)/release/flexd" "$D/bin/flexd"
   fi
+  if [ "$E2E_IMAGES" = dockerfile ]; then
+    log "build: $FLEXD_IMAGE and $INSTALLER_IMAGE from deploy/Dockerfile (tests/e2e/images.sh; cached per machine)"
+    "$here/images.sh" >/dev/null
+  fi
   local tool
   for tool in "${SIDECARS[@]}" storage-e2e ginkgo agnhost; do
     log "build: $tool (tests/e2e/tools.sh $tool; cached per machine)"
@@ -383,8 +403,23 @@ image() {
   for arg in "${IMAGE_CMD[@]}"; do entrypoint+=(--config.cmd "$arg"); done
   umoci config --image "$work/oci:$tag" "${entrypoint[@]}"
   umoci gc --layout "$work/oci"
+  import_image "$ref" "$work"
+}
+
+# image_built NAME:TAG: an image from buildah's storage (tests/e2e/images.sh), imported into
+# containerd as it is.
+image_built() {
+  local ref=$1 tag=${1##*:} work="$D/images/${1//[\/:]/_}"
+  mkdir -p "$work"
+  skopeo copy --quiet "containers-storage:$ref" "oci:$work/oci:$tag"
+  import_image "$ref" "$work"
+}
+
+# import_image NAME:TAG WORK: the OCI layout WORK/oci into every node's containerd (nothing is
+# pulled, each node has what it runs); WORK removed.
+import_image() {
+  local ref=$1 work=$2 name=${1%:*}
   tar -C "$work/oci" -cf "$work/image.tar" .
-  # Into every node's containerd: nothing is pulled, each node has what it runs.
   local i
   for i in $(node_indexes); do
     ctr_on $i images import --base-name "$name" "$work/image.tar" >/dev/null
@@ -852,7 +887,12 @@ up() {
 
   log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]}, the storage suite's, $INSTALLER_IMAGE"
   image "$PAUSE_IMAGE" populate_pause /pause
-  image "$FLEXD_IMAGE" populate_flexd /usr/local/bin/flexd
+  if [ "$E2E_IMAGES" = dockerfile ]; then
+    image_built "$FLEXD_IMAGE"
+  else
+    image "$FLEXD_IMAGE" populate_flexd /usr/local/bin/flexd
+  fi
+  image "$FLEXD_PREVIOUS_IMAGE" populate_flexd /usr/local/bin/flexd
   image "$TOOLS_IMAGE" populate_tools /bin/sh
   local sidecar
   for sidecar in "${SIDECARS[@]}"; do
@@ -871,10 +911,16 @@ up() {
   # deploy/Dockerfile's installer target with the hostdir driver as e2e/late (the installer
   # scenario's driver, installed by the installer DaemonSet).
   sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/late"
-  IMAGE_ENV=(FLEXD_DRIVER=e2e/late)
-  image "$INSTALLER_IMAGE" populate_installer /bin/sh -c \
-    'exec /usr/local/bin/flexd --plugin-dir /flexmnt install --driver "$FLEXD_DRIVER" /driver --then-sleep'
-  IMAGE_ENV=()
+  # The Dockerfile's installer holds the driver as it is in the repository, whose ROOT is the
+  # default scratch dir's: another scratch dir gets the packed one.
+  if [ "$E2E_IMAGES" = dockerfile ] && cmp -s "$D/run/late" "$here/drivers/hostdir"; then
+    image_built "$INSTALLER_IMAGE"
+  else
+    IMAGE_ENV=(FLEXD_DRIVER=e2e/late)
+    image "$INSTALLER_IMAGE" populate_installer /bin/sh -c \
+      'exec /usr/local/bin/flexd --plugin-dir /flexmnt install --driver "$FLEXD_DRIVER" /driver --then-sleep'
+    IMAGE_ENV=()
+  fi
 
   log "up: the driver $DRIVER in every node's plugin dir"
   sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/hostdir"

@@ -23,7 +23,7 @@ use crate::settings::{exit, Global};
 #[derive(Debug, Parser)]
 #[command(
     name = "flexd",
-    version,
+    version = env!("FLEXD_VERSION"),
     about = "Discover, run and serve FlexVolume drivers",
     after_help = exit::ALL
 )]
@@ -70,7 +70,8 @@ pub enum Command {
     Serve(crate::serve::ServeArgs),
     /// The CSI controller's records: import those an older controller kept in its state dir.
     Records(records::RecordsArgs),
-    /// Print the CSI equivalents of FlexVolume PersistentVolumes, Pods and workloads.
+    /// Migrate FlexVolume PVs and workloads to CSI: plan, apply, resume or roll back in the
+    /// cluster, or convert objects from a file (-f).
     #[command(after_help = migrate::EXIT)]
     Migrate(migrate::MigrateArgs),
     /// Print the Kubernetes objects that deploy flexd for the drivers (YAML, multi-document).
