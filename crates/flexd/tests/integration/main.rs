@@ -13,6 +13,7 @@ mod cli_reference;
 mod concurrency;
 mod csi_sanity;
 mod deploy;
+mod docs_commands;
 mod ephemeral;
 mod fuzz_seeds;
 mod grpc_authority;
