@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# flexd on a real single-node Kubernetes cluster, as root: cluster.sh brings the cluster up and
-# down, the scenarios are Go tests (scenarios/, one file per concern).
+# flexd on a real Kubernetes cluster, as root (one node by default; .ci/run runs E2E_NODES=3):
+# cluster.sh brings the cluster up and down, the scenarios are Go tests (scenarios/, one file
+# per concern).
 #
 #   tests/e2e/run.sh up      the cluster, flexd deployed by its own manifests with the builtin loop
 #                            driver, and the operator guide's example (examples/kubernetes/
@@ -18,7 +19,7 @@ set -euo pipefail
 # shellcheck source=tests/e2e/cluster.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
 
-SCENARIOS=${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example nodes multiattach discovery oracle migrate_apply nodeloss reconciler upgrade failover fence controller}
+SCENARIOS=${E2E_SCENARIOS:-deploy static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example nodes multiattach discovery oracle migrate_apply nodeloss reconciler upgrade rollout failover fence controller uninstall}
 
 # scenarios LABEL-FILTER [ENV...]: the Go scenarios of the filter, in the cluster's network
 # namespace; counts the specs that passed and failed into $passed and $failed.
@@ -34,7 +35,8 @@ scenarios() {
   env E2E_DIR="$D" E2E_NODE=$NODE E2E_NODE_IP=$NODE_IP E2E_NAMESPACE=$NAMESPACE E2E_DRIVER=$DRIVER \
     E2E_NODES=$E2E_NODES E2E_NODE_NAMES="${names[*]}" E2E_NODE_IPS="${ips[*]}" E2E_NODE_DIRS="${dirs[*]}" \
     E2E_SHARED_DIR="$D/loop-images" \
-    E2E_CSI_NAME=$CSI_NAME E2E_FLEXD_IMAGE=$FLEXD_IMAGE E2E_TOOLS_IMAGE=$TOOLS_IMAGE \
+    E2E_CSI_NAME=$CSI_NAME E2E_FLEXD_IMAGE=$FLEXD_IMAGE E2E_FLEXD_PREVIOUS_IMAGE=$FLEXD_PREVIOUS_IMAGE \
+    E2E_TOOLS_IMAGE=$TOOLS_IMAGE \
     E2E_INSTALLER_IMAGE=$INSTALLER_IMAGE E2E_SIDECAR_IMAGE_FLAGS="${SIDECAR_IMAGES[*]}" \
     E2E_REPO="$repo" E2E_NAME="$E2E_NAME" E2E_DIR="$D" "$@" \
     nsenter --net=/run/netns/$NETNS "$D/bin/scenarios.test" -test.timeout 0 \

@@ -40,6 +40,8 @@ type Cluster struct {
 	FlexdImage     string
 	ToolsImage     string
 	InstallerImage string
+	// The previous build of flexd, for the rollout scenario to roll from.
+	FlexdPreviousImage string
 	// `flexd manifests` flags naming the CSI sidecars' images built here.
 	SidecarImageFlags []string
 	Repo              string // the repository's root
@@ -103,19 +105,20 @@ func env(name string) string {
 
 func loadCluster() *Cluster {
 	c := &Cluster{
-		Dir:               env("E2E_DIR"),
-		Node:              env("E2E_NODE"),
-		NodeIP:            env("E2E_NODE_IP"),
-		Namespace:         env("E2E_NAMESPACE"),
-		Driver:            env("E2E_DRIVER"),
-		CSIName:           env("E2E_CSI_NAME"),
-		FlexdImage:        env("E2E_FLEXD_IMAGE"),
-		ToolsImage:        env("E2E_TOOLS_IMAGE"),
-		InstallerImage:    env("E2E_INSTALLER_IMAGE"),
-		SidecarImageFlags: strings.Fields(env("E2E_SIDECAR_IMAGE_FLAGS")),
-		Repo:              env("E2E_REPO"),
-		Nodes:             loadNodes(),
-		SharedDir:         env("E2E_SHARED_DIR"),
+		Dir:                env("E2E_DIR"),
+		Node:               env("E2E_NODE"),
+		NodeIP:             env("E2E_NODE_IP"),
+		Namespace:          env("E2E_NAMESPACE"),
+		Driver:             env("E2E_DRIVER"),
+		CSIName:            env("E2E_CSI_NAME"),
+		FlexdImage:         env("E2E_FLEXD_IMAGE"),
+		FlexdPreviousImage: env("E2E_FLEXD_PREVIOUS_IMAGE"),
+		ToolsImage:         env("E2E_TOOLS_IMAGE"),
+		InstallerImage:     env("E2E_INSTALLER_IMAGE"),
+		SidecarImageFlags:  strings.Fields(env("E2E_SIDECAR_IMAGE_FLAGS")),
+		Repo:               env("E2E_REPO"),
+		Nodes:              loadNodes(),
+		SharedDir:          env("E2E_SHARED_DIR"),
 	}
 	gomega.Expect(c.Nodes[0].Name).To(gomega.Equal(c.Node), "node 0")
 	c.Here = filepath.Join(c.Repo, "tests", "e2e")

@@ -25,13 +25,15 @@ var _ = ginkgo.BeforeSuite(func() {
 // The scenarios in the order they run: those that make flexd's deployment richer (the
 // installer's driver, a controller, the loop driver, the oracle's recorders) come after those
 // that check its first, node-only shape; the faults share their pods in order. controller runs
-// last: its driver is installed and removed between two of kube-controller-manager's probes,
+// last but one: its driver is installed and removed between two of kube-controller-manager's probes,
 // and that controller's FlexVolume prober then retries the removed driver on every probe for
 // good (its log fills with the errors); the oracle and migrate_apply, which go through
 // kube-controller-manager, run before that. fence, which installs and removes a driver as well,
 // runs just before controller, after every scenario that goes through kube-controller-manager
 // (nodeloss, reconciler too). nodes (a volume moved between nodes) and fence skip themselves on
-// a single node. A failed scenario does not stop the ones after it.
+// a single node. rollout (flexd replaced by its next build) comes after upgrade, whose end state
+// it starts from; uninstall, which removes flexd and deploys it again, is the very last. A failed
+// scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
 	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
@@ -52,9 +54,11 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("nodeloss", ginkgo.Label("nodeloss"), scenarioNodeLoss)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
+	ginkgo.It("rollout", ginkgo.Label("rollout"), scenarioRollout)
 	ginkgo.It("failover", ginkgo.Label("failover"), scenarioFailover)
 	ginkgo.It("fence", ginkgo.Label("fence"), scenarioFence)
 	ginkgo.It("controller", ginkgo.Label("controller"), scenarioController)
+	ginkgo.It("uninstall", ginkgo.Label("uninstall"), scenarioUninstall)
 	// A benchmark (bench/attach-scale.sh), not in run.sh's list.
 	ginkgo.It("attach_scale", ginkgo.Label("attach_scale"), scenarioAttachScale)
 })
