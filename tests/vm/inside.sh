@@ -61,7 +61,8 @@ if [ -n "${FLEXD_VM_EXEC:-}" ]; then
   exit 0
 fi
 
-while read -r label exe cwd; do
+# Each line: label, executable, its package dir, and the test-name filters to run (none: all).
+while read -r label exe cwd filters; do
   log="$out/logs/$label.log"
   mkdir -p "$(dirname "$log")"
   cgroup=
@@ -76,7 +77,8 @@ while read -r label exe cwd; do
   (
     cd "$cwd" || exit 101
     [ -n "$cgroup" ] && echo "$BASHPID" >"$cgroup/cgroup.procs"
-    exec "$exe" --nocapture
+    # shellcheck disable=SC2086 # the filters are words
+    exec "$exe" --nocapture $filters
   ) >"$log" 2>&1
   status=$?
   secs=$(($(date +%s) - start))

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
@@ -26,6 +28,15 @@ func scenarioExample(ctx context.Context) {
 	c := cluster
 	example := filepath.Join(c.Repo, "examples", "kubernetes", "loop-app.yaml")
 	keep := os.Getenv("E2E_EXAMPLE_KEEP") == "1"
+
+	ginkgo.By("README's deploy steps, which this scenario takes in README's order")
+	steps := readmeDeploySteps(c.Repo)
+	at := -1
+	for _, step := range []string{"flexd install --builtin loop", "flexd manifests ", "kubectl apply -f flexd.yaml", "kubectl apply -f examples/kubernetes/loop-app.yaml"} {
+		found := slices.IndexFunc(steps, func(line string) bool { return strings.HasPrefix(line, step) })
+		gomega.Expect(found).To(gomega.BeNumerically(">", at), "README's deploy steps: %q missing or out of order in\n%s", step, strings.Join(steps, "\n"))
+		at = found
+	}
 
 	ginkgo.By("flexd deployed with the builtin loop driver")
 	c.InstallLoop(ctx)
@@ -84,4 +95,22 @@ func (c *Cluster) deleteExample(ctx context.Context, example string) {
 		}
 		return fmt.Errorf("PV %s is still there (%v)", volume, err)
 	})
+}
+
+// readmeDeploySteps are the commands of README's "Deploy to a cluster" block, without comments.
+func readmeDeploySteps(repo string) []string {
+	ginkgo.GinkgoHelper()
+	text := ReadFile(filepath.Join(repo, "README.md"))
+	_, section, found := strings.Cut(text, "\n## Deploy to a cluster\n")
+	gomega.Expect(found).To(gomega.BeTrue(), "README has no \"Deploy to a cluster\" section")
+	_, block, found := strings.Cut(section, "```sh\n")
+	gomega.Expect(found).To(gomega.BeTrue(), "README's deploy section has no sh block")
+	block, _, _ = strings.Cut(block, "```")
+	var steps []string
+	for _, line := range strings.Split(block, "\n") {
+		if command, _, _ := strings.Cut(line, " #"); strings.TrimSpace(command) != "" {
+			steps = append(steps, strings.TrimSpace(command))
+		}
+	}
+	return steps
 }
