@@ -187,11 +187,21 @@ unmount_under() {
 }
 
 remove_cgroups() {
-  local hierarchy
-  for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
-    [ -d "$hierarchy" ] || continue
-    find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
-    [ ! -d "$hierarchy" ] || log "WARNING: cgroup $hierarchy could not be removed"
+  # Deepest first, again and again for up to 30 s: a process killed a moment ago may still be in
+  # its cgroup (an exiting process leaves it last), and a busy machine makes that moment long.
+  local hierarchy left deadline=$((SECONDS + 30))
+  while :; do
+    left=()
+    for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+      [ -d "$hierarchy" ] || continue
+      find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      [ ! -d "$hierarchy" ] || left+=("$hierarchy")
+    done
+    ((${#left[@]} > 0)) && ((SECONDS < deadline)) || break
+    sleep 1
+  done
+  for hierarchy in "${left[@]}"; do
+    log "WARNING: cgroup $hierarchy could not be removed in 30 s; processes in it: $(find "$hierarchy" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' ')"
   done
   # A bench's client cgroup (as_remote_client) that its bench, killed, did not leave.
   rmdir /sys/fs/cgroup/cpu/"$CGROUP_ROOT"-client /sys/fs/cgroup/"$CGROUP_ROOT"-client 2>/dev/null || true
