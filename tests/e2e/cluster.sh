@@ -63,7 +63,7 @@ INSTALLER_IMAGE=localhost/flexd-installer:e2e
 # them from deploy/Dockerfile with buildah (tests/e2e/images.sh), as an operator does; "binary"
 # packs $FLEXD (or a release build) with this host's tools, for a quicker loop while working on
 # flexd itself. Either way the previous build (FLEXD_PREVIOUS_IMAGE, $FLEXD packed so) is there
-# for the upgrade scenario to roll from.
+# for the rollout scenario to roll from (with "binary", the same binary under another tag).
 E2E_IMAGES=${E2E_IMAGES:-dockerfile}
 FLEXD_PREVIOUS_IMAGE=localhost/flexd:e2e-previous
 NAMESPACE=flexd-system
@@ -609,8 +609,6 @@ node_ready() {
   [ "$(kubectl get node "${1:-$NODE}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
 
-# The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
-# the disk as it was, no process, no mount of the pods, no cgroup).
 # init_ready UNSHARE_PID PIDFILE: unshare's child is pause (so it has mounted /proc and entered
 # its network namespace) and its pid is in PIDFILE. Found any earlier, nsenter would join
 # namespaces half made: the host's network among them.
@@ -621,6 +619,8 @@ init_ready() {
   echo "$child" >"$2"
 }
 
+# The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
+# the disk as it was, no process, no mount of the pods, no cgroup).
 start_init() {
   log "up: pid and mount namespaces, init = pause"
   setsid unshare --pid --fork --kill-child --mount --propagation unchanged --mount-proc \

@@ -242,20 +242,42 @@ func WaitFor(ctx context.Context, timeout time.Duration, what string, check func
 	gomega.Eventually(ctx, check).WithTimeout(timeout).WithPolling(poll).Should(gomega.Succeed(), "waiting %s for %s", timeout, what)
 }
 
+// mountEntry is one line of a mountinfo file: the mount's id (a mount made again gets a new
+// one) and its mount point.
+type mountEntry struct {
+	ID     string
+	Target string
+}
+
+// readMountinfo is the mounts a mountinfo file lists.
+func readMountinfo(path string) []mountEntry {
+	ginkgo.GinkgoHelper()
+	data, err := os.ReadFile(path)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "reading %s", path)
+	var mounts []mountEntry
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 {
+			mounts = append(mounts, mountEntry{ID: fields[0], Target: unescapeMountinfo(fields[4])})
+		}
+	}
+	return mounts
+}
+
+// targets are the mount points of the mounts.
+func targets(mounts []mountEntry) []string {
+	var targets []string
+	for _, mount := range mounts {
+		targets = append(targets, mount.Target)
+	}
+	return targets
+}
+
 // Mounts are the mount points on the host (the scenarios run in the host's mount namespace,
 // which the cluster's mounts propagate to).
 func Mounts() []string {
 	ginkgo.GinkgoHelper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	var targets []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 {
-			targets = append(targets, unescapeMountinfo(fields[4]))
-		}
-	}
-	return targets
+	return targets(readMountinfo("/proc/self/mountinfo"))
 }
 
 // unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, and so on).
@@ -286,16 +308,7 @@ func MountsOn(node Node) []string {
 		return Mounts()
 	}
 	init := strings.TrimSpace(ReadFile(node.Path("run", "init.pid")))
-	data, err := os.ReadFile("/proc/" + init + "/mountinfo")
-	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "node %s's mounts", node.Name)
-	var targets []string
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 {
-			targets = append(targets, unescapeMountinfo(fields[4]))
-		}
-	}
-	return targets
+	return targets(readMountinfo("/proc/" + init + "/mountinfo"))
 }
 
 // MountCount is how many times path is a mount point.

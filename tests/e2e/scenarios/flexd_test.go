@@ -64,9 +64,7 @@ func driversNamed(args []string) []string {
 // and waits for the node DaemonSet's rollout (and the controller's, when there is one).
 func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...string) string {
 	ginkgo.GinkgoHelper()
-	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags(driversNamed(args)...)...)...)
-	path := c.WriteRun(name+".yaml", manifests)
-	c.MustKubectl(ctx, "apply", "-f", path)
+	manifests := c.applyManifestsNoWait(ctx, name, args...)
 	// `rollout status` of a DaemonSet that wants no pods yet is done at once: on a cluster just
 	// up, the DaemonSet controller can count the nodes before it has seen them.
 	WaitFor(ctx, 120*time.Second, "flexd-node to be scheduled on every node", func(ctx context.Context) error {
@@ -83,6 +81,15 @@ func (c *Cluster) ApplyManifests(ctx context.Context, name string, args ...strin
 	if strings.Contains(manifests, "name: flexd-controller\n") {
 		c.MustKubectl(ctx, "-n", c.Namespace, "rollout", "status", "deployment/flexd-controller", "--timeout=300s")
 	}
+	return manifests
+}
+
+// applyManifestsNoWait applies `flexd manifests ARGS... OPERATOR-FLAGS` (saved as
+// run/NAME.yaml), not waiting for what it rolls out.
+func (c *Cluster) applyManifestsNoWait(ctx context.Context, name string, args ...string) string {
+	ginkgo.GinkgoHelper()
+	manifests := c.MustFlexd(ctx, append(append([]string{"manifests"}, args...), c.OperatorFlags(driversNamed(args)...)...)...)
+	c.MustKubectl(ctx, "apply", "-f", c.WriteRun(name+".yaml", manifests))
 	return manifests
 }
 

@@ -55,16 +55,13 @@ func (c *Cluster) rolloutWrites(ctx context.Context, pod string) []float64 {
 	return uptimes
 }
 
-// mountID is the kernel's id of the mount at path (mountinfo's first field): a remount, or an
-// unmount and mount again, gives a new one.
+// mountID is the kernel's id of the mount at path on the host: a remount, or an unmount and
+// mount again, gives a new one.
 func mountID(path string) string {
 	ginkgo.GinkgoHelper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	gomega.Expect(err).NotTo(gomega.HaveOccurred())
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && unescapeMountinfo(fields[4]) == path {
-			return fields[0]
+	for _, mount := range readMountinfo("/proc/self/mountinfo") {
+		if mount.Target == path {
+			return mount.ID
 		}
 	}
 	ginkgo.Fail(path + " is not mounted")
@@ -78,9 +75,7 @@ func (c *Cluster) applyFlexdImage(ctx context.Context, name, image string) {
 	current := c.FlexdImage
 	c.FlexdImage = image
 	defer func() { c.FlexdImage = current }()
-	flags := append(append([]string{"manifests"}, c.SidecarImageFlags...), c.OperatorFlags()...)
-	path := c.WriteRun(name+".yaml", c.MustFlexd(ctx, flags...))
-	c.MustKubectl(ctx, "apply", "-f", path)
+	c.applyManifestsNoWait(ctx, name, c.SidecarImageFlags...)
 }
 
 // waitFlexdRolledOut waits until flexd's node DaemonSet and controller Deployment run image

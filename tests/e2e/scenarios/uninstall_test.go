@@ -30,22 +30,15 @@ func (c *Cluster) flexdLeftInAPIServer(ctx context.Context) ([]string, error) {
 	if _, err := c.Kube.CoreV1().Namespaces().Get(ctx, c.Namespace, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		left = append(left, "namespace "+c.Namespace)
 	}
-	roles, err := c.Kube.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	for _, role := range roles.Items {
-		if strings.HasPrefix(role.Name, "flexd") {
-			left = append(left, "ClusterRole "+role.Name)
+	for _, kind := range []string{"clusterroles", "clusterrolebindings"} {
+		out, err := c.Kubectl(ctx, "get", kind, "-o", "name")
+		if err != nil {
+			return nil, err
 		}
-	}
-	bindings, err := c.Kube.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	for _, binding := range bindings.Items {
-		if strings.HasPrefix(binding.Name, "flexd") {
-			left = append(left, "ClusterRoleBinding "+binding.Name)
+		for _, name := range LogLines(out) {
+			if strings.HasPrefix(name[strings.Index(name, "/")+1:], "flexd") {
+				left = append(left, name)
+			}
 		}
 	}
 	if out, err := c.Kubectl(ctx, "get", "crd", "flexdrecords.flexd.io", "--ignore-not-found", "-o", "name"); err != nil {
@@ -144,14 +137,6 @@ func scenarioUninstall(ctx context.Context) {
 	c.DeletePod(ctx, "e2e-uninstall-hostdir")
 	c.DeleteClaimIfThere(ctx, uninstallClass)
 
-	ginkgo.By("step 1: the controller's records saved, for the kept volume's deletion later")
-	// The guide's command as it is, with the cluster's kubectl.
-	records := c.Path("run", "flexd-records.json")
-	kubectl := c.Path("bin", "kube") + " kubectl --kubeconfig=" + c.Path("kubeconfig")
-	MustRun(ctx, "sh", "-euc", kubectl+` -n `+c.Namespace+` get flexdrecords -o json |
-  jq 'del(.items[].metadata | .resourceVersion, .uid, .creationTimestamp, .generation, .managedFields)' > `+records)
-	gomega.Expect(ReadFile(records)).To(gomega.ContainSubstring(pv), "the saved records")
-
 	ginkgo.By("step 2: no VolumeAttachment of flexd's drivers left")
 	WaitFor(ctx, 180*time.Second, "no VolumeAttachment of a flexvolume- driver", func(ctx context.Context) error {
 		out, err := c.Kubectl(ctx, "get", "volumeattachments", "-o", "custom-columns=NAME:.metadata.name,ATTACHER:.spec.attacher", "--no-headers")
@@ -164,13 +149,21 @@ func scenarioUninstall(ctx context.Context) {
 		return nil
 	})
 
-	ginkgo.By("step 3: kubectl delete -f with the manifests that were applied")
+	ginkgo.By("step 3: the controller's records saved (nothing attached now), for the kept volume's deletion later")
+	// The guide's command as it is, with the cluster's kubectl.
+	records := c.Path("run", "flexd-records.json")
+	kubectl := c.Path("bin", "kube") + " kubectl --kubeconfig=" + c.Path("kubeconfig")
+	MustRun(ctx, "sh", "-euc", kubectl+` -n `+c.Namespace+` get flexdrecords -o json |
+  jq 'del(.items[].metadata | .resourceVersion, .uid, .creationTimestamp, .generation, .managedFields)' > `+records)
+	gomega.Expect(ReadFile(records)).To(gomega.ContainSubstring(pv), "the saved records")
+
+	ginkgo.By("step 4: kubectl delete -f with the manifests that were applied")
 	// --ignore-not-found: the namespace, first in the file, takes what is in it along, and the
 	// service account token Secret goes with its account, before kubectl comes to them.
 	deleted := c.MustKubectl(ctx, "delete", "-f", manifests, "--ignore-not-found", "--wait=true", "--timeout=300s")
 	summary.Printf("kubectl delete -f flexd.yaml:\n%s", deleted)
 
-	ginkgo.By("step 4: on every node, flexd's state dir emptied")
+	ginkgo.By("step 5: on every node, flexd's state dir emptied")
 	// The guide removes the dir; here a worker's is a mount point in its node's namespace, which
 	// must stay for the redeployment at the end: its contents go.
 	for _, node := range c.Nodes {
