@@ -13,6 +13,13 @@
 #   tests/e2e/tools.sh csi-provisioner|csi-attacher|csi-resizer
 #                                     # the CSI sidecars, each from its own module under
 #                                     # sidecars/ (upstream's replace directives copied there)
+#   tests/e2e/tools.sh build-tags     # the Go build tags for E2E_KUBERNETES (below)
+#
+# E2E_KUBERNETES=1.MINOR builds kube, storage-e2e and ginkgo for that Kubernetes minor instead
+# of the one go.mod pins: from kubernetes/v1.MINOR.mod (written by kubernetes/pin.sh) with
+# `go build -modfile`, the same sources, and build tags that pick each side of an API that
+# changed: before_1_N for every N above the minor up to go.mod's, since_1_N for every N above
+# go.mod's up to the minor (none for go.mod's own minor, so plain `go build` and `go vet` see it).
 #
 # Everything is built with CGO_ENABLED=0, linked statically: the sidecars and agnhost go into
 # container images that hold nothing else, and kube and storage-e2e, built with the same setting,
@@ -33,12 +40,43 @@ declare -A packages=(
   [csi-attacher]=github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
   [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer
 )
-tool=${1:?usage: tools.sh TOOL (one of: ${!packages[*]})}
+tool=${1:?usage: tools.sh TOOL (one of: build-tags ${!packages[*]})}
+
+# The minor go.mod pins, and the one asked for.
+pinned=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
+pinned_minor=${pinned#v1.}; pinned_minor=${pinned_minor%%.*}
+minor=${E2E_KUBERNETES:-1.$pinned_minor}
+[[ $minor =~ ^1\.([0-9]+)$ ]] || { echo "tools.sh: E2E_KUBERNETES=$minor is not a Kubernetes minor (like 1.29)" >&2; exit 1; }
+minor=${BASH_REMATCH[1]}
+modfile=
+if [ "$minor" != "$pinned_minor" ]; then
+  modfile=$here/kubernetes/v1.$minor.mod
+  [ -f "$modfile" ] || { echo "tools.sh: no pins for Kubernetes 1.$minor (tests/e2e/kubernetes/v1.$minor.mod; write them with kubernetes/pin.sh)" >&2; exit 1; }
+fi
+tags=
+for ((n = minor + 1; n <= pinned_minor; n++)); do tags="$tags,before_1_$n"; done
+for ((n = pinned_minor + 1; n <= minor; n++)); do tags="$tags,since_1_$n"; done
+tags=${tags#,}
+if [ "$tool" = build-tags ]; then echo "$tags"; exit 0; fi
+
 package=${packages[$tool]:-}
 [ -n "$package" ] || { echo "tools.sh: unknown tool $tool (one of: ${!packages[*]})" >&2; exit 1; }
 # The module that pins it: this directory's, or for a sidecar its own.
 module=$here
-case $tool in csi-provisioner | csi-attacher | csi-resizer) module=$here/sidecars/$tool ;; esac
+modfile_flag=
+case $tool in
+  csi-provisioner | csi-attacher | csi-resizer)
+    module=$here/sidecars/$tool tags= modfile=
+    # The sidecar versions for that minor, as `flexd manifests --kubernetes-version` chooses
+    # them: csi-provisioner v6 needs storage.k8s.io/v1 VolumeAttributesClass (1.34).
+    if [ "$tool" = csi-provisioner ] && [ "$minor" -lt 34 ]; then
+      module=$here/sidecars/csi-provisioner-v5
+      package=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+    fi
+    ;;
+  kube | storage-e2e | ginkgo) [ -z "$modfile" ] || modfile_flag=-modfile=$modfile ;;
+  *) tags= modfile= ;;
+esac
 
 if ! command -v go >/dev/null; then
   if [ -x /usr/local/go/bin/go ]; then
@@ -53,7 +91,7 @@ fi
 # pinned k8s.io/kubernetes version, as its own release build does.
 ldflags=
 if [ "$tool" = kube ]; then
-  version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
+  version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "${modfile:-$here/go.mod}")
   major=${version#v}; major=${major%%.*}
   minor=${version#v$major.}; minor=${minor%%.*}
   ldflags="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
@@ -61,18 +99,22 @@ fi
 
 # The pin: the module's requirements, the link flags, and for a command of this module its own
 # source too.
-pin=$( (cat "$module/go.mod" "$module/go.sum" $(case $package in ./*) find "$module/${package#./}" -name '*.go' | sort ;; esac)
-  echo "$tool cgo=0 $ldflags") | sha256sum | cut -c1-16)
+# A release that needs a newer Go than this machine's says so in its pins; the go command fetches
+# that toolchain from the module proxy.
+gomodfile=${modfile:-$module/go.mod}
+case $(awk '$1 == "go" {print $2; exit}' "$gomodfile") in 1.2[7-9]* | 1.[3-9]*) export GOTOOLCHAIN=go1.27.3 ;; esac
+pin=$( (cat "$gomodfile" "${gomodfile%.mod}.sum" $(case $package in ./*) find "$module/${package#./}" -name '*.go' | sort ;; esac)
+  echo "$tool cgo=0 $ldflags${tags:+ tags=$tags}") | sha256sum | cut -c1-16)
 cache=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/$pin
 binary=$cache/$tool
 if [ ! -x "$binary" ]; then
   mkdir -p "$cache"
-  echo "tools.sh: building $tool from $package (pinned in tests/e2e/go.mod) into $cache" >&2
+  echo "tools.sh: building $tool from $package (Kubernetes 1.$minor; pinned in tests/e2e/${gomodfile#$here/}) into $cache" >&2
   # A temporary name, then a rename: a build that is interrupted leaves no half binary.
   if [ "$tool" = storage-e2e ]; then
-    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go test -c -o "$binary.partial.$$" "$package") >&2
+    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go test -c $modfile_flag -tags "$tags" -o "$binary.partial.$$" "$package") >&2
   else
-    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
+    (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build $modfile_flag -tags "$tags" -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
   fi
   mv -f "$binary.partial.$$" "$binary"
 fi

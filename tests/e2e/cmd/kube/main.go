@@ -4,10 +4,12 @@
 // packages once, where six would each link them again (most of a cold build on two cores).
 //
 // Called through a link named after a component, or as `kube COMPONENT ARGS...`.
+//
+// Built for every Kubernetes minor the e2e runs (tests/e2e/kubernetes/): where a release's API
+// differs, a file for each side is chosen by the before_1_N build tags tools.sh sets.
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,7 +24,6 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 var components = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
@@ -48,7 +49,7 @@ func main() {
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
 	case "kubelet":
-		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+		os.Exit(cli.Run(newKubeletCommand()))
 	case "kubectl":
 		os.Exit(cli.Run(kubectl.NewDefaultKubectlCommand()))
 	default:

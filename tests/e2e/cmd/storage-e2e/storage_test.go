@@ -4,7 +4,9 @@
 // specs of the other areas. A driver is described by a test-driver definition file given with
 // -storage.testdriver=FILE, which defines the specs; the usual Ginkgo flags select among them.
 //
-// Built by tests/e2e/tools.sh storage-e2e (`go test -c`), run by tests/e2e/run.sh storage.
+// Built by tests/e2e/tools.sh storage-e2e (`go test -c`), run by tests/e2e/run.sh storage. Built
+// for every Kubernetes minor the e2e runs (tests/e2e/kubernetes/): where a release's framework
+// differs, a file for each side is chosen by the before_1_N build tags tools.sh sets.
 package storagee2e
 
 import (
@@ -21,7 +23,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/test/e2e/framework"
 	"k8s.io/kubernetes/test/e2e/framework/config"
-	e2epod "k8s.io/kubernetes/test/e2e/framework/pod"
 	"k8s.io/kubernetes/test/e2e/framework/testfiles"
 	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
 	testfixtures "k8s.io/kubernetes/test/fixtures"
@@ -35,7 +36,7 @@ import (
 	// reconfigure the framework as e2e.test does
 	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
 	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
-	_ "k8s.io/kubernetes/test/utils/ktesting/format"
+	// and, from 1.37, Gomega's formatting of Kubernetes objects (format_*.go)
 )
 
 // The images the suite's pods run, as this Kubernetes version names them: the cluster has no
@@ -48,11 +49,7 @@ func TestMain(m *testing.M) {
 	framework.RegisterClusterFlags(flag.CommandLine)
 	flag.Parse()
 	if *printImages {
-		for _, image := range []struct {
-			name string
-			id   imageutils.ImageID
-		}{{"busybox", imageutils.BusyBox}, {"agnhost", imageutils.Agnhost}, {"nginx", imageutils.Nginx}, {"pause", imageutils.Pause},
-			{"glibc-dns-testing", imageutils.GlibcDnsTesting}} {
+		for _, image := range suiteImages {
 			fmt.Printf("%s %s\n", image.name, imageutils.GetE2EImage(image.id))
 		}
 		os.Exit(0)
@@ -68,7 +65,7 @@ func TestMain(m *testing.M) {
 var _ = ginkgo.SynchronizedBeforeSuite(func(ctx context.Context) []byte {
 	c, err := framework.LoadClientset()
 	framework.ExpectNoError(err, "a client for the cluster")
-	framework.ExpectNoError(e2epod.WaitForPodsRunningReady(ctx, c, "kube-system", 0, framework.NewTimeoutContext().SystemPodsStartup))
+	framework.ExpectNoError(waitForSystemPods(ctx, c, framework.NewTimeoutContext().SystemPodsStartup))
 	return nil
 }, func(ctx context.Context, data []byte) {})
 

@@ -1,0 +1,13 @@
+//go:build !before_1_36
+
+package storagee2e
+
+import imageutils "k8s.io/kubernetes/test/utils/image"
+
+type suiteImage struct {
+	name string
+	id   imageutils.ImageID
+}
+
+var suiteImages = []suiteImage{{"busybox", imageutils.BusyBox}, {"agnhost", imageutils.Agnhost}, {"nginx", imageutils.Nginx},
+	{"pause", imageutils.Pause}, {"glibc-dns-testing", imageutils.GlibcDnsTesting}}
