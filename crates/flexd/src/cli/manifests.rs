@@ -14,6 +14,7 @@ use flexvolume_host::{Capabilities, DriverName};
 use crate::builtin::Builtin;
 use crate::cli::usage_error;
 use crate::settings::Global;
+use flexd::deploy::kubernetes_version::{self, KubernetesMinor};
 use flexd::deploy::{self, checks, DriverProfile, Settings};
 
 #[derive(Debug, Args)]
@@ -62,15 +63,24 @@ pub struct ManifestsArgs {
     /// same path in flexd's pods. The builtin loop driver's image dir is added for it.
     #[arg(long = "host-dir", value_name = "PATH", value_parser = checks::node_path)]
     pub host_dirs: Vec<PathBuf>,
-    /// csi-attacher image, for drivers that attach.
-    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_ATTACHER_IMAGE)]
-    pub attacher_image: String,
-    /// csi-provisioner image, for drivers that provision.
-    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_PROVISIONER_IMAGE)]
-    pub provisioner_image: String,
-    /// csi-resizer image, for expanding drivers with a controller side.
-    #[arg(long, value_parser = checks::image, default_value = deploy::DEFAULT_RESIZER_IMAGE)]
-    pub resizer_image: String,
+    /// The cluster's Kubernetes version: its minor (`1.29`), its version (`v1.29.15`), or `-` to
+    /// read `kubectl version -o json` from standard input. Chooses the CSI sidecars that minor
+    /// supports (docs/compatibility.md); a minor below the oldest supported is refused.
+    /// Default: the newest minor tested.
+    #[arg(long, value_name = "VERSION")]
+    pub kubernetes_version: Option<String>,
+    /// csi-attacher image, for drivers that attach. Default: the release for the Kubernetes
+    /// version.
+    #[arg(long, value_parser = checks::image)]
+    pub attacher_image: Option<String>,
+    /// csi-provisioner image, for drivers that provision. Default: the release for the
+    /// Kubernetes version.
+    #[arg(long, value_parser = checks::image)]
+    pub provisioner_image: Option<String>,
+    /// csi-resizer image, for expanding drivers with a controller side. Default: the release
+    /// for the Kubernetes version.
+    #[arg(long, value_parser = checks::image)]
+    pub resizer_image: Option<String>,
     /// Timeout of each driver's init.
     #[arg(long, value_parser = crate::settings::parse_duration, default_value = "2m")]
     pub timeout: std::time::Duration,
@@ -115,14 +125,15 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
             ),
         ));
     }
+    let minor = kubernetes_minor(args.kubernetes_version.as_deref())?;
     if args.migrator {
-        let settings = settings(global, &args, Vec::new());
+        let settings = settings(global, &args, minor, Vec::new());
         let objects = deploy::render_migrator(&settings, args.recreate_pods);
         print!("{}", deploy::migrator_to_yaml(&settings, &objects)?);
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(claim) = &args.import_state_claim {
-        let settings = settings(global, &args, Vec::new());
+        let settings = settings(global, &args, minor, Vec::new());
         let objects = deploy::render_import(&settings, claim);
         print!("{}", deploy::import_to_yaml(&settings, claim, &objects)?);
         return Ok(ExitCode::SUCCESS);
@@ -138,7 +149,7 @@ pub fn run(global: &Global, args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     operator_choices(&args, &mut drivers)?;
-    let settings = settings(global, &args, host_dirs);
+    let settings = settings(global, &args, minor, host_dirs);
     let objects = deploy::render(&settings, &drivers)?;
     print!("{}", deploy::to_yaml(&settings, &drivers, &objects)?);
     Ok(ExitCode::SUCCESS)
@@ -155,7 +166,41 @@ fn fence_lease(text: &str) -> Result<std::time::Duration, String> {
     Ok(lease)
 }
 
-fn settings(global: &Global, args: &ManifestsArgs, host_dirs: Vec<PathBuf>) -> Settings {
+/// `--kubernetes-version`, from its value or (`-`) from `kubectl version -o json` on stdin.
+fn kubernetes_minor(version: Option<&str>) -> anyhow::Result<KubernetesMinor> {
+    let Some(version) = version else {
+        return Ok(KubernetesMinor::NEWEST_TESTED);
+    };
+    let text = if version == "-" {
+        std::io::read_to_string(std::io::stdin().lock())
+            .context("cannot read `kubectl version -o json` from standard input")?
+    } else {
+        version.to_owned()
+    };
+    let minor = kubernetes_version::parse(&text).map_err(|e| {
+        usage_error(
+            "manifests",
+            ErrorKind::ValueValidation,
+            format!("invalid value for '--kubernetes-version': {e}"),
+        )
+    })?;
+    if minor.is_untested() {
+        tracing::warn!(
+            kubernetes = %minor,
+            newest_tested = %KubernetesMinor::NEWEST_TESTED,
+            "newer than any Kubernetes flexd is tested on: deploying the newest tested sidecars"
+        );
+    }
+    Ok(minor)
+}
+
+fn settings(
+    global: &Global,
+    args: &ManifestsArgs,
+    minor: KubernetesMinor,
+    host_dirs: Vec<PathBuf>,
+) -> Settings {
+    let sidecars = minor.sidecars();
     Settings {
         namespace: args.namespace.clone(),
         image: args.image.clone(),
@@ -163,9 +208,15 @@ fn settings(global: &Global, args: &ManifestsArgs, host_dirs: Vec<PathBuf>) -> S
         plugin_dir: args.node_plugin_dir.clone(),
         state_dir: global.state_dir.clone(),
         host_dirs,
-        attacher_image: args.attacher_image.clone(),
-        provisioner_image: args.provisioner_image.clone(),
-        resizer_image: args.resizer_image.clone(),
+        attacher_image: (args.attacher_image.as_deref())
+            .unwrap_or(sidecars.attacher)
+            .to_owned(),
+        provisioner_image: (args.provisioner_image.as_deref())
+            .unwrap_or(sidecars.provisioner)
+            .to_owned(),
+        resizer_image: (args.resizer_image.as_deref())
+            .unwrap_or(sidecars.resizer)
+            .to_owned(),
         expose_metrics: args.expose_metrics,
         fence_lease: args.fence_lease,
     }

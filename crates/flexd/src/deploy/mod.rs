@@ -84,6 +84,7 @@ use serde::Serialize;
 use crate::naming::{self, CsiNameError};
 
 pub mod checks;
+pub mod kubernetes_version;
 mod migrator;
 mod objects;
 mod sidecar;
@@ -183,12 +184,6 @@ pub struct Settings {
     /// The controller's `--fence-lease`; `None` leaves serve's default.
     pub fence_lease: Option<std::time::Duration>,
 }
-
-/// The sidecar images `flexd manifests` uses unless told otherwise: the versions the e2e cluster
-/// runs Kubernetes' storage suite with (tests/e2e/sidecars/), so the defaults are tested ones.
-pub const DEFAULT_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher:v4.13.0";
-pub const DEFAULT_PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0";
-pub const DEFAULT_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.3.0";
 
 /// One Kubernetes object of the output, serialized as itself (with its apiVersion and kind).
 #[derive(Debug, Clone, Serialize)]

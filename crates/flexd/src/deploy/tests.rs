@@ -10,9 +10,9 @@ fn settings() -> Settings {
         plugin_dir: PathBuf::from("/plugins"),
         state_dir: PathBuf::from("/var/lib/flexd"),
         host_dirs: vec![],
-        attacher_image: DEFAULT_ATTACHER_IMAGE.to_owned(),
-        provisioner_image: DEFAULT_PROVISIONER_IMAGE.to_owned(),
-        resizer_image: DEFAULT_RESIZER_IMAGE.to_owned(),
+        attacher_image: kubernetes_version::ATTACHER_IMAGE.to_owned(),
+        provisioner_image: kubernetes_version::PROVISIONER_IMAGE.to_owned(),
+        resizer_image: kubernetes_version::RESIZER_IMAGE.to_owned(),
         expose_metrics: false,
         fence_lease: None,
     }

@@ -776,3 +776,126 @@ fn the_import_job_reads_the_old_claim_read_only_with_the_records_token() {
         Some(&["ALL".to_owned()][..])
     );
 }
+
+/// docs/compatibility.md's per-minor table is what `flexd manifests --kubernetes-version`
+/// chooses: printed from the same table, so a changed choice fails here until the doc says it.
+#[test]
+fn the_compatibility_guide_lists_what_each_minor_gets() {
+    let doc = std::fs::read_to_string(deploy_dir().join("../docs/compatibility.md")).unwrap();
+    let begin = "<!-- versions:begin -->\n";
+    let end = "<!-- versions:end -->";
+    let start = doc
+        .find(begin)
+        .expect("docs/compatibility.md: no versions:begin marker")
+        + begin.len();
+    let stop = doc[start..].find(end).expect("no versions:end marker") + start;
+    let expected = flexd::deploy::kubernetes_version::markdown_table();
+    assert_eq!(
+        &doc[start..stop],
+        expected,
+        "docs/compatibility.md's table between the versions markers should read:\n{expected}"
+    );
+}
+
+/// Each minor's sidecars are the ones the e2e builds for it (tools.sh: csi-provisioner v5 from
+/// tests/e2e/sidecars/csi-provisioner-v5 before 1.34), and a minor below the oldest is refused
+/// with the minimum named.
+#[test]
+fn manifests_choose_the_sidecars_of_the_kubernetes_version() {
+    let driver = r#"acme/block={"attach":true,"provision":true,"requiresFSResize":true}"#;
+    let with_version = |version: &str| {
+        manifests(&[
+            "--plugin-dir",
+            "/nonexistent/plugins",
+            "--driver",
+            driver,
+            "--kubernetes-version",
+            version,
+        ])
+    };
+    let go_mod = std::fs::read_to_string(
+        deploy_dir().join("../tests/e2e/sidecars/csi-provisioner-v5/go.mod"),
+    )
+    .unwrap();
+    let v5 = go_mod
+        .lines()
+        .find_map(|l| {
+            let mut words = l.trim().strip_prefix("require ")?.split_whitespace();
+            (words.next()? == "github.com/kubernetes-csi/external-provisioner/v5")
+                .then(|| words.next().map(str::to_owned))?
+        })
+        .expect("csi-provisioner-v5/go.mod requires external-provisioner/v5");
+    for (version, provisioner) in [
+        ("v1.29.15", v5.as_str()),
+        ("1.33", v5.as_str()),
+        ("v1.34.4", "v6.4.0"),
+        ("1.38", "v6.4.0"),
+    ] {
+        let out = with_version(version);
+        assert!(
+            out.status.success(),
+            "{version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let image = format!("image: registry.k8s.io/sig-storage/csi-provisioner:{provisioner}\n");
+        assert!(text.contains(&image), "{version}: manifests lack {image}");
+        assert!(text.contains("csi-attacher:v4.13.0"), "{version}");
+    }
+    let out = with_version("v1.28.9");
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Kubernetes 1.28 is older than flexd supports: the oldest is 1.29"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing deployable is printed");
+    // An explicit image still wins over the version's choice.
+    let out = manifests(&[
+        "--plugin-dir",
+        "/nonexistent/plugins",
+        "--driver",
+        driver,
+        "--kubernetes-version",
+        "1.29",
+        "--provisioner-image",
+        "registry.example/csi-provisioner:mine",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("image: registry.example/csi-provisioner:mine\n"));
+}
+
+/// `--kubernetes-version -` reads `kubectl version -o json` from standard input, as the
+/// compatibility guide pipes it.
+#[test]
+fn manifests_read_kubectl_versions_json_from_stdin() {
+    use std::io::Write as _;
+    let mut child = test_support::clean_flexd()
+        .args([
+            "manifests",
+            "--plugin-dir",
+            "/nonexistent/plugins",
+            "--driver",
+            r#"acme/block={"attach":true,"provision":true}"#,
+            "--kubernetes-version",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"clientVersion":{"major":"1","minor":"37"},"serverVersion":{"major":"1","minor":"30+","gitVersion":"v1.30.14-gke.1"}}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("csi-provisioner:v5.3.0\n"));
+}
