@@ -68,10 +68,15 @@ case $tool in
   csi-provisioner | csi-attacher | csi-resizer)
     module=$here/sidecars/$tool tags= modfile=
     # The sidecar versions for that minor, as `flexd manifests --kubernetes-version` chooses
-    # them: csi-provisioner v6 needs storage.k8s.io/v1 VolumeAttributesClass (1.34).
+    # them: csi-provisioner v6 needs storage.k8s.io/v1 VolumeAttributesClass, csi-resizer v2
+    # the claims' allocatedResourceStatuses (both 1.34).
     if [ "$tool" = csi-provisioner ] && [ "$minor" -lt 34 ]; then
       module=$here/sidecars/csi-provisioner-v5
       package=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+    fi
+    if [ "$tool" = csi-resizer ] && [ "$minor" -lt 34 ]; then
+      module=$here/sidecars/csi-resizer-v1
+      package=github.com/kubernetes-csi/external-resizer/cmd/csi-resizer
     fi
     ;;
   kube | storage-e2e | ginkgo) [ -z "$modfile" ] || modfile_flag=-modfile=$modfile ;;

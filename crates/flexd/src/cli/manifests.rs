@@ -217,6 +217,13 @@ fn settings(
         resizer_image: (args.resizer_image.as_deref())
             .unwrap_or(sidecars.resizer)
             .to_owned(),
+        // The minor's flags go with whichever image: one given with --resizer-image must
+        // accept them (docs/compatibility.md).
+        resizer_flags: sidecars
+            .resizer_flags
+            .iter()
+            .map(|f| (*f).to_owned())
+            .collect(),
         expose_metrics: args.expose_metrics,
         fence_lease: args.fence_lease,
     }

@@ -34,16 +34,29 @@ impl KubernetesMinor {
         self.0 > NEWEST_TESTED_MINOR
     }
 
-    /// The sidecar images for this minor: each one's newest release that supports it.
-    pub fn sidecars(self) -> SidecarImages {
-        SidecarImages {
+    /// The sidecars for this minor: each one's newest release that supports it, with the flags
+    /// that make it agree with the minor's feature gates.
+    pub fn sidecars(self) -> Sidecars {
+        let before_1_34 = self.0 < 34;
+        Sidecars {
             attacher: ATTACHER_IMAGE,
-            provisioner: if self.0 >= 34 {
-                PROVISIONER_IMAGE
-            } else {
+            provisioner: if before_1_34 {
                 PROVISIONER_IMAGE_BEFORE_1_34
+            } else {
+                PROVISIONER_IMAGE
             },
-            resizer: RESIZER_IMAGE,
+            resizer: if before_1_34 {
+                RESIZER_IMAGE_BEFORE_1_34
+            } else {
+                RESIZER_IMAGE
+            },
+            // csi-resizer v1.14 assumes RecoverVolumeExpansionFailure (beta, on, from 1.32); an
+            // API server without it drops the claim status fields that flow writes.
+            resizer_flags: if self.0 < 32 {
+                &["--feature-gates=RecoverVolumeExpansionFailure=false"]
+            } else {
+                &[]
+            },
         }
     }
 }
@@ -60,12 +73,15 @@ pub const PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner
 pub const PROVISIONER_IMAGE_BEFORE_1_34: &str =
     "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0";
 pub const RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.3.0";
+pub const RESIZER_IMAGE_BEFORE_1_34: &str = "registry.k8s.io/sig-storage/csi-resizer:v1.14.0";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SidecarImages {
+pub struct Sidecars {
     pub attacher: &'static str,
     pub provisioner: &'static str,
     pub resizer: &'static str,
+    /// Flags for csi-resizer past flexd's own (which every minor gets).
+    pub resizer_flags: &'static [&'static str],
 }
 
 /// Something a minor lacks that flexd would use, and what flexd does about it.
@@ -80,11 +96,25 @@ pub struct Difference {
 
 /// Every difference between the supported minors that changes what flexd deploys or how it
 /// runs, oldest first. docs/compatibility.md carries them as [`markdown_table`] prints them.
-pub const DIFFERENCES: &[Difference] = &[Difference {
-    since: 34,
-    what: "storage.k8s.io/v1 VolumeAttributesClass, read by csi-provisioner v6",
-    before: "csi-provisioner v5.3.0, the newest release without it",
-}];
+pub const DIFFERENCES: &[Difference] = &[
+    Difference {
+        since: 32,
+        what: "RecoverVolumeExpansionFailure on by default (beta), which csi-resizer v1.14 assumes",
+        before: "csi-resizer with the gate off, as the API server has it",
+    },
+    Difference {
+        since: 34,
+        what: "storage.k8s.io/v1 VolumeAttributesClass, which csi-provisioner v6 reads",
+        before: "csi-provisioner v5.3.0",
+    },
+    Difference {
+        since: 34,
+        what: "RecoverVolumeExpansionFailure GA, which csi-resizer v2 assumes: on 1.29 a claim \
+               waiting for node expansion kept `Resizing` as its first condition, and \
+               Kubernetes' own storage suite failed",
+        before: "csi-resizer v1.14.0",
+    },
+];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VersionError {
@@ -172,32 +202,36 @@ fn from_parts(major: &str, minor: &str, text: &str) -> Result<KubernetesMinor, V
     Ok(KubernetesMinor(minor))
 }
 
-/// The per-minor table of docs/compatibility.md: the sidecars `flexd manifests` chooses for each
-/// supported minor, and what that minor lacks.
+/// docs/compatibility.md's tables: the sidecars `flexd manifests` chooses for each supported
+/// minor, then what the older minors lack.
 pub fn markdown_table() -> String {
     let mut out = String::from(
-        "| Kubernetes | csi-attacher | csi-provisioner | csi-resizer | lacks, and what flexd does |\n\
+        "| Kubernetes | csi-attacher | csi-provisioner | csi-resizer | csi-resizer's flags |\n\
          |---|---|---|---|---|\n",
     );
+    let tag = |image: &str| image.rsplit(':').next().unwrap_or(image).to_owned();
     for minor in OLDEST_MINOR..=NEWEST_TESTED_MINOR {
         let sidecars = KubernetesMinor(minor).sidecars();
-        let tag = |image: &str| image.rsplit(':').next().unwrap_or(image).to_owned();
-        let lacks: Vec<String> = DIFFERENCES
+        let flags: Vec<String> = sidecars
+            .resizer_flags
             .iter()
-            .filter(|d| minor < d.since)
-            .map(|d| format!("{} (since 1.{}): {}", d.what, d.since, d.before))
+            .map(|f| format!("`{f}`"))
             .collect();
         out.push_str(&format!(
             "| 1.{minor} | {} | {} | {} | {} |\n",
             tag(sidecars.attacher),
             tag(sidecars.provisioner),
             tag(sidecars.resizer),
-            if lacks.is_empty() {
-                "nothing flexd uses".to_owned()
+            if flags.is_empty() {
+                "–".to_owned()
             } else {
-                lacks.join("; ")
+                flags.join(" ")
             }
         ));
+    }
+    out.push_str("\n| missing before | what | so flexd deploys there |\n|---|---|---|\n");
+    for d in DIFFERENCES {
+        out.push_str(&format!("| 1.{} | {} | {} |\n", d.since, d.what, d.before));
     }
     out
 }
@@ -259,6 +293,20 @@ mod tests {
     }
 
     #[test]
+    fn resizer_v2_only_where_recovery_from_expansion_failure_is_ga() {
+        let sidecars = |v: &str| parse(v).unwrap().sidecars();
+        assert_eq!(sidecars("1.29").resizer, RESIZER_IMAGE_BEFORE_1_34);
+        assert_eq!(
+            sidecars("1.31").resizer_flags,
+            ["--feature-gates=RecoverVolumeExpansionFailure=false"]
+        );
+        assert_eq!(sidecars("1.32").resizer, RESIZER_IMAGE_BEFORE_1_34);
+        assert!(sidecars("1.32").resizer_flags.is_empty());
+        assert_eq!(sidecars("1.34").resizer, RESIZER_IMAGE);
+        assert!(sidecars("1.34").resizer_flags.is_empty());
+    }
+
+    #[test]
     fn provisioner_v6_only_where_volume_attributes_class_v1_is() {
         assert_eq!(
             parse("1.33").unwrap().sidecars().provisioner,
@@ -277,13 +325,17 @@ mod tests {
     }
 
     #[test]
-    fn the_table_has_a_row_per_supported_minor() {
+    fn the_table_has_a_row_per_supported_minor_and_difference() {
         let table = markdown_table();
+        let minors = (NEWEST_TESTED_MINOR - OLDEST_MINOR + 1) as usize;
         assert_eq!(
-            table.lines().count(),
-            2 + (NEWEST_TESTED_MINOR - OLDEST_MINOR + 1) as usize
+            table.lines().filter(|l| l.starts_with("| 1.")).count(),
+            minors + DIFFERENCES.len()
         );
-        assert!(table.contains("| 1.33 | v4.13.0 | v5.3.0 | v2.3.0 | storage.k8s.io/v1"));
-        assert!(table.contains("| 1.34 | v4.13.0 | v6.4.0 | v2.3.0 | nothing flexd uses |"));
+        assert!(table.contains(
+            "| 1.31 | v4.13.0 | v5.3.0 | v1.14.0 | `--feature-gates=RecoverVolumeExpansionFailure=false` |"
+        ));
+        assert!(table.contains("| 1.33 | v4.13.0 | v5.3.0 | v1.14.0 | – |"));
+        assert!(table.contains("| 1.34 | v4.13.0 | v6.4.0 | v2.3.0 | – |"));
     }
 }

@@ -178,6 +178,8 @@ pub struct Settings {
     pub attacher_image: String,
     pub provisioner_image: String,
     pub resizer_image: String,
+    /// csi-resizer's flags for the Kubernetes minor (`KubernetesMinor::sidecars`).
+    pub resizer_flags: Vec<String>,
     /// The node's metrics on every address of the node, for scraping from the network; by
     /// default only on its loopback.
     pub expose_metrics: bool,

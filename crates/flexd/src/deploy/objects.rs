@@ -579,6 +579,7 @@ pub(super) fn controller_deployment(settings: &Settings, drivers: &[DriverProfil
                     ]
                     .into_iter()
                     .chain(sidecar.tuning().iter().map(|flag| (*flag).to_owned()))
+                    .chain(sidecar.version_flags(settings).iter().cloned())
                     .collect(),
                 ),
                 resources: Some(resources("10m", "32Mi", "128Mi")),

@@ -62,6 +62,14 @@ impl Sidecar {
         }
     }
 
+    /// Flags the Kubernetes minor needs (`Settings::resizer_flags`).
+    pub(super) fn version_flags(self, settings: &Settings) -> &[String] {
+        match self {
+            Self::Resizer => &settings.resizer_flags,
+            Self::Attacher | Self::Provisioner => &[],
+        }
+    }
+
     /// The ClusterRole rules of the official sidecar's `deploy/kubernetes/rbac.yaml`.
     pub(super) fn rules(self) -> Vec<PolicyRule> {
         let table = match self {

@@ -13,6 +13,7 @@ fn settings() -> Settings {
         attacher_image: kubernetes_version::ATTACHER_IMAGE.to_owned(),
         provisioner_image: kubernetes_version::PROVISIONER_IMAGE.to_owned(),
         resizer_image: kubernetes_version::RESIZER_IMAGE.to_owned(),
+        resizer_flags: Vec::new(),
         expose_metrics: false,
         fence_lease: None,
     }

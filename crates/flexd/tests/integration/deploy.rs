@@ -797,9 +797,10 @@ fn the_compatibility_guide_lists_what_each_minor_gets() {
     );
 }
 
-/// Each minor's sidecars are the ones the e2e builds for it (tools.sh: csi-provisioner v5 from
-/// tests/e2e/sidecars/csi-provisioner-v5 before 1.34), and a minor below the oldest is refused
-/// with the minimum named.
+/// Each minor's sidecars are the ones the e2e builds for it (tools.sh: before 1.34,
+/// csi-provisioner and csi-resizer from tests/e2e/sidecars/csi-provisioner-v5 and
+/// csi-resizer-v1), with csi-resizer's gate off where the API server has it off, and a minor
+/// below the oldest is refused with the minimum named.
 #[test]
 fn manifests_choose_the_sidecars_of_the_kubernetes_version() {
     let driver = r#"acme/block={"attach":true,"provision":true,"requiresFSResize":true}"#;
@@ -813,23 +814,37 @@ fn manifests_choose_the_sidecars_of_the_kubernetes_version() {
             version,
         ])
     };
-    let go_mod = std::fs::read_to_string(
-        deploy_dir().join("../tests/e2e/sidecars/csi-provisioner-v5/go.mod"),
-    )
-    .unwrap();
-    let v5 = go_mod
-        .lines()
-        .find_map(|l| {
-            let mut words = l.trim().strip_prefix("require ")?.split_whitespace();
-            (words.next()? == "github.com/kubernetes-csi/external-provisioner/v5")
-                .then(|| words.next().map(str::to_owned))?
-        })
-        .expect("csi-provisioner-v5/go.mod requires external-provisioner/v5");
-    for (version, provisioner) in [
-        ("v1.29.15", v5.as_str()),
-        ("1.33", v5.as_str()),
-        ("v1.34.4", "v6.4.0"),
-        ("1.38", "v6.4.0"),
+    let pinned = |dir: &str, module: &str| {
+        let go_mod = std::fs::read_to_string(
+            deploy_dir()
+                .join("../tests/e2e/sidecars")
+                .join(dir)
+                .join("go.mod"),
+        )
+        .unwrap();
+        go_mod
+            .lines()
+            .find_map(|l| {
+                let mut words = l.trim().strip_prefix("require ")?.split_whitespace();
+                (words.next()? == module).then(|| words.next().map(str::to_owned))?
+            })
+            .unwrap_or_else(|| panic!("{dir}/go.mod requires {module}"))
+    };
+    let v5 = pinned(
+        "csi-provisioner-v5",
+        "github.com/kubernetes-csi/external-provisioner/v5",
+    );
+    let v1 = pinned(
+        "csi-resizer-v1",
+        "github.com/kubernetes-csi/external-resizer",
+    );
+    let gate = "--feature-gates=RecoverVolumeExpansionFailure=false";
+    for (version, provisioner, resizer, gated) in [
+        ("v1.29.15", v5.as_str(), v1.as_str(), true),
+        ("1.31", v5.as_str(), v1.as_str(), true),
+        ("1.33", v5.as_str(), v1.as_str(), false),
+        ("v1.34.4", "v6.4.0", "v2.3.0", false),
+        ("1.38", "v6.4.0", "v2.3.0", false),
     ] {
         let out = with_version(version);
         assert!(
@@ -838,9 +853,14 @@ fn manifests_choose_the_sidecars_of_the_kubernetes_version() {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8(out.stdout).unwrap();
-        let image = format!("image: registry.k8s.io/sig-storage/csi-provisioner:{provisioner}\n");
-        assert!(text.contains(&image), "{version}: manifests lack {image}");
-        assert!(text.contains("csi-attacher:v4.13.0"), "{version}");
+        for image in [
+            format!("image: registry.k8s.io/sig-storage/csi-provisioner:{provisioner}\n"),
+            format!("image: registry.k8s.io/sig-storage/csi-resizer:{resizer}\n"),
+            "image: registry.k8s.io/sig-storage/csi-attacher:v4.13.0\n".to_owned(),
+        ] {
+            assert!(text.contains(&image), "{version}: manifests lack {image}");
+        }
+        assert_eq!(text.contains(gate), gated, "{version}: {gate}");
     }
     let out = with_version("v1.28.9");
     assert_eq!(out.status.code(), Some(2), "a usage error");
