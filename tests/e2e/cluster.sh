@@ -909,7 +909,8 @@ up() {
     SIDECAR=$sidecar image "localhost/$sidecar:e2e" populate_sidecar "/$sidecar"
   done
   # The suite's pods run Kubernetes' test images, by the names this Kubernetes gives them:
-  # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing.
+  # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing
+  # (jessie-dnsutils before 1.36: storage-e2e -print-images names it so either way).
   local images; images=$("$D/bin/storage-e2e" -print-images)
   image "$(awk '$1 == "busybox" {print $2}' <<<"$images")" populate_tools /bin/sh
   image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh

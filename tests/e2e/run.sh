@@ -14,7 +14,10 @@
 # needs the E2E_NODES the cluster was brought up with.
 # E2E_SCENARIOS="deploy inline" runs those only (in the suite's order; deploy first: the others
 # need flexd deployed); E2E_KEEP=1 leaves the cluster up at the end. A failed run keeps its logs
-# in $E2E_DIR.logs. The rest of the environment (E2E_NAME, E2E_DIR, FLEXD): cluster.sh.
+# in $E2E_DIR.logs; E2E_REPORT_DIR=DIR also copies the scenarios' Ginkgo report and summaries
+# there (matrix.sh reads them). E2E_KUBERNETES=1.29 runs that Kubernetes minor instead of the one
+# tests/e2e/go.mod pins (tools.sh; pins in kubernetes/). The rest of the environment (E2E_NAME,
+# E2E_DIR, FLEXD): cluster.sh.
 set -euo pipefail
 # shellcheck source=tests/e2e/cluster.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
@@ -56,6 +59,12 @@ scenarios() {
     sed 's/^/    /' "$summary" >&2
   done
   if [ "$status" != 0 ] && [ "$failed" = 0 ]; then failed=1; log "FAIL: the scenarios exited $status"; fi
+  # For matrix.sh: the report and the summaries, kept past `down`.
+  if [ -n "${E2E_REPORT_DIR:-}" ]; then
+    mkdir -p "$E2E_REPORT_DIR"
+    cp "$report" "$E2E_REPORT_DIR/" 2>/dev/null || true
+    cp "$D"/logs/scenario-*.summary "$E2E_REPORT_DIR/" 2>/dev/null || true
+  fi
 }
 
 run_scenarios() {

@@ -40,7 +40,12 @@ func (c *Cluster) OperatorFlags(deployed ...string) []string {
 	chosen := func(driver string) bool {
 		return c.Installed(driver) && (len(deployed) == 0 || slices.Contains(deployed, driver))
 	}
-	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.Path("plugins")}
+	// The cluster's version, as an operator passes it: manifests choose the sidecars (the
+	// e2e's own sidecar images, SidecarImageFlags, are built for the same minor by tools.sh).
+	version, err := c.Kube.Discovery().ServerVersion()
+	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the API server's version")
+	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.Path("plugins"),
+		"--kubernetes-version", version.GitVersion}
 	for _, driver := range []string{c.Driver, "e2e/rec-hostdir"} {
 		if chosen(driver) {
 			flags = append(flags, "--inline-volumes", driver)

@@ -9,6 +9,6 @@ type suiteImage struct {
 	id   imageutils.ImageID
 }
 
-// Before 1.36 no storage spec ran the glibc DNS test image.
+// Before 1.36 the multivolume specs' glibc image was jessie-dnsutils (glibc-dns-testing after).
 var suiteImages = []suiteImage{{"busybox", imageutils.BusyBox}, {"agnhost", imageutils.Agnhost}, {"nginx", imageutils.Nginx},
-	{"pause", imageutils.Pause}}
+	{"pause", imageutils.Pause}, {"glibc-dns-testing", imageutils.JessieDnsutils}}
