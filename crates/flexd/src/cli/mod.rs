@@ -9,6 +9,7 @@ pub mod install;
 pub mod manifests;
 pub mod migrate;
 pub mod ownership;
+pub mod preflight;
 pub mod records;
 pub mod volume;
 pub mod watch;
@@ -74,6 +75,10 @@ pub enum Command {
     /// cluster, or convert objects from a file (-f).
     #[command(after_help = migrate::EXIT)]
     Migrate(migrate::MigrateArgs),
+    /// Check this node before deploying flexd: kernel, cgroups, plugin and kubelet dirs, mount
+    /// propagation, SELinux, loop devices, tools; each finding with what to do.
+    #[command(after_help = exit::PREFLIGHT)]
+    Preflight(preflight::PreflightArgs),
     /// Print the Kubernetes objects that deploy flexd for the drivers (YAML, multi-document).
     #[command(after_help = exit::MANIFESTS)]
     Manifests(Box<manifests::ManifestsArgs>),
@@ -95,6 +100,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => crate::serve::run(&cli.global, args),
         Command::Records(args) => records::run(&cli.global, args),
         Command::Migrate(args) => migrate::run(&cli.global, args),
+        Command::Preflight(args) => preflight::run(&cli.global, args),
         Command::Manifests(args) => manifests::run(&cli.global, *args),
         Command::Completions(args) => completions::run(args),
     }

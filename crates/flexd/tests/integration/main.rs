@@ -26,6 +26,7 @@ mod manifests;
 mod migrate;
 mod mount_namespace;
 mod ownership;
+mod preflight;
 mod provision;
 mod rust_version;
 mod serve;
