@@ -912,7 +912,12 @@ up() {
   # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing
   # (jessie-dnsutils before 1.36: storage-e2e -print-images names it so either way).
   local images; images=$("$D/bin/storage-e2e" -print-images)
-  image "$(awk '$1 == "busybox" {print $2}' <<<"$images")" populate_tools /bin/sh
+  local busybox; busybox=$(awk '$1 == "busybox" {print $2}' <<<"$images")
+  image "$busybox" populate_tools /bin/sh
+  # The operator guide's example names its busybox itself (the newest suite's): on an older
+  # minor, whose suite names another, that one too.
+  local example; example=$(awk '$1 == "image:" {print $2; exit}' "$repo/examples/kubernetes/loop-app.yaml")
+  [ "$example" = "$busybox" ] || image "$example" populate_tools /bin/sh
   image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh
   # nginx's: the volumes suite's exec spec runs a shell script in it, never nginx itself.
   image "$(awk '$1 == "nginx" {print $2}' <<<"$images")" populate_tools /bin/sh
