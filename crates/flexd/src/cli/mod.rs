@@ -6,6 +6,7 @@ pub mod check;
 pub mod completions;
 pub mod drivers;
 pub mod install;
+pub mod kubeconfig;
 pub mod manifests;
 pub mod migrate;
 pub mod ownership;
@@ -76,7 +77,8 @@ pub enum Command {
     #[command(after_help = migrate::EXIT)]
     Migrate(migrate::MigrateArgs),
     /// Check this node before deploying flexd: kernel, cgroups, plugin and kubelet dirs, mount
-    /// propagation, SELinux, loop devices, tools; each finding with what to do.
+    /// propagation, SELinux, loop devices, tools; with --cluster, the Kubernetes version and
+    /// kube-controller-manager too. Each finding with what to do.
     #[command(after_help = exit::PREFLIGHT)]
     Preflight(preflight::PreflightArgs),
     /// Print the Kubernetes objects that deploy flexd for the drivers (YAML, multi-document).

@@ -38,7 +38,7 @@ pub fn findings(facts: &NodeFacts) -> Vec<Finding> {
     ]
 }
 
-fn ok(check: Check, summary: String) -> Finding {
+pub(super) fn ok(check: Check, summary: String) -> Finding {
     Finding {
         check,
         severity: Severity::Ok,
@@ -47,7 +47,7 @@ fn ok(check: Check, summary: String) -> Finding {
     }
 }
 
-fn warning(check: Check, summary: String, advice: String) -> Finding {
+pub(super) fn warning(check: Check, summary: String, advice: String) -> Finding {
     Finding {
         check,
         severity: Severity::Warning,
@@ -56,7 +56,7 @@ fn warning(check: Check, summary: String, advice: String) -> Finding {
     }
 }
 
-fn error(check: Check, summary: String, advice: String) -> Finding {
+pub(super) fn error(check: Check, summary: String, advice: String) -> Finding {
     Finding {
         check,
         severity: Severity::Error,
@@ -400,7 +400,7 @@ fn tools(tools: &[super::Tool]) -> Finding {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::path::PathBuf;
 
     use super::super::{KubeletDirFacts, Tool};
@@ -456,8 +456,14 @@ mod tests {
         found
     }
 
+    /// The finding has the severity, says each of `says` (summary or advice), and has advice
+    /// exactly when it is not ok. The cluster findings' tests use it too.
     #[track_caller]
-    fn assert_finding(finding: &Finding, severity: Severity, says: &[&str]) {
+    pub(in crate::preflight) fn assert_finding(
+        finding: &Finding,
+        severity: Severity,
+        says: &[&str],
+    ) {
         assert_eq!(finding.severity, severity, "{finding:?}");
         let text = format!(
             "{} {}",

@@ -1,17 +1,25 @@
-//! `flexd preflight`: what a node means for flexd, before flexd is deployed on it.
+//! `flexd preflight`: what a node means for flexd, before flexd is deployed on it, and with
+//! `--cluster` what the cluster means for it.
 //!
 //! The binary gathers [`NodeFacts`] (uname, /sys, /proc, the directories: its only I/O,
 //! `cli/preflight/facts.rs`); [`findings`] turns them into [`Finding`]s, each with a
 //! [`Severity`] and, for warnings and errors, what to do. Split so that every verdict and its
 //! advice is tested without the node it is about. What flexd relies on is
-//! docs/compatibility.md#nodes; the advice points there and at the contract's sections.
+//! docs/compatibility.md#nodes; the advice points there and at the contract's sections. The
+//! cluster's side is the same split: [`ClusterFacts`] from the API server
+//! (`cli/preflight/cluster.rs`), [`cluster_findings`] from them.
 
+mod cluster;
 mod findings;
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+pub use cluster::{
+    cluster_findings, ApiFailure, ClusterFacts, ControllerManagers, ServerVersion,
+    KCM_DEFAULT_FLEX_DIR, KCM_NAMESPACE, KCM_SELECTORS,
+};
 pub use findings::{findings, LOOP_CONFIGURE_SINCE, TOOLS};
 
 /// What `flexd preflight` saw on the node: observations only, no verdicts.
@@ -108,7 +116,8 @@ pub struct Tool {
     pub found: Option<PathBuf>,
 }
 
-/// How much a finding matters: an error means flexd will not work on this node as deployed.
+/// How much a finding matters: an error means flexd will not work on this node (or cluster) as
+/// deployed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
@@ -139,6 +148,8 @@ pub enum Check {
     Selinux,
     LoopDevices,
     Tools,
+    KubernetesVersion,
+    KubeControllerManager,
 }
 
 impl Check {
@@ -152,11 +163,13 @@ impl Check {
             Self::Selinux => "selinux",
             Self::LoopDevices => "loop-devices",
             Self::Tools => "tools",
+            Self::KubernetesVersion => "kubernetes-version",
+            Self::KubeControllerManager => "kube-controller-manager",
         }
     }
 }
 
-/// One thing found about the node.
+/// One thing found about the node or the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub check: Check,

@@ -25,6 +25,6 @@ pub const INSTALL: &str =
 pub const MANIFESTS: &str =
     "Exit status: 0 printed, 1 error (a driver failed init, is unknown or has no CSI name), 2 bad usage.";
 pub const PREFLIGHT: &str =
-    "Exit status: 0 no error found (warnings allowed), 1 an error found on the node, or error, 2 bad usage.";
+    "Exit status: 0 no error found (warnings allowed), 1 an error found on the node (or with --cluster in the cluster), or error, 2 bad usage.";
 pub const VOLUME: &str = "Exit status: 0 done, 1 error, 2 bad usage; isattached: 3 not attached.";
 pub const ALL: &str = "Exit status: 0 done, 1 error, 2 bad usage, 3 a definite no (call: Not supported; volume isattached: not attached; check: the mount needs options). Each command's --help says which apply.";

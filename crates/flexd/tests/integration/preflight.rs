@@ -1,7 +1,9 @@
 //! `flexd preflight` through the real binary, on a sandbox's plugin and kubelet dirs: the
 //! findings about them as text and JSON, and the exit status (1 only for an error finding).
 //! The other findings (kernel, cgroups, SELinux, …) are this machine's and may be anything but
-//! an error; their every verdict is unit-tested in `flexd::preflight`.
+//! an error; their every verdict is unit-tested in `flexd::preflight`. With `--cluster`, an API
+//! server out of reach: the cluster's findings after the node's, and no credential printed (a
+//! real cluster's are the e2e's).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -39,16 +41,23 @@ fn kubelet_dir(s: &Sandbox) -> PathBuf {
     dir
 }
 
+/// With `--cluster`, after [`CHECKS`].
+const CLUSTER_CHECKS: [&str; 2] = ["kubernetes-version", "kube-controller-manager"];
+
 /// The JSON report, checked for its shape: every check once, in order; advice exactly for
 /// warnings and errors; the counts matching the findings.
 fn report(out: &Output) -> Value {
+    report_of(out, &CHECKS)
+}
+
+fn report_of(out: &Output, expected: &[&str]) -> Value {
     let report = stdout_json(out);
     let findings = report["findings"].as_array().expect("findings");
     let checks: Vec<&str> = findings
         .iter()
         .map(|f| f["check"].as_str().unwrap())
         .collect();
-    assert_eq!(checks, CHECKS, "{report:#}");
+    assert_eq!(checks, expected, "{report:#}");
     let mut counts = (0, 0);
     for f in findings {
         let severity = f["severity"].as_str().unwrap();
@@ -265,6 +274,117 @@ fn preflight_looks_at_the_node_from_where_it_runs_only() {
     let s = Sandbox::new();
     let out = flexd_command(&s.plugin())
         .args(["--driver-mount-namespace", "/proc/1/ns/mnt", "preflight"])
+        .output()
+        .expect("flexd runs");
+    test_support::assert_fails_saying(&out, 2, &["run it on the node itself"]);
+    assert!(stdout_of(&out).is_empty());
+}
+
+/// A kubeconfig whose API server is out of reach (nothing listens on port 1), with a token that
+/// must never be printed.
+const FAKE_TOKEN: &str = "fake-token-PREFLIGHT-6b1f0c9e";
+
+fn unreachable_kubeconfig(s: &Sandbox) -> PathBuf {
+    let kubeconfig = s.path("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: c, cluster: {{server: \"https://127.0.0.1:1\", \
+             insecure-skip-tls-verify: true}}}}]\n\
+             users: [{{name: u, user: {{token: {FAKE_TOKEN}}}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+#[test]
+fn an_api_server_out_of_reach_is_an_error_finding_after_the_node_ones() {
+    let s = Sandbox::new();
+    let (plugin, kubelet) = (s.plugin(), kubelet_dir(&s));
+    let kubeconfig = unreachable_kubeconfig(&s);
+    let cluster = ["--cluster", "--kubeconfig", kubeconfig.to_str().unwrap()];
+
+    let out = preflight(&plugin, &kubelet, &cluster);
+    let (text, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(1), "{text}{stderr}");
+    for output in [&text, &stderr] {
+        assert!(
+            !output.contains(FAKE_TOKEN),
+            "the token is printed:\n{output}"
+        );
+    }
+    // The node's findings first, as without --cluster.
+    for check in CHECKS.iter().chain(&CLUSTER_CHECKS) {
+        text_finding(&text, check);
+    }
+    let (line, advice) = text_finding(&text, "kubernetes-version");
+    assert!(line.starts_with("ERROR "), "{line}");
+    assert!(
+        line.contains("cannot ask the API server at https://127.0.0.1:1 for its version: "),
+        "{line}"
+    );
+    assert!(line.contains("Connection refused"), "{line}");
+    assert!(advice.expect("advice").contains("--kubeconfig"), "{text}");
+    let (line, _) = text_finding(&text, "kube-controller-manager");
+    assert!(line.starts_with("WARNING "), "{line}");
+    assert!(line.contains("not checked"), "{line}");
+    let last = text.lines().last().unwrap();
+    assert!(
+        last.starts_with("1 error, ") && last.ends_with("on this node and cluster"),
+        "{last}"
+    );
+
+    let mut json = cluster.to_vec();
+    json.extend(["-o", "json"]);
+    let out = preflight(&plugin, &kubelet, &json);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    for output in [stdout_of(&out), stderr_of(&out)] {
+        assert!(
+            !output.contains(FAKE_TOKEN),
+            "the token is printed:\n{output}"
+        );
+    }
+    let expected: Vec<&str> = CHECKS.iter().chain(&CLUSTER_CHECKS).copied().collect();
+    let report = report_of(&out, &expected);
+    assert_eq!(report["errors"], 1, "{report:#}");
+    let f = finding(&report, "kubernetes-version");
+    assert_eq!(f["severity"], "error", "{f}");
+    assert!(
+        f["summary"]
+            .as_str()
+            .unwrap()
+            .contains("Connection refused"),
+        "{f}"
+    );
+    assert_eq!(
+        finding(&report, "kube-controller-manager")["severity"],
+        "warning"
+    );
+}
+
+#[test]
+fn the_cluster_is_asked_only_with_cluster() {
+    let s = Sandbox::new();
+    // --kubeconfig alone is bad usage, and nothing is checked.
+    let kubeconfig = unreachable_kubeconfig(&s);
+    let out = preflight(
+        &s.plugin(),
+        &kubelet_dir(&s),
+        &["--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    test_support::assert_fails_saying(&out, 2, &["--cluster"]);
+    assert!(stdout_of(&out).is_empty());
+    // --cluster in flexd's pod is refused as the node's checks are.
+    let out = flexd_command(&s.plugin())
+        .args([
+            "--driver-mount-namespace",
+            "/proc/1/ns/mnt",
+            "preflight",
+            "--cluster",
+        ])
         .output()
         .expect("flexd runs");
     test_support::assert_fails_saying(&out, 2, &["run it on the node itself"]);

@@ -50,7 +50,7 @@ pub fn run(mode: Mode, options: &Options<'_>) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let (client, server) = client(options.kubeconfig).await?;
+        let (client, server) = crate::cli::kubeconfig::client(options.kubeconfig).await?;
         let migrator = Migrator {
             journal: Api::namespaced(client.clone(), options.journal_namespace),
             journal_namespace: options.journal_namespace.to_owned(),
@@ -65,25 +65,6 @@ pub fn run(mode: Mode, options: &Options<'_>) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("API server {server}"))
     })
-}
-
-/// The client, and the API server's address for errors.
-async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<(kube::Client, String)> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "finding the API server (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster)",
-        )?,
-    };
-    let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).context("making the API server client")?;
-    Ok((client, server))
 }
 
 struct Migrator {

@@ -1,14 +1,17 @@
 //! `flexd preflight`: run on a node before deploying flexd, says what the node means for flexd
 //! (the kernel, cgroups, the plugin dir, kubelet's dir and its mount, SELinux, loop devices,
-//! host tools), each finding with what to do. It only looks: nothing is created or changed,
-//! and the Kubernetes API is not asked. The verdicts are [`flexd::preflight`]; this module
-//! gathers the facts ([`facts`]) and prints.
+//! host tools), each finding with what to do. It only looks: nothing is created or changed. The
+//! Kubernetes API is asked only with `--cluster`, and only read: the cluster's version and
+//! kube-controller-manager's pods. The verdicts are [`flexd::preflight`]; this module gathers
+//! the facts ([`facts`], [`cluster`]) and prints.
 
+mod cluster;
 mod facts;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::error::ErrorKind;
 use clap::Args;
 use flexd::preflight::{self, Report, Severity};
@@ -24,6 +27,15 @@ pub struct PreflightArgs {
     /// volumes.
     #[arg(long, value_name = "DIR", value_parser = crate::settings::parse_dir, default_value = DEFAULT_KUBELET_DIR)]
     pub kubelet_dir: PathBuf,
+    /// Check the cluster too, after the node: the API server's Kubernetes version (and what
+    /// flexd manifests deploys for it), and whether kube-controller-manager can run FlexVolume
+    /// drivers. Only reads: /version, and pods in kube-system.
+    #[arg(long)]
+    pub cluster: bool,
+    /// The cluster (with --cluster): this kubeconfig; default: KUBECONFIG, ~/.kube/config, or
+    /// in-cluster.
+    #[arg(long, value_name = "PATH", requires = "cluster")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 pub fn run(global: &Global, args: PreflightArgs) -> anyhow::Result<ExitCode> {
@@ -42,10 +54,19 @@ pub fn run(global: &Global, args: PreflightArgs) -> anyhow::Result<ExitCode> {
     }
     let facts = facts::gather(&global.plugin_dir, &args.kubelet_dir);
     tracing::debug!(?facts, "node facts");
-    let report = Report::new(preflight::findings(&facts));
+    let mut findings = preflight::findings(&facts);
+    if args.cluster {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let facts = runtime.block_on(cluster::gather(args.kubeconfig.as_deref()));
+        findings.extend(preflight::cluster_findings(&facts));
+    }
+    let report = Report::new(findings);
     match global.output {
         OutputFormat::Json => super::print_json(&report)?,
-        OutputFormat::Text => print_text(&report),
+        OutputFormat::Text => print_text(&report, args.cluster),
     }
     Ok(exit_code(&report))
 }
@@ -59,7 +80,7 @@ fn exit_code(report: &Report) -> ExitCode {
     }
 }
 
-fn print_text(report: &Report) {
+fn print_text(report: &Report, cluster: bool) {
     let severity_width = "WARNING".len();
     let check_width = report
         .findings
@@ -79,10 +100,16 @@ fn print_text(report: &Report) {
             println!("{indent}what to do: {advice}");
         }
     }
-    println!("{}", closing_line(report));
+    println!("{}", closing_line(report, cluster));
 }
 
-fn closing_line(report: &Report) -> String {
+/// The counts, and what they mean for the node (and with `--cluster`, the cluster).
+fn closing_line(report: &Report, cluster: bool) -> String {
+    let (subject, is) = if cluster {
+        ("this node and cluster", "are")
+    } else {
+        ("this node", "is")
+    };
     let count = |n: usize, what: &str| match n {
         0 => format!("no {what}s"),
         1 => format!("1 {what}"),
@@ -96,10 +123,10 @@ fn closing_line(report: &Report) -> String {
     let worst = report.findings.iter().map(|f| f.severity).max();
     match worst {
         Some(Severity::Error) => {
-            format!("{counts}: fix the errors before deploying flexd on this node")
+            format!("{counts}: fix the errors before deploying flexd on {subject}")
         }
         Some(Severity::Warning) => format!("{counts}: flexd can be deployed; read the warnings"),
-        Some(Severity::Ok) | None => format!("{counts}: this node is ready for flexd"),
+        Some(Severity::Ok) | None => format!("{counts}: {subject} {is} ready for flexd"),
     }
 }
 
@@ -151,10 +178,23 @@ mod tests {
             let report = report(severities);
             assert_eq!(exit_code(&report), code, "{severities:?}");
             assert!(
-                closing_line(&report).starts_with(line),
+                closing_line(&report, false).starts_with(line),
                 "{severities:?}: {}",
-                closing_line(&report)
+                closing_line(&report, false)
             );
         }
+    }
+
+    #[test]
+    fn with_the_cluster_the_closing_line_names_both() {
+        use Severity::{Error, Ok as Good};
+        assert_eq!(
+            closing_line(&report(&[Good]), true),
+            "no errors, no warnings: this node and cluster are ready for flexd"
+        );
+        assert_eq!(
+            closing_line(&report(&[Error]), true),
+            "1 error, no warnings: fix the errors before deploying flexd on this node and cluster"
+        );
     }
 }
