@@ -16,7 +16,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 doc=$repo/docs/compatibility.md
-scenarios=${MATRIX_SCENARIOS:-deploy static_pv inline fsgroup storage example nodes multiattach migrate_apply nodeloss}
+scenarios=${MATRIX_SCENARIOS:-deploy preflight static_pv inline fsgroup storage example nodes multiattach migrate_apply nodeloss}
 out=${MATRIX_DIR:-/var/tmp/flexd-matrix}
 export E2E_NODES=${E2E_NODES:-3}
 

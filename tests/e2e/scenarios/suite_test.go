@@ -36,6 +36,7 @@ var _ = ginkgo.BeforeSuite(func() {
 // scenario does not stop the ones after it.
 var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func() {
 	ginkgo.It("deploy", ginkgo.Label("deploy"), scenarioDeploy)
+	ginkgo.It("preflight", ginkgo.Label("preflight"), scenarioPreflight)
 	ginkgo.It("static_pv", ginkgo.Label("static_pv"), scenarioStaticPV)
 	ginkgo.It("inline", ginkgo.Label("inline"), scenarioInline)
 	ginkgo.It("fsgroup", ginkgo.Label("fsgroup"), scenarioFSGroup)
