@@ -844,6 +844,7 @@ fn manifests_choose_the_sidecars_of_the_kubernetes_version() {
         ("1.31", v5.as_str(), v1.as_str(), true),
         ("1.33", v5.as_str(), v1.as_str(), false),
         ("v1.34.4", "v6.4.0", "v2.3.0", false),
+        ("1.37", "v6.4.0", "v2.3.0", false),
         ("1.38", "v6.4.0", "v2.3.0", false),
     ] {
         let out = with_version(version);
