@@ -85,6 +85,56 @@ pub fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The mount holding a directory, and how mounts below it propagate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldingMount {
+    pub mount_point: PathBuf,
+    /// Its peer group (`shared:N`): mounts below it propagate to and from its peers.
+    pub shared: Option<u64>,
+    /// The peer group it is a slave of (`master:N`): mounts propagate into it only.
+    pub master: Option<u64>,
+}
+
+/// The mount holding `dir` (absolute, symlinks resolved) in the text of a mountinfo table: the
+/// last one listed at the longest mount point above it (a later mount at the same point covers
+/// the earlier one). `None` when no mount holds it; malformed lines are skipped.
+pub fn mount_holding(mountinfo: &str, dir: &Path) -> Option<HoldingMount> {
+    let mut best: Option<(usize, HoldingMount)> = None;
+    for line in mountinfo.lines() {
+        let Some((before, _)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = before.split(' ').collect();
+        let Some(mount_point) = fields.get(4) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(unescape(mount_point));
+        if !dir.starts_with(&mount_point) {
+            continue;
+        }
+        let depth = mount_point.components().count();
+        if best.as_ref().is_some_and(|(d, _)| *d > depth) {
+            continue;
+        }
+        // Optional fields: from the 7th to the ` - ` separator.
+        let tag = |name: &str| {
+            fields
+                .iter()
+                .skip(6)
+                .find_map(|f| f.strip_prefix(name)?.parse().ok())
+        };
+        best = Some((
+            depth,
+            HoldingMount {
+                mount_point,
+                shared: tag("shared:"),
+                master: tag("master:"),
+            },
+        ));
+    }
+    best.map(|(_, mount)| mount)
+}
+
 /// Parses the text of /proc/self/mountinfo. Malformed lines are skipped.
 pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
     text.lines()
@@ -350,6 +400,54 @@ fn effective_capabilities(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TABLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+23 22 8:2 / /usr ro,relatime shared:2 - ext4 /dev/vda2 ro
+30 22 0:30 / /var/lib/kubelet rw,relatime - ext4 /dev/sda1 rw
+31 22 0:31 / /var/lib/flexd rw master:9 - ext4 /dev/sda1 rw
+32 30 0:32 / /var/lib/kubelet/pods/x rw shared:4 - tmpfs tmpfs rw
+33 22 0:33 / /var/lib/kubelet rw shared:8 master:7 - ext4 /dev/sda1 rw
+34 22 0:34 / /mnt/with\\040space rw shared:5 - tmpfs tmpfs rw
+";
+
+    fn holding(dir: &str) -> Option<HoldingMount> {
+        mount_holding(TABLE, Path::new(dir))
+    }
+
+    #[test]
+    fn the_mount_holding_a_dir_is_the_latest_at_the_deepest_point() {
+        let mount = |point: &str, shared, master| HoldingMount {
+            mount_point: PathBuf::from(point),
+            shared,
+            master,
+        };
+        assert_eq!(
+            holding("/usr/libexec/kubernetes"),
+            Some(mount("/usr", Some(2), None))
+        );
+        // The later mount on /var/lib/kubelet covers the first.
+        assert_eq!(
+            holding("/var/lib/kubelet/plugins_registry"),
+            Some(mount("/var/lib/kubelet", Some(8), Some(7)))
+        );
+        assert_eq!(
+            holding("/var/lib/kubelet/pods/x/volumes"),
+            Some(mount("/var/lib/kubelet/pods/x", Some(4), None))
+        );
+        assert_eq!(
+            holding("/var/lib/flexd"),
+            Some(mount("/var/lib/flexd", None, Some(9)))
+        );
+        // Components, not string prefixes.
+        assert_eq!(holding("/usrx"), Some(mount("/", Some(1), None)));
+        assert_eq!(
+            holding("/mnt/with space/d"),
+            Some(mount("/mnt/with space", Some(5), None))
+        );
+        assert_eq!(mount_holding("", Path::new("/etc")), None);
+        assert_eq!(mount_holding("garbage\n", Path::new("/etc")), None);
+    }
 
     const SAMPLE: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw

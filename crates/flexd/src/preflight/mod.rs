@@ -12,7 +12,7 @@
 mod cluster;
 mod findings;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
@@ -87,15 +87,9 @@ pub struct KubeletDirFacts {
     pub plugins_registry: bool,
 }
 
-/// One mount of `/proc/self/mountinfo`: where it is and how mounts below it propagate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mount {
-    pub mount_point: PathBuf,
-    /// Its peer group (`shared:N`): mounts below it propagate to and from its peers.
-    pub shared: Option<u64>,
-    /// The peer group it is a slave of (`master:N`): mounts propagate into it only.
-    pub master: Option<u64>,
-}
+/// The mount holding a directory, and how mounts below it propagate (parsed by
+/// [`flexvolume_os::mount::mount_holding`], as flexd's own propagation check reads it).
+pub use flexvolume_os::mount::HoldingMount as Mount;
 
 /// SELinux's mode, from `/sys/fs/selinux/enforce`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,48 +203,6 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((major.parse().ok()?, rest[..digits].parse().ok()?))
 }
 
-/// The mount holding `dir` (absolute, symlinks resolved) in the text of a mountinfo table: the
-/// last one listed at the longest mount point above it (a later mount at the same point covers
-/// the earlier one), as flexd's own propagation check reads it (`flexvolume_host::runner`).
-pub fn mount_holding(mountinfo: &str, dir: &Path) -> Option<Mount> {
-    let mut best: Option<(usize, Mount)> = None;
-    for line in mountinfo.lines() {
-        let Some((before, _)) = line.split_once(" - ") else {
-            continue;
-        };
-        let fields: Vec<&str> = before.split(' ').collect();
-        let Some(mount_point) = fields.get(4) else {
-            continue;
-        };
-        let mount_point = PathBuf::from(flexvolume_os::mount::unescape(mount_point));
-        if !dir.starts_with(&mount_point) {
-            continue;
-        }
-        let depth = mount_point.components().count();
-        if best.as_ref().is_some_and(|(d, _)| *d > depth) {
-            continue;
-        }
-        // Optional fields: from the 7th to the ` - ` separator.
-        let tag = |name: &str| {
-            fields
-                .iter()
-                .skip(6)
-                .find_map(|f| f.strip_prefix(name)?.parse().ok())
-        };
-        let shared = tag("shared:");
-        let master = tag("master:");
-        best = Some((
-            depth,
-            Mount {
-                mount_point,
-                shared,
-                master,
-            },
-        ));
-    }
-    best.map(|(_, mount)| mount)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,54 +218,6 @@ mod tests {
         assert_eq!(kernel_version("6"), None);
         assert_eq!(kernel_version("6.x"), None);
         assert_eq!(kernel_version(""), None);
-    }
-
-    const TABLE: &str = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
-23 22 8:2 / /usr ro,relatime shared:2 - ext4 /dev/vda2 ro
-30 22 0:30 / /var/lib/kubelet rw,relatime - ext4 /dev/sda1 rw
-31 22 0:31 / /var/lib/flexd rw master:9 - ext4 /dev/sda1 rw
-32 30 0:32 / /var/lib/kubelet/pods/x rw shared:4 - tmpfs tmpfs rw
-33 22 0:33 / /var/lib/kubelet rw shared:8 master:7 - ext4 /dev/sda1 rw
-34 22 0:34 / /mnt/with\\040space rw shared:5 - tmpfs tmpfs rw
-";
-
-    fn holding(dir: &str) -> Option<Mount> {
-        mount_holding(TABLE, Path::new(dir))
-    }
-
-    #[test]
-    fn the_mount_holding_a_dir_is_the_latest_at_the_deepest_point() {
-        let mount = |point: &str, shared, master| Mount {
-            mount_point: PathBuf::from(point),
-            shared,
-            master,
-        };
-        assert_eq!(
-            holding("/usr/libexec/kubernetes"),
-            Some(mount("/usr", Some(2), None))
-        );
-        // The later mount on /var/lib/kubelet covers the first.
-        assert_eq!(
-            holding("/var/lib/kubelet/plugins_registry"),
-            Some(mount("/var/lib/kubelet", Some(8), Some(7)))
-        );
-        assert_eq!(
-            holding("/var/lib/kubelet/pods/x/volumes"),
-            Some(mount("/var/lib/kubelet/pods/x", Some(4), None))
-        );
-        assert_eq!(
-            holding("/var/lib/flexd"),
-            Some(mount("/var/lib/flexd", None, Some(9)))
-        );
-        // Components, not string prefixes.
-        assert_eq!(holding("/usrx"), Some(mount("/", Some(1), None)));
-        assert_eq!(
-            holding("/mnt/with space/d"),
-            Some(mount("/mnt/with space", Some(5), None))
-        );
-        assert_eq!(mount_holding("", Path::new("/etc")), None);
-        assert_eq!(mount_holding("garbage\n", Path::new("/etc")), None);
     }
 
     #[test]

@@ -260,32 +260,7 @@ type Peers = (Option<u64>, Option<u64>);
 /// longest mount point above `dir` (later mounts cover earlier ones). `None` when no mount
 /// holds it.
 fn peers_of(mountinfo: &str, dir: &Path) -> Option<Peers> {
-    let mut best: Option<(usize, Peers)> = None;
-    for line in mountinfo.lines() {
-        let Some((before, _)) = line.split_once(" - ") else {
-            continue;
-        };
-        let fields: Vec<&str> = before.split(' ').collect();
-        let Some(mount_point) = fields.get(4) else {
-            continue;
-        };
-        let mount_point = PathBuf::from(flexvolume_os::mount::unescape(mount_point));
-        if !dir.starts_with(&mount_point) {
-            continue;
-        }
-        let depth = mount_point.components().count();
-        if best.as_ref().is_some_and(|(d, _)| *d > depth) {
-            continue;
-        }
-        let tag = |name: &str| {
-            fields
-                .iter()
-                .skip(6)
-                .find_map(|f| f.strip_prefix(name)?.parse().ok())
-        };
-        best = Some((depth, (tag("shared:"), tag("master:"))));
-    }
-    best.map(|(_, peers)| peers)
+    flexvolume_os::mount::mount_holding(mountinfo, dir).map(|m| (m.shared, m.master))
 }
 
 /// Device and inode of `dir`, or `None` when it cannot be looked at.

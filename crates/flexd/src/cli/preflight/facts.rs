@@ -106,7 +106,7 @@ fn dir(path: &Path, mountinfo: &Result<String, String>) -> DirFacts {
     let mount = mountinfo.clone().and_then(|table| {
         // The table names mount points with every symlink resolved.
         let real = existing.canonicalize().unwrap_or_else(|_| existing.clone());
-        preflight::mount_holding(&table, &real)
+        flexvolume_os::mount::mount_holding(&table, &real)
             .ok_or_else(|| format!("no mount in {MOUNTINFO} holds {}", real.display()))
     });
     tracing::debug!(dir = %path.display(), ?presence, ?read_only, ?mount, "looked at");
