@@ -186,6 +186,20 @@ unmount_under() {
   [ -z "$(findmnt -rn -o TARGET | awk -v d="$1" 'index($0, d "/") == 1')" ]
 }
 
+# Kubernetes' storage suite (its binary, Ginkgo, its images) only where a storage scenario will
+# run: run.sh's E2E_SCENARIOS (every scenario when unset, as for `run.sh up`).
+storage_suite_wanted() { [[ " ${SCENARIOS:-storage} " == *" storage "* ]]; }
+
+# disk_room: the scratch dir's filesystem has room for the cluster (E2E_DISK_GIB a node, 3 by
+# default: every node's containerd holds every image, packed and unpacked, and the storage
+# suite's volumes), or up stops here, saying so, rather than at an image import that fills it.
+disk_room() {
+  local need_gib=$((${E2E_DISK_GIB:-3} * E2E_NODES)) free_kib
+  free_kib=$(df -Pk "$(dirname "$D")" | awk 'NR == 2 {print $4}')
+  ((free_kib >= need_gib * 1024 * 1024)) ||
+    die "the filesystem of $D has $((free_kib / 1024 / 1024)) GiB free; $E2E_NODES node(s) need about $need_gib GiB (E2E_DISK_GIB=${E2E_DISK_GIB:-3} a node). Free some (Go's build cache: go clean -cache)"
+}
+
 remove_cgroups() {
   # Deepest first, again and again for up to 30 s: a process killed a moment ago may still be in
   # its cgroup (an exiting process leaves it last), and a busy machine makes that moment long.
@@ -363,12 +377,18 @@ build() {
     "$here/images.sh" >/dev/null
   fi
   local tool
-  for tool in "${SIDECARS[@]}" storage-e2e ginkgo agnhost; do
+  local tools=("${SIDECARS[@]}")
+  if storage_suite_wanted; then
+    tools+=(storage-e2e ginkgo agnhost)
+  else
+    log "build: not Kubernetes' storage suite (no storage scenario in E2E_SCENARIOS)"
+  fi
+  for tool in "${tools[@]}"; do
     log "build: $tool (tests/e2e/tools.sh $tool; cached per machine)"
     ln -sf "$("$here/tools.sh" $tool)" "$D/bin/$tool"
   done
   # Ginkgo's CLI runs a compiled suite by its .test name.
-  ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
+  ! storage_suite_wanted || ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
   log "build: the scenarios (tests/e2e/scenarios, a Go test binary)"
   (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go test -c -o "$D/bin/scenarios.test" ./scenarios)
   log "build: pause, recorder"
@@ -850,6 +870,7 @@ up() {
   rm -rf "$D.logs"
   local started=$SECONDS i
   build
+  disk_room
   mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
   echo "$E2E_NODES" >"$D/run/nodes"
   for i in $(worker_indexes); do
@@ -908,22 +929,24 @@ up() {
   for sidecar in "${SIDECARS[@]}"; do
     SIDECAR=$sidecar image "localhost/$sidecar:e2e" populate_sidecar "/$sidecar"
   done
-  # The suite's pods run Kubernetes' test images, by the names this Kubernetes gives them:
-  # busybox, and a Debian (glibc) userland for the specs that ask for glibc-dns-testing
-  # (jessie-dnsutils before 1.36: storage-e2e -print-images names it so either way).
-  local images; images=$("$D/bin/storage-e2e" -print-images)
-  local busybox; busybox=$(awk '$1 == "busybox" {print $2}' <<<"$images")
-  image "$busybox" populate_tools /bin/sh
-  # The operator guide's example names its busybox itself (the newest suite's): on an older
-  # minor, whose suite names another, that one too.
+  # The operator guide's example names its busybox itself (the newest suite's).
   local example; example=$(awk '$1 == "image:" {print $2; exit}' "$repo/examples/kubernetes/loop-app.yaml")
-  [ "$example" = "$busybox" ] || image "$example" populate_tools /bin/sh
-  image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh
-  # nginx's: the volumes suite's exec spec runs a shell script in it, never nginx itself.
-  image "$(awk '$1 == "nginx" {print $2}' <<<"$images")" populate_tools /bin/sh
-  IMAGE_CMD=(pause)
-  image "$(awk '$1 == "agnhost" {print $2}' <<<"$images")" populate_agnhost /agnhost
-  IMAGE_CMD=()
+  image "$example" populate_tools /bin/sh
+  if storage_suite_wanted; then
+    # The suite's pods run Kubernetes' test images, by the names this Kubernetes gives them:
+    # busybox (on an older minor another than the example's), and a Debian (glibc) userland for
+    # the specs that ask for glibc-dns-testing (jessie-dnsutils before 1.36: storage-e2e
+    # -print-images names it so either way).
+    local images; images=$("$D/bin/storage-e2e" -print-images)
+    local busybox; busybox=$(awk '$1 == "busybox" {print $2}' <<<"$images")
+    [ "$example" = "$busybox" ] || image "$busybox" populate_tools /bin/sh
+    image "$(awk '$1 == "glibc-dns-testing" {print $2}' <<<"$images")" populate_glibc /bin/sh
+    # nginx's: the volumes suite's exec spec runs a shell script in it, never nginx itself.
+    image "$(awk '$1 == "nginx" {print $2}' <<<"$images")" populate_tools /bin/sh
+    IMAGE_CMD=(pause)
+    image "$(awk '$1 == "agnhost" {print $2}' <<<"$images")" populate_agnhost /agnhost
+    IMAGE_CMD=()
+  fi
   # deploy/Dockerfile's installer target with the hostdir driver as e2e/late (the installer
   # scenario's driver, installed by the installer DaemonSet).
   sed "s|^ROOT=.*|ROOT=$D/volumes|" "$here/drivers/hostdir" >"$D/run/late"

@@ -115,6 +115,11 @@ binary=$cache/$tool
 if [ ! -x "$binary" ]; then
   mkdir -p "$cache"
   echo "tools.sh: building $tool from $package (Kubernetes 1.$minor; pinned in tests/e2e/${gomodfile#$here/}) into $cache" >&2
+  # A shared lock while building, so that the emptying below never pulls the cache from under
+  # another tools.sh's build (.ci/run builds csi-sanity beside its prebuild).
+  lock=${FLEXD_TOOLS_CACHE:-${HOME:-/root}/.cache/flexd-tools}/.gocache.lock
+  exec {lock_fd}>"$lock"
+  flock -s "$lock_fd"
   # A temporary name, then a rename: a build that is interrupted leaves no half binary.
   if [ "$tool" = storage-e2e ]; then
     (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go test -c $modfile_flag -tags "$tags" -o "$binary.partial.$$" "$package") >&2
@@ -122,5 +127,14 @@ if [ ! -x "$binary" ]; then
     (cd "$module" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build $modfile_flag -tags "$tags" -ldflags "$ldflags" -o "$binary.partial.$$" "$package") >&2
   fi
   mv -f "$binary.partial.$$" "$binary"
+  # Go's build cache only drops what went unused for days, and each Kubernetes minor adds several
+  # GiB of it: past FLEXD_GOCACHE_MAX_GIB (12) it is emptied once a build is done (the binaries
+  # stay cached here), so that building minor after minor does not fill the disk the e2e runs on.
+  gocache=$(go env GOCACHE)
+  if [ -d "$gocache" ] && (($(du -sk "$gocache" | cut -f1) > ${FLEXD_GOCACHE_MAX_GIB:-12} * 1024 * 1024)) &&
+    flock -x -n "$lock_fd"; then
+    echo "tools.sh: Go's build cache $gocache is over ${FLEXD_GOCACHE_MAX_GIB:-12} GiB: emptying it (go clean -cache)" >&2
+    go clean -cache
+  fi
 fi
 echo "$binary"
