@@ -27,9 +27,11 @@ use serde_json::Value;
 
 use crate::naming;
 
+pub mod guard;
 pub mod journal;
 mod nesting;
 pub mod plan;
+pub mod twin;
 mod unique_keys;
 mod yaml;
 

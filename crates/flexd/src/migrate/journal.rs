@@ -5,6 +5,10 @@
 //! A step is written *before* what it makes possible is done: `scaling-down` holds the replica
 //! counts before any is set to zero, `swapping` holds the old PVs and templates before any is
 //! deleted or rewritten. So whatever was lost with the process is in the journal.
+//!
+//! The journal also holds the uid of every object it acts on, and a digest of all of it: a
+//! journal changed by anything but `flexd migrate` is refused rather than followed, and so is
+//! one whose objects are no longer those it recorded ([`super::guard`]).
 
 use std::collections::BTreeMap;
 
@@ -109,6 +113,11 @@ pub struct UnitRecord {
     /// by an apply, as they were by a rollback).
     #[serde(default)]
     pub old_pods: BTreeMap<String, Value>,
+    /// The uid of each object the unit acts on, by [`super::plan::pv_key`],
+    /// [`super::plan::pod_key`] or the workload's `Kind namespace/name`: from the plan, then
+    /// the uid of each object flexd creates in place of one, as soon as it is created.
+    #[serde(default)]
+    pub uids: BTreeMap<String, String>,
     /// When its pods began to stop (Unix seconds), for the downtime.
     #[serde(default)]
     pub down_since: Option<f64>,
@@ -125,6 +134,7 @@ impl UnitRecord {
             moves: unit.pvs,
             pods: unit.pods,
             bare_pods: unit.bare_pods,
+            uids: unit.uids,
             step: Step::Planned,
             replicas: BTreeMap::new(),
             attached_before: BTreeMap::new(),
@@ -162,10 +172,43 @@ pub struct Journal {
     pub by: String,
     pub finished: bool,
     pub units: Vec<UnitRecord>,
+    /// `sha256:` and the hex digest of everything else in the journal, as [`Journal::to_text`]
+    /// wrote it (none in a version 1 journal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// Why a journal is not followed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    #[error("it is not a journal: {0}")]
+    Unreadable(String),
+    #[error(
+        "it is journal version {found}, and this flexd reads versions 1 and {}",
+        Journal::VERSION
+    )]
+    Version { found: u64 },
+    #[error(
+        "it has no digest, and a journal of version {} always has one",
+        Journal::VERSION
+    )]
+    NoDigest,
+    #[error(
+        "its digest is {recorded} and its contents' is {computed}: something other than flexd \
+         migrate changed it"
+    )]
+    DigestMismatch { recorded: String, computed: String },
+    #[error(
+        "it is journal version 1, written by a flexd before journals had a digest and the uids \
+         of the objects they act on, so flexd cannot tell its objects are still those it \
+         recorded; go on with the flexd that wrote it, or by hand (docs/migration.md#rollback)"
+    )]
+    Unsealed,
 }
 
 impl Journal {
-    pub const VERSION: u32 = 1;
+    /// 2: a digest, and the uids of the objects acted on.
+    pub const VERSION: u32 = 2;
 
     pub fn new(units: Vec<Unit>, started: String, by: String) -> Self {
         Self {
@@ -175,25 +218,74 @@ impl Journal {
             by,
             finished: false,
             units: units.into_iter().map(UnitRecord::new).collect(),
+            digest: None,
         }
     }
 
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let journal: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if journal.version != Self::VERSION {
-            return Err(format!(
-                "journal version {} (this flexd reads {})",
-                journal.version,
-                Self::VERSION
-            ));
+    /// Reads a journal, its digest checked. A version 1 journal (no digest) is read as it is:
+    /// [`Journal::require_sealed`] says whether it may be acted on.
+    pub fn parse(text: &str) -> Result<Self, JournalError> {
+        let unreadable = |e: serde_json::Error| JournalError::Unreadable(e.to_string());
+        let mut value: Value = serde_json::from_str(text).map_err(unreadable)?;
+        let Some(map) = value.as_object_mut() else {
+            return Err(JournalError::Unreadable("not a JSON object".to_owned()));
+        };
+        let recorded = map.remove("digest");
+        let version = map.get("version").and_then(Value::as_u64);
+        match version {
+            Some(1) => {}
+            Some(v) if v == u64::from(Self::VERSION) => {
+                let recorded = match recorded {
+                    Some(Value::String(digest)) => digest,
+                    _ => return Err(JournalError::NoDigest),
+                };
+                let computed = digest_of(&value);
+                if recorded != computed {
+                    return Err(JournalError::DigestMismatch { recorded, computed });
+                }
+                if let Some(map) = value.as_object_mut() {
+                    map.insert("digest".to_owned(), Value::String(recorded));
+                }
+            }
+            Some(found) => return Err(JournalError::Version { found }),
+            None => return Err(JournalError::Unreadable("no version".to_owned())),
         }
-        Ok(journal)
+        serde_json::from_value(value).map_err(unreadable)
     }
 
+    /// Whether the journal may be acted on (`--resume`, `--rollback`): only one with a digest
+    /// and uids.
+    pub fn require_sealed(&self) -> Result<(), JournalError> {
+        if self.version < Self::VERSION {
+            return Err(JournalError::Unsealed);
+        }
+        Ok(())
+    }
+
+    /// The journal as stored, with the digest of its contents.
     pub fn to_text(&self) -> String {
         // A Journal is plain data: serialising it cannot fail.
-        serde_json::to_string_pretty(self).unwrap_or_default()
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(map) = value.as_object_mut() {
+            map.remove("digest");
+            let digest = digest_of(&Value::Object(map.clone()));
+            map.insert("digest".to_owned(), Value::String(digest));
+        }
+        serde_json::to_string_pretty(&value).unwrap_or_default()
     }
+}
+
+/// `sha256:` and the hex digest of `value` as compact JSON: serde_json's maps are sorted, so
+/// the same contents give the same digest however the text was laid out.
+fn digest_of(value: &Value) -> String {
+    use std::fmt::Write as _;
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    let mut text = String::from("sha256:");
+    for byte in digest.as_ref() {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
 }
 
 /// How many volumes of `before` are gone from `now`: the unit's count of them is detached
@@ -214,22 +306,129 @@ mod tests {
         assert!(Step::Retained < Step::Swapping && Step::Swapping < Step::Done);
     }
 
-    #[test]
-    fn a_journal_reads_back_what_it_wrote_and_refuses_another_version() {
-        let journal = Journal::new(
+    fn journal() -> Journal {
+        Journal::new(
             vec![Unit {
                 workloads: vec!["Deployment web/app".parse().unwrap()],
+                uids: BTreeMap::from([("Deployment web/app".to_owned(), "uid-app".to_owned())]),
                 ..Unit::default()
             }],
             "2026-11-27T00:00:00Z".into(),
             "root@node pid 1".into(),
-        );
+        )
+    }
+
+    #[test]
+    fn a_journal_reads_back_what_it_wrote_and_refuses_another_version() {
+        let journal = journal();
         let text = journal.to_text();
-        assert_eq!(Journal::parse(&text).unwrap(), journal);
+        let read = Journal::parse(&text).unwrap();
+        assert!(read.digest.as_deref().unwrap().starts_with("sha256:"));
+        assert_eq!(
+            Journal {
+                digest: None,
+                ..read
+            },
+            journal
+        );
         assert!(text.contains("\"Deployment web/app\""), "{text}");
-        let other = text.replace("\"version\": 1", "\"version\": 2");
-        assert!(Journal::parse(&other).unwrap_err().contains("version 2"));
-        assert!(Journal::parse("{").is_err());
+        assert!(text.contains("\"uid-app\""), "{text}");
+        let other = text.replace("\"version\": 2", "\"version\": 3");
+        assert_eq!(
+            Journal::parse(&other).unwrap_err(),
+            JournalError::Version { found: 3 }
+        );
+        assert!(matches!(
+            Journal::parse("{"),
+            Err(JournalError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn the_digest_ignores_the_layout_and_written_again_follows_the_contents() {
+        let mut journal = journal();
+        let text = journal.to_text();
+        let compact =
+            serde_json::to_string(&serde_json::from_str::<Value>(&text).unwrap()).unwrap();
+        assert_eq!(
+            Journal::parse(&compact).unwrap(),
+            Journal::parse(&text).unwrap()
+        );
+        journal.units[0].step = Step::Done;
+        let again = Journal::parse(&journal.to_text()).unwrap();
+        assert_eq!(again.units[0].step, Step::Done);
+        assert_ne!(again.digest, Journal::parse(&text).unwrap().digest);
+    }
+
+    #[test]
+    fn the_digest_is_sha256_of_the_compact_json() {
+        // `printf '{}' | sha256sum`
+        assert_eq!(
+            digest_of(&serde_json::json!({})),
+            "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+    }
+
+    #[test]
+    fn a_journal_changed_by_anything_else_is_refused_with_both_digests() {
+        let text = journal().to_text();
+        let recorded = Journal::parse(&text).unwrap().digest.unwrap();
+        // Another object to act on, or another uid: what someone steering the next run edits.
+        for (from, to) in [
+            (
+                "\"Deployment web/app\"",
+                "\"Deployment kube-system/coredns\"",
+            ),
+            ("\"uid-app\"", "\"uid-other\""),
+            ("\"finished\": false", "\"finished\": true"),
+        ] {
+            let tampered = text.replace(from, to);
+            assert_ne!(tampered, text);
+            match Journal::parse(&tampered) {
+                Err(JournalError::DigestMismatch {
+                    recorded: r,
+                    computed,
+                }) => {
+                    assert_eq!(r, recorded);
+                    assert_ne!(computed, recorded);
+                    let message = JournalError::DigestMismatch {
+                        recorded: r,
+                        computed: computed.clone(),
+                    }
+                    .to_string();
+                    assert!(message.contains(&recorded) && message.contains(&computed));
+                }
+                other => panic!("{from} → {to}: {other:?}"),
+            }
+        }
+        let mut value: Value = serde_json::from_str(&text).unwrap();
+        value.as_object_mut().unwrap().remove("digest");
+        assert_eq!(
+            Journal::parse(&value.to_string()).unwrap_err(),
+            JournalError::NoDigest
+        );
+    }
+
+    #[test]
+    fn a_version_1_journal_is_read_but_not_acted_on() {
+        let mut value: Value = serde_json::from_str(&journal().to_text()).unwrap();
+        let map = value.as_object_mut().unwrap();
+        map.remove("digest");
+        map.insert("version".into(), 1.into());
+        for unit in map["units"].as_array_mut().unwrap() {
+            unit.as_object_mut().unwrap().remove("uids");
+        }
+        let old = Journal::parse(&value.to_string()).unwrap();
+        assert_eq!(old.version, 1);
+        assert!(!old.finished);
+        assert_eq!(old.require_sealed(), Err(JournalError::Unsealed));
+        assert!(JournalError::Unsealed.to_string().contains("by hand"));
+        assert_eq!(
+            Journal::parse(&journal().to_text())
+                .unwrap()
+                .require_sealed(),
+            Ok(())
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodSpec,
+};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -21,6 +23,9 @@ use crate::naming;
 #[derive(Debug, Default, Clone)]
 pub struct Inventory {
     pub persistent_volumes: Vec<PersistentVolume>,
+    /// The claims the FlexVolume PVs' `claimRef`s name (those that exist): a claim joins its
+    /// PV's unit only when it is bound to that PV.
+    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
     pub pods: Vec<Pod>,
     pub replica_sets: Vec<ReplicaSet>,
     pub deployments: Vec<Deployment>,
@@ -129,7 +134,8 @@ pub struct PvMove {
     pub driver: String,
     /// Its CSI name, which the migrated PV names.
     pub csi_driver: String,
-    /// `namespace/name` of the claim bound to it.
+    /// `namespace/name` of the claim bound to it: named by its `claimRef` and bound to it in
+    /// return (the claim's `volumeName` and uid), else none (a Released PV's stale `claimRef`).
     pub claim: Option<String>,
     /// Whether the driver attaches (its CSIDriver's `attachRequired`): the swap then waits for
     /// kube-controller-manager's detach first.
@@ -154,6 +160,21 @@ pub struct Unit {
     /// Bare Pods deleted and created again (`--recreate-pods`), `namespace/name`.
     #[serde(default)]
     pub bare_pods: Vec<String>,
+    /// The uid of each object the unit acts on, by [`pv_key`], [`pod_key`] or the workload's
+    /// `Kind namespace/name`: what every change is preconditioned on, so an object deleted and
+    /// created again under the same name since the plan is refused, never touched.
+    #[serde(default)]
+    pub uids: BTreeMap<String, String>,
+}
+
+/// How a PersistentVolume is named among a unit's uids (and in messages).
+pub fn pv_key(name: &str) -> String {
+    format!("PersistentVolume {name}")
+}
+
+/// How a bare Pod (`namespace/name`) is named among a unit's uids (and in messages).
+pub fn pod_key(name: &str) -> String {
+    format!("Pod {name}")
 }
 
 impl Unit {
@@ -174,8 +195,8 @@ pub(crate) fn title<'a>(
     pvs: impl Iterator<Item = &'a String>,
 ) -> String {
     let mut parts: Vec<String> = workloads.iter().map(ToString::to_string).collect();
-    parts.extend(bare_pods.iter().map(|p| format!("Pod {p}")));
-    parts.extend(pvs.map(|pv| format!("PersistentVolume {pv}")));
+    parts.extend(bare_pods.iter().map(|p| pod_key(p)));
+    parts.extend(pvs.map(|pv| pv_key(pv)));
     parts.join(", ")
 }
 
@@ -186,10 +207,20 @@ pub struct Refused {
     pub reason: String,
 }
 
+/// Something the plan did that the operator should know of, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PlanNote {
+    pub what: String,
+    pub note: String,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub units: Vec<Unit>,
     pub refused: Vec<Refused>,
+    /// About the selected units, e.g. a claim not joined to its PV's unit.
+    #[serde(default)]
+    pub notes: Vec<PlanNote>,
 }
 
 /// What to migrate: everything, or the units that hold any of these.
@@ -219,6 +250,8 @@ struct Graph {
     parent: Vec<usize>,
     /// Per member: why its unit cannot be migrated.
     refusals: Vec<Vec<Refused>>,
+    /// Per member: what its unit's plan says about it.
+    notes: Vec<Vec<PlanNote>>,
     pods: Vec<BTreeSet<String>>,
 }
 
@@ -232,6 +265,7 @@ impl Graph {
         self.members.push(member);
         self.parent.push(i);
         self.refusals.push(Vec::new());
+        self.notes.push(Vec::new());
         self.pods.push(BTreeSet::new());
         i
     }
@@ -259,6 +293,52 @@ impl Graph {
     }
 }
 
+/// Whether a PV's `claimRef` joins its claim (and so the claim's pods and workloads) to the
+/// PV's unit: only when the claim is bound to this PV in return. A Released PV keeps the
+/// `claimRef` of a claim since deleted, or bound to another PV, and that claim's workloads are
+/// none of this PV's business.
+fn claim_link(
+    pv: &str,
+    claim_ref: &ObjectReference,
+    claims: &BTreeMap<(String, String), &PersistentVolumeClaim>,
+) -> Result<String, (String, String)> {
+    let (namespace, name) = (
+        claim_ref.namespace.clone().unwrap_or_default(),
+        claim_ref.name.clone().unwrap_or_default(),
+    );
+    let key = format!("{namespace}/{name}");
+    let why = match claims.get(&(namespace, name)) {
+        None => format!("its claimRef names claim {key}, which does not exist"),
+        Some(claim) => {
+            let bound_to = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+            let uid = claim.metadata.uid.as_deref();
+            match (bound_to.filter(|v| !v.is_empty()), claim_ref.uid.as_deref()) {
+                (None, _) => format!("its claimRef names claim {key}, which is not bound to it"),
+                (Some(v), _) if v != pv => {
+                    format!(
+                        "its claimRef names claim {key}, which is bound to PersistentVolume {v}"
+                    )
+                }
+                (Some(_), Some(recorded)) if uid != Some(recorded) => format!(
+                    "its claimRef names claim {key} with uid {recorded}, and the claim of that \
+                     name has uid {} (deleted and created again)",
+                    uid.unwrap_or("(none)")
+                ),
+                (Some(_), _) => return Ok(key),
+            }
+        }
+    };
+    Err((key, why))
+}
+
+/// Keeps the first uid learnt for an object: its own `metadata.uid` is learnt before any
+/// owner reference's.
+fn learn_uid(uids: &mut BTreeMap<String, String>, key: String, uid: Option<&str>) {
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        uids.entry(key).or_insert_with(|| uid.to_owned());
+    }
+}
+
 fn name_of(meta: &ObjectMeta) -> (String, String) {
     (
         meta.namespace.clone().unwrap_or_default(),
@@ -266,12 +346,13 @@ fn name_of(meta: &ObjectMeta) -> (String, String) {
     )
 }
 
-fn controller_of(meta: &ObjectMeta) -> Option<(String, String)> {
+/// The controller's kind, name and uid.
+fn controller_of(meta: &ObjectMeta) -> Option<(String, String, String)> {
     meta.owner_references
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true))
-        .map(|o| (o.kind.clone(), o.name.clone()))
+        .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
 }
 
 fn template_spec(
@@ -330,11 +411,31 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
             Some((n.metadata.name.clone()?, drivers))
         })
         .collect();
+    let bound: BTreeMap<(String, String), &PersistentVolumeClaim> = inventory
+        .persistent_volume_claims
+        .iter()
+        .map(|c| (name_of(&c.metadata), c))
+        .collect();
     let mut graph = Graph::default();
     let mut moves: BTreeMap<String, PvMove> = BTreeMap::new();
     // `namespace/claim` → the FlexVolume PV bound to it.
     let mut claims: BTreeMap<String, String> = BTreeMap::new();
     let mut templates: BTreeSet<WorkloadRef> = BTreeSet::new();
+    // Each object's uid by its key ([`pv_key`], [`pod_key`], `Kind namespace/name`).
+    let mut uids: BTreeMap<String, String> = BTreeMap::new();
+    let listed = (inventory.deployments.iter())
+        .map(|d| (WorkloadKind::Deployment, &d.metadata))
+        .chain((inventory.stateful_sets.iter()).map(|s| (WorkloadKind::StatefulSet, &s.metadata)))
+        .chain((inventory.replica_sets.iter()).map(|r| (WorkloadKind::ReplicaSet, &r.metadata)));
+    for (kind, meta) in listed {
+        let (namespace, name) = name_of(meta);
+        let key = WorkloadRef {
+            kind,
+            namespace,
+            name,
+        };
+        learn_uid(&mut uids, key.to_string(), meta.uid.as_deref());
+    }
 
     for pv in &inventory.persistent_volumes {
         let Some(spec) = &pv.spec else { continue };
@@ -343,7 +444,8 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
         };
         let name = pv.metadata.name.clone().unwrap_or_default();
         let i = graph.add(Member::Pv(name.clone()));
-        let what = format!("PersistentVolume {name}");
+        let what = pv_key(&name);
+        learn_uid(&mut uids, what.clone(), pv.metadata.uid.as_deref());
         for reason in conversion_refusals(pv, &attaches) {
             graph.refuse(i, &what, reason);
         }
@@ -362,16 +464,27 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
                 ),
             );
         }
-        let claim = spec.claim_ref.as_ref().and_then(|c| {
-            Some(format!(
-                "{}/{}",
-                c.namespace.as_deref()?,
-                c.name.as_deref()?
-            ))
-        });
-        if let Some(claim) = &claim {
-            claims.insert(claim.clone(), name.clone());
-        }
+        let claim_ref = spec
+            .claim_ref
+            .as_ref()
+            .filter(|c| c.namespace.is_some() && c.name.is_some());
+        let claim = match claim_ref.map(|c| claim_link(&name, c, &bound)) {
+            None => None,
+            Some(Ok(claim)) => {
+                claims.insert(claim.clone(), name.clone());
+                Some(claim)
+            }
+            Some(Err((claim, why))) => {
+                graph.notes[i].push(PlanNote {
+                    what: what.clone(),
+                    note: format!(
+                        "{why}: planned without claim {claim} (its pods and workloads are not \
+                         stopped with it)"
+                    ),
+                });
+                None
+            }
+        };
         moves.insert(
             name.clone(),
             PvMove {
@@ -451,11 +564,15 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
     for rs in &inventory.replica_sets {
         let (namespace, name) = name_of(&rs.metadata);
         let owner = match controller_of(&rs.metadata) {
-            Some((kind, owner)) if kind == "Deployment" => WorkloadRef {
-                kind: WorkloadKind::Deployment,
-                namespace: namespace.clone(),
-                name: owner,
-            },
+            Some((kind, owner, uid)) if kind == "Deployment" => {
+                let owner = WorkloadRef {
+                    kind: WorkloadKind::Deployment,
+                    namespace: namespace.clone(),
+                    name: owner,
+                };
+                learn_uid(&mut uids, owner.to_string(), Some(&uid));
+                owner
+            }
             Some(_) => continue,
             None => {
                 let spec = rs
@@ -517,23 +634,31 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
         let what = format!("Pod {namespace}/{name}");
         // Whose pod it is: the workload flexd scales, or a refusal.
         let owner = match controller_of(&pod.metadata) {
-            Some((kind, owner)) if kind == "ReplicaSet" => replica_set_owner
+            Some((kind, owner, _)) if kind == "ReplicaSet" => replica_set_owner
                 .get(&(namespace.clone(), owner.clone()))
                 .cloned()
                 .map(Member::Workload)
                 .ok_or(format!(
                     "its ReplicaSet {owner} is owned by something flexd does not scale"
                 )),
-            Some((kind, owner)) if kind == "StatefulSet" => Ok(Member::Workload(WorkloadRef {
-                kind: WorkloadKind::StatefulSet,
-                namespace: namespace.clone(),
-                name: owner,
-            })),
-            Some((kind, owner)) => Err(format!(
+            Some((kind, owner, uid)) if kind == "StatefulSet" => {
+                let owner = WorkloadRef {
+                    kind: WorkloadKind::StatefulSet,
+                    namespace: namespace.clone(),
+                    name: owner,
+                };
+                learn_uid(&mut uids, owner.to_string(), Some(&uid));
+                Ok(Member::Workload(owner))
+            }
+            Some((kind, owner, _)) => Err(format!(
                 "belongs to {kind} {owner}, which flexd cannot stop and start again (only \
                  Deployments, StatefulSets and ReplicaSets); stop it yourself first"
             )),
-            None if selection.recreate_pods => Ok(Member::Pod(format!("{namespace}/{name}"))),
+            None if selection.recreate_pods => {
+                let bare = format!("{namespace}/{name}");
+                learn_uid(&mut uids, pod_key(&bare), pod.metadata.uid.as_deref());
+                Ok(Member::Pod(bare))
+            }
             None => Err(
                 "is a bare Pod: nothing would start it again; --recreate-pods deletes \
                          it and creates it again after the swap (inline volumes converted)"
@@ -614,27 +739,53 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
     for members in parts.into_values() {
         let mut unit = Unit::default();
         let mut refused = Vec::new();
+        let mut notes = Vec::new();
+        let mut missing = Vec::new();
         for &i in &members {
             refused.extend(graph.refusals[i].iter().cloned());
+            notes.extend(graph.notes[i].iter().cloned());
             unit.pods.extend(graph.pods[i].iter().cloned());
-            match &graph.members[i] {
+            let key = match &graph.members[i] {
                 Member::Pv(name) => {
                     if let Some(m) = moves.get(name) {
                         unit.pvs.push(m.clone());
                     }
+                    pv_key(name)
                 }
-                Member::Pod(p) => unit.bare_pods.push(p.clone()),
+                Member::Pod(p) => {
+                    unit.bare_pods.push(p.clone());
+                    pod_key(p)
+                }
                 Member::Workload(w) => {
                     if templates.contains(w) {
                         unit.templates.push(w.clone());
                     }
                     unit.workloads.push(w.clone());
+                    w.to_string()
                 }
+            };
+            match uids.get(&key) {
+                Some(uid) => {
+                    unit.uids.insert(key, uid.clone());
+                }
+                None => missing.push(key),
             }
         }
         if !selected(&unit, selection) {
             continue;
         }
+        // Only a unit otherwise migrated needs them (the API server gives every object one).
+        if refused.is_empty() {
+            refused.extend(missing.into_iter().map(|what| {
+                Refused {
+                    what,
+                    reason: "has no uid: flexd could not tell it from an object created later \
+                         under the same name"
+                        .to_owned(),
+                }
+            }));
+        }
+        result.notes.extend(notes);
         unit.workloads.sort();
         unit.templates.sort();
         unit.pvs.sort_by(|a, b| a.name.cmp(&b.name));
@@ -651,6 +802,8 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
         .refused
         .sort_by(|a, b| (&a.what, &a.reason).cmp(&(&b.what, &b.reason)));
     result.refused.dedup();
+    result.notes.sort();
+    result.notes.dedup();
     result
 }
 

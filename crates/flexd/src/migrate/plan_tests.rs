@@ -24,6 +24,29 @@ fn flex_pv(name: &str, driver: &str, claim: Option<(&str, &str)>) -> PersistentV
     object(pv)
 }
 
+fn claim(ns: &str, name: &str, uid: &str, volume: &str) -> PersistentVolumeClaim {
+    object(json!({
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": volume},
+        "status": {"phase": "Bound"},
+    }))
+}
+
+/// The claims the PVs' claimRefs name, each bound to its PV in return.
+fn claims_of(pvs: &[PersistentVolume]) -> Vec<PersistentVolumeClaim> {
+    pvs.iter()
+        .filter_map(|pv| {
+            let r = pv.spec.as_ref()?.claim_ref.as_ref()?;
+            Some(claim(
+                r.namespace.as_deref()?,
+                r.name.as_deref()?,
+                r.uid.as_deref()?,
+                pv.metadata.name.as_deref()?,
+            ))
+        })
+        .collect()
+}
+
 fn csi_driver(name: &str, attach: bool) -> CSIDriver {
     object(json!({"metadata": {"name": name}, "spec": {"attachRequired": attach}}))
 }
@@ -38,7 +61,7 @@ fn csi_node(node: &str, drivers: &[&str]) -> CSINode {
 
 fn pod(ns: &str, name: &str, owner: Option<(&str, &str)>, volumes: Value) -> Pod {
     let mut pod = json!({
-        "metadata": {"name": name, "namespace": ns},
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
         "spec": {"nodeName": "node-a", "containers": [{"name": "c"}], "volumes": volumes},
         "status": {"phase": "Running"},
     });
@@ -66,7 +89,7 @@ fn replica_set(ns: &str, name: &str, deployment: &str) -> ReplicaSet {
 
 fn deployment(ns: &str, name: &str, volumes: Value) -> Deployment {
     object(json!({
-        "metadata": {"name": name, "namespace": ns},
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
         "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "c"}], "volumes": volumes}}},
     }))
 }
@@ -106,6 +129,7 @@ fn a_deployment_and_its_pv_are_one_unit_and_csi_pvs_are_left_alone() {
             json!({"metadata": {"name": "already-csi"}, "spec": {"csi": {"driver": "x", "volumeHandle": "h"}}}),
         ),
     ];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     inv.replica_sets = vec![replica_set("shop", "web-1234", "web")];
     inv.deployments = vec![deployment("shop", "web", claim_volume("web-data"))];
     inv.pods = vec![pod(
@@ -139,6 +163,7 @@ fn workloads_sharing_a_volume_stop_together_and_others_apart() {
         flex_pv("alone", "flexd/loop", Some(("shop", "alone"))),
         flex_pv("unused", "acme/nfs", None),
     ];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     inv.pods = vec![
         pod(
             "shop",
@@ -179,6 +204,7 @@ fn a_selection_takes_whole_units() {
         flex_pv("a", "acme/nfs", Some(("one", "a"))),
         flex_pv("b", "acme/nfs", Some(("two", "b"))),
     ];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     inv.pods = vec![
         pod("one", "x-0", Some(("StatefulSet", "x")), claim_volume("a")),
         pod("two", "y-0", Some(("StatefulSet", "y")), claim_volume("b")),
@@ -218,6 +244,7 @@ fn what_flexd_cannot_stop_and_start_again_is_refused_with_its_whole_unit() {
         flex_pv("daemon", "acme/nfs", Some(("ns", "daemon"))),
         flex_pv("fine", "acme/nfs", Some(("ns", "fine"))),
     ];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     inv.pods = vec![
         pod("ns", "lonely", None, claim_volume("bare")),
         pod(
@@ -260,6 +287,7 @@ fn a_driver_flexd_does_not_serve_is_refused() {
         flex_pv("unknown", "other/drv", None),
         flex_pv("elsewhere", "flexd/loop", Some(("ns", "elsewhere"))),
     ];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     let mut on_b = pod(
         "ns",
         "app-0",
@@ -321,6 +349,7 @@ fn inline_volumes_go_through_the_template_and_attaching_ones_are_refused() {
 fn finished_pods_do_not_count() {
     let mut inv = cluster();
     inv.persistent_volumes = vec![flex_pv("done", "acme/nfs", Some(("ns", "done")))];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     let mut finished = pod("ns", "job-x", None, claim_volume("done"));
     finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
     inv.pods = vec![finished];
@@ -345,6 +374,7 @@ fn workload_names_read_back_and_bad_flags_say_why() {
 fn bare_pods_are_recreated_when_asked_and_their_attaching_inline_volumes_still_refused() {
     let mut inv = cluster();
     inv.persistent_volumes = vec![flex_pv("data", "acme/nfs", Some(("ns", "data")))];
+    inv.persistent_volume_claims = claims_of(&inv.persistent_volumes);
     let inline = |driver: &str| json!([{"name": "v", "flexVolume": {"driver": driver}}]);
     inv.pods = vec![
         pod("ns", "lonely", None, claim_volume("data")),
@@ -378,6 +408,168 @@ fn bare_pods_are_recreated_when_asked_and_their_attaching_inline_volumes_still_r
     assert_eq!(plan.refused[0].what, "Pod ns/disk");
     assert!(
         plan.refused[0].reason.contains("attaches"),
+        "{}",
+        plan.refused[0].reason
+    );
+}
+
+/// A Released PV and a claim of its `claimRef`'s namespace and name, plus a Deployment using
+/// that claim: what issue #51 found pulled into the PV's unit.
+fn released_pv_and_a_claims_workload(claim_now: PersistentVolumeClaim) -> Inventory {
+    let mut inv = cluster();
+    let mut old = flex_pv("old-flex", "acme/nfs", Some(("shop", "data")));
+    old.status = Some(object(json!({"phase": "Released"})));
+    inv.persistent_volumes = vec![
+        old,
+        object(json!({
+            "metadata": {"name": "new-csi", "uid": "uid-new-csi"},
+            "spec": {
+                "csi": {"driver": "flexvolume-acme--nfs", "volumeHandle": "new-csi"},
+                "claimRef": {"namespace": "shop", "name": "data", "uid": "u"},
+            },
+        })),
+    ];
+    inv.persistent_volume_claims = vec![claim_now];
+    inv.replica_sets = vec![replica_set("shop", "web-1234", "web")];
+    inv.deployments = vec![deployment("shop", "web", claim_volume("data"))];
+    inv.pods = vec![pod(
+        "shop",
+        "web-1234-a",
+        Some(("ReplicaSet", "web-1234")),
+        claim_volume("data"),
+    )];
+    inv
+}
+
+fn by_pv(name: &str) -> Selection {
+    Selection {
+        pvs: [name.to_owned()].into(),
+        ..Selection::default()
+    }
+}
+
+#[test]
+fn a_stale_claim_ref_does_not_pull_in_the_workload_of_a_claim_bound_elsewhere() {
+    // The claim old-flex's claimRef names (same uid), bound to another PV since.
+    let inv = released_pv_and_a_claims_workload(claim("shop", "data", "u", "new-csi"));
+    let plan = plan(&inv, &by_pv("old-flex"));
+    assert_eq!(plan.refused, vec![]);
+    assert_eq!(titles(&plan), ["PersistentVolume old-flex"]);
+    let unit = &plan.units[0];
+    assert!(
+        unit.workloads.is_empty() && unit.pods.is_empty(),
+        "{unit:?}"
+    );
+    assert_eq!(unit.pvs[0].claim, None);
+    assert_eq!(
+        plan.notes,
+        [PlanNote {
+            what: "PersistentVolume old-flex".into(),
+            note: "its claimRef names claim shop/data, which is bound to PersistentVolume \
+                   new-csi: planned without claim shop/data (its pods and workloads are not \
+                   stopped with it)"
+                .into(),
+        }]
+    );
+    // Nor does the claim's workload or namespace select it.
+    let web = Selection {
+        workloads: [WorkloadRef::parse_flag("shop/deployment/web").unwrap()].into(),
+        namespaces: ["shop".to_owned()].into(),
+        ..Selection::default()
+    };
+    assert!(plan_of(&inv, &web).units.is_empty());
+}
+
+fn plan_of(inv: &Inventory, selection: &Selection) -> Plan {
+    plan(inv, selection)
+}
+
+#[test]
+fn a_claim_of_the_same_name_created_again_or_gone_is_not_joined_and_the_plan_says_why() {
+    // Deleted and created again, bound to old-flex by name (volumeName): another claim.
+    let inv = released_pv_and_a_claims_workload(claim("shop", "data", "u2", "old-flex"));
+    let plan = plan(&inv, &by_pv("old-flex"));
+    assert_eq!(titles(&plan), ["PersistentVolume old-flex"]);
+    assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
+    assert!(
+        plan.notes[0].note.starts_with(
+            "its claimRef names claim shop/data with uid u, and the claim of that name has uid u2"
+        ),
+        "{}",
+        plan.notes[0].note
+    );
+
+    let mut gone = released_pv_and_a_claims_workload(claim("shop", "data", "u", "old-flex"));
+    gone.persistent_volume_claims.clear();
+    let plan = plan_of(&gone, &by_pv("old-flex"));
+    assert_eq!(titles(&plan), ["PersistentVolume old-flex"]);
+    assert!(
+        plan.notes[0]
+            .note
+            .starts_with("its claimRef names claim shop/data, which does not exist"),
+        "{:?}",
+        plan.notes
+    );
+
+    let mut pending = released_pv_and_a_claims_workload(claim("shop", "data", "u", ""));
+    pending.persistent_volume_claims[0]
+        .spec
+        .as_mut()
+        .unwrap()
+        .volume_name = None;
+    let plan = plan_of(&pending, &by_pv("old-flex"));
+    assert_eq!(titles(&plan), ["PersistentVolume old-flex"]);
+    assert!(
+        plan.notes[0].note.contains("which is not bound to it"),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn a_claim_bound_to_its_pv_in_return_joins_it_and_the_unit_records_every_uid() {
+    let inv = released_pv_and_a_claims_workload(claim("shop", "data", "u", "old-flex"));
+    let plan = plan(&inv, &by_pv("old-flex"));
+    assert_eq!(plan.notes, vec![]);
+    assert_eq!(
+        titles(&plan),
+        ["Deployment shop/web, PersistentVolume old-flex"]
+    );
+    let unit = &plan.units[0];
+    assert_eq!(unit.pvs[0].claim.as_deref(), Some("shop/data"));
+    assert_eq!(
+        unit.uids,
+        BTreeMap::from([
+            ("Deployment shop/web".to_owned(), "uid-shop-web".to_owned()),
+            (
+                "PersistentVolume old-flex".to_owned(),
+                "uid-old-flex".to_owned()
+            ),
+        ])
+    );
+
+    // A claimRef without a uid (a PV pre-bound by hand) joins on the claim's volumeName alone.
+    let mut prebound = inv.clone();
+    let spec = prebound.persistent_volumes[0].spec.as_mut().unwrap();
+    spec.claim_ref.as_mut().unwrap().uid = None;
+    assert_eq!(
+        titles(&plan_of(&prebound, &by_pv("old-flex"))),
+        ["Deployment shop/web, PersistentVolume old-flex"]
+    );
+}
+
+#[test]
+fn an_object_without_a_uid_is_refused_with_its_unit() {
+    let mut inv = cluster();
+    let mut pv = flex_pv("nameless", "acme/nfs", None);
+    pv.metadata.uid = None;
+    inv.persistent_volumes = vec![pv];
+    let plan = plan(&inv, &all());
+    assert!(plan.units.is_empty(), "{:?}", titles(&plan));
+    assert_eq!(plan.refused.len(), 1, "{:?}", plan.refused);
+    assert_eq!(plan.refused[0].what, "PersistentVolume nameless");
+    assert!(
+        plan.refused[0].reason.starts_with("has no uid"),
         "{}",
         plan.refused[0].reason
     );

@@ -24,6 +24,7 @@ mod list_volumes;
 mod loop_driver;
 mod manifests;
 mod migrate;
+mod migrate_cluster;
 mod mount_namespace;
 mod ownership;
 mod preflight;

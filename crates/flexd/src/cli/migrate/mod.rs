@@ -4,7 +4,7 @@
 //! With `-f`, only converted objects are printed (the cut-over applies exactly them); every
 //! other document is named on stderr as skipped. Any refusal prints every reason on stderr and
 //! nothing on stdout. With `--plan`, `--apply`, `--resume` or `--rollback` it works on the
-//! cluster itself ([`apply`]).
+//! cluster itself ([`apply`] and its neighbours).
 
 use std::collections::HashMap;
 use std::io::Read as _;
@@ -21,6 +21,12 @@ use flexd::migrate::plan::{Selection, WorkloadRef};
 use crate::settings::{parse_duration, Global, OutputFormat};
 
 mod apply;
+mod objects;
+mod report;
+mod rollback;
+mod store;
+mod swap;
+mod waits;
 
 /// The command's line about exit statuses (as every command's `--help` ends with one).
 pub const EXIT: &str = "Exit status: 0 converted and printed (-f), or planned, migrated, resumed or rolled back; 1 something cannot be converted (every reason on stderr, nothing on stdout), something selected was refused (the rest was migrated), or error (the journal keeps where it stopped); 2 bad usage.";
