@@ -40,6 +40,14 @@ minors=("$@")
 [ -f "$doc" ] && grep -q '^<!-- matrix:begin -->$' "$doc" ||
   { echo "matrix.sh: $doc has no <!-- matrix:begin --> marker" >&2; exit 1; }
 
+# One flexd for every minor of the run, copied now: a FLEXD rebuilt while the matrix runs (it
+# takes hours) must not change under the minors still to come.
+if [ "$run" = yes ] && [ -n "${FLEXD:-}" ]; then
+  mkdir -p "$out"
+  cp "$FLEXD" "$out/flexd.$$" && mv -f "$out/flexd.$$" "$out/flexd" || { echo "matrix.sh: cannot copy FLEXD=$FLEXD" >&2; exit 1; }
+  export FLEXD=$out/flexd
+fi
+
 status=0
 for minor in "${minors[@]}"; do
   [ "$run" = yes ] || { [ -f "$out/$minor/date" ] || { echo "matrix.sh: no results for $minor in $out" >&2; exit 1; }; continue; }
