@@ -916,7 +916,7 @@ up() {
     start_containerd $i
   done
 
-  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]}, the storage suite's, $INSTALLER_IMAGE"
+  log "up: images $PAUSE_IMAGE, $FLEXD_IMAGE, $TOOLS_IMAGE, ${SIDECARS[*]},$(storage_suite_wanted && echo " the storage suite's,") $INSTALLER_IMAGE"
   image "$PAUSE_IMAGE" populate_pause /pause
   if [ "$E2E_IMAGES" = dockerfile ]; then
     image_built "$FLEXD_IMAGE"
