@@ -376,8 +376,8 @@ mod tests {
             journal.units[0].down_since = Some(seconds);
             journal.units[0].downtime_seconds = Some((x % 1_000_000) as f64 / 3.0e4);
             let text = journal.to_text();
-            let read = Journal::parse(&text)
-                .unwrap_or_else(|e| panic!("{e}: {seconds} in\n{text}"));
+            let read =
+                Journal::parse(&text).unwrap_or_else(|e| panic!("{e}: {seconds} in\n{text}"));
             assert_eq!(read.units[0].down_since, Some(seconds));
         }
     }
