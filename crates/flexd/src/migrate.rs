@@ -27,12 +27,16 @@ use serde_json::Value;
 
 use crate::naming;
 
+mod graph;
 pub mod guard;
 pub mod journal;
 mod nesting;
 pub mod plan;
+pub mod rolling;
+pub mod strategy;
 pub mod twin;
 mod unique_keys;
+pub mod workload;
 mod yaml;
 
 pub use yaml::to_yaml;

@@ -36,6 +36,9 @@ fn cluster_rules(recreate_pods: bool) -> Vec<PolicyRule> {
         ),
         // Which pods use what, until they are gone; claims until Bound again.
         rule("", &["pods"], &["list"]),
+        // The rolling strategy: one pod at a time through the Eviction API, which honours the
+        // workload's PodDisruptionBudget. No wider than the scale to zero it replaces.
+        rule("", &["pods/eviction"], &["create"]),
         rule("", &["persistentvolumeclaims"], &["get"]),
         // kube-controller-manager's detach, seen in the node's status.
         rule("", &["nodes"], &["get"]),

@@ -167,6 +167,7 @@ fn journal_at(step: Step) -> Journal {
             attaches: false,
             reclaim_policy: Some("Delete".into()),
             nodes: Default::default(),
+            access_modes: vec!["ReadWriteOnce".into()],
         }],
         uids: BTreeMap::from([
             ("Deployment shop/web".into(), "uid-web".into()),

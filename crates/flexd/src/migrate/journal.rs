@@ -9,6 +9,11 @@
 //! The journal also holds the uid of every object it acts on, and a digest of all of it: a
 //! journal changed by anything but `flexd migrate` is refused rather than followed, and so is
 //! one whose objects are no longer those it recorded ([`super::guard`]).
+//!
+//! A rolling unit ([`super::strategy`]) skips the scale-down's steps: `swapped` holds the pods
+//! (and rollouts) that replace its FlexVolume pods one at a time, each marked as it is done,
+//! and a rollback goes `rolling-back`, `swapped-back` (the same, back) to `rolled-back`
+//! ([`super::rolling`]).
 
 use std::collections::BTreeMap;
 
@@ -16,13 +21,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::plan::{PvMove, Unit, WorkloadRef};
+use super::rolling::Replacement;
+use super::strategy::Strategy;
 
 /// The ConfigMap's name, and its key.
 pub const NAME: &str = "flexd-migration";
 pub const KEY: &str = "journal.json";
 
-/// How far a unit got. Apply goes down the list to `Done`; rollback from wherever it is to
-/// `RolledBack`.
+/// How far a unit got. Apply goes down the list to `Done` (a rolling unit skips from `Swapping`
+/// to `Swapped`); rollback from wherever it is to `RolledBack`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Step {
@@ -44,6 +51,8 @@ pub enum Step {
     Done,
     /// A rollback began; the PVs may be either.
     RollingBack,
+    /// Rolling: the PVs and templates are FlexVolume again, the pods being replaced.
+    SwappedBack,
     /// Back on FlexVolume, running as before.
     RolledBack,
 }
@@ -60,6 +69,7 @@ impl Step {
             Self::Swapped => "swapped",
             Self::Done => "done",
             Self::RollingBack => "rolling-back",
+            Self::SwappedBack => "swapped-back",
             Self::RolledBack => "rolled-back",
         }
     }
@@ -123,6 +133,16 @@ pub struct UnitRecord {
     pub down_since: Option<f64>,
     #[serde(default)]
     pub downtime_seconds: Option<f64>,
+    /// How it moves; a journal written before strategies holds scale-down units only.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Rolling: the workloads whose own rollout replaces their pods.
+    #[serde(default)]
+    pub rollouts: Vec<WorkloadRef>,
+    /// Rolling: what replaces the pods of the direction under way, in order, each marked done
+    /// when it is; listed after the swap (or the swap back).
+    #[serde(default)]
+    pub replacing: Vec<Replacement>,
 }
 
 impl UnitRecord {
@@ -135,6 +155,9 @@ impl UnitRecord {
             pods: unit.pods,
             bare_pods: unit.bare_pods,
             uids: unit.uids,
+            strategy: unit.strategy,
+            rollouts: unit.rollouts,
+            replacing: Vec::new(),
             step: Step::Planned,
             replicas: BTreeMap::new(),
             attached_before: BTreeMap::new(),
@@ -184,14 +207,11 @@ pub enum JournalError {
     #[error("it is not a journal: {0}")]
     Unreadable(String),
     #[error(
-        "it is journal version {found}, and this flexd reads versions 1 and {}",
+        "it is journal version {found}, and this flexd reads versions 1 to {}",
         Journal::VERSION
     )]
     Version { found: u64 },
-    #[error(
-        "it has no digest, and a journal of version {} always has one",
-        Journal::VERSION
-    )]
+    #[error("it has no digest, and a journal of version 2 or later always has one")]
     NoDigest,
     #[error(
         "its digest is {recorded} and its contents' is {computed}: something other than flexd \
@@ -207,8 +227,10 @@ pub enum JournalError {
 }
 
 impl Journal {
-    /// 2: a digest, and the uids of the objects acted on.
-    pub const VERSION: u32 = 2;
+    /// 2: a digest, and the uids of the objects acted on. 3: rolling units, which a flexd that
+    /// reads version 2 would take for scale-down ones (and scale to the replicas it never
+    /// recorded, zero).
+    pub const VERSION: u32 = 3;
 
     pub fn new(units: Vec<Unit>, started: String, by: String) -> Self {
         Self {
@@ -234,7 +256,8 @@ impl Journal {
         let version = map.get("version").and_then(Value::as_u64);
         match version {
             Some(1) => {}
-            Some(v) if v == u64::from(Self::VERSION) => {
+            // Version 2 is version 3 without rolling units (the fields default to scale-down).
+            Some(v) if (2..=u64::from(Self::VERSION)).contains(&v) => {
                 let recorded = match recorded {
                     Some(Value::String(digest)) => digest,
                     _ => return Err(JournalError::NoDigest),
@@ -256,7 +279,7 @@ impl Journal {
     /// Whether the journal may be acted on (`--resume`, `--rollback`): only one with a digest
     /// and uids.
     pub fn require_sealed(&self) -> Result<(), JournalError> {
-        if self.version < Self::VERSION {
+        if self.version < 2 {
             return Err(JournalError::Unsealed);
         }
         Ok(())
@@ -333,10 +356,10 @@ mod tests {
         );
         assert!(text.contains("\"Deployment web/app\""), "{text}");
         assert!(text.contains("\"uid-app\""), "{text}");
-        let other = text.replace("\"version\": 2", "\"version\": 3");
+        let other = text.replace("\"version\": 3", "\"version\": 4");
         assert_eq!(
             Journal::parse(&other).unwrap_err(),
-            JournalError::Version { found: 3 }
+            JournalError::Version { found: 4 }
         );
         assert!(matches!(
             Journal::parse("{"),

@@ -1,11 +1,13 @@
 //! What `flexd migrate --apply` moves, together, and what it refuses: pure, from the cluster's
 //! objects listed once (docs/migration.md#apply).
 //!
-//! A PersistentVolume cannot change its source in place, so its pods must stop while it is
-//! swapped, and so must every other pod of the workloads that use it: the PVs and workloads
-//! linked through pods and templates form one *unit*, stopped, swapped and started together.
-//! A unit is refused whole when anything in it cannot be stopped and started again by flexd
-//! (a bare Pod, a DaemonSet, a Job), cannot be converted, or would have no flexd to serve it.
+//! A PersistentVolume cannot change its source in place: it is deleted and created again, and
+//! every pod of the workloads that use it must come to mount the new one: the PVs and
+//! workloads linked through pods and templates form one *unit*, swapped together, stopped and
+//! started again or rolled pod by pod ([`super::strategy`], chosen here last). A unit is
+//! refused whole when anything in it cannot be stopped and started again by flexd (a bare Pod
+//! without `--recreate-pods`, a DaemonSet, a Job), cannot be converted, or would have no flexd
+//! to serve it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +19,9 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use super::graph::{Graph, Member};
+use super::strategy::{Requested, Strategy};
+pub use super::workload::{WorkloadKind, WorkloadRef};
 use crate::naming;
 
 /// The cluster's objects a plan is made from.
@@ -32,98 +37,6 @@ pub struct Inventory {
     pub stateful_sets: Vec<StatefulSet>,
     pub csi_drivers: Vec<CSIDriver>,
     pub csi_nodes: Vec<CSINode>,
-}
-
-/// The workloads flexd scales: their `scale` subresource stops and restarts their pods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum WorkloadKind {
-    Deployment,
-    StatefulSet,
-    ReplicaSet,
-}
-
-impl WorkloadKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Deployment => "Deployment",
-            Self::StatefulSet => "StatefulSet",
-            Self::ReplicaSet => "ReplicaSet",
-        }
-    }
-
-    fn from_kind(kind: &str) -> Option<Self> {
-        [Self::Deployment, Self::StatefulSet, Self::ReplicaSet]
-            .into_iter()
-            .find(|k| k.as_str().eq_ignore_ascii_case(kind))
-    }
-}
-
-/// A workload, printed and journaled as `Kind namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkloadRef {
-    pub kind: WorkloadKind,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for WorkloadRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
-    }
-}
-
-impl WorkloadRef {
-    /// `--workload NAMESPACE/KIND/NAME`, the kind in any case (`default/deployment/web`).
-    pub fn parse_flag(text: &str) -> Result<Self, String> {
-        let mut parts = text.splitn(3, '/');
-        let (Some(namespace), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(format!("{text:?} is not NAMESPACE/KIND/NAME"));
-        };
-        let kind = WorkloadKind::from_kind(kind).ok_or_else(|| {
-            format!("{kind:?} is not a kind flexd scales (deployment, statefulset, replicaset)")
-        })?;
-        if namespace.is_empty() || name.is_empty() {
-            return Err(format!("{text:?} is not NAMESPACE/KIND/NAME"));
-        }
-        Ok(Self {
-            kind,
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        })
-    }
-}
-
-impl std::str::FromStr for WorkloadRef {
-    type Err = String;
-
-    /// The printed form, `Kind namespace/name`.
-    fn from_str(text: &str) -> Result<Self, String> {
-        let (kind, rest) = text
-            .split_once(' ')
-            .ok_or_else(|| format!("{text:?} is not `Kind namespace/name`"))?;
-        let (namespace, name) = rest
-            .split_once('/')
-            .ok_or_else(|| format!("{text:?} is not `Kind namespace/name`"))?;
-        Ok(Self {
-            kind: WorkloadKind::from_kind(kind).ok_or_else(|| format!("unknown kind {kind:?}"))?,
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        })
-    }
-}
-
-impl Serialize for WorkloadRef {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for WorkloadRef {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 /// One FlexVolume PV to swap for its CSI twin.
@@ -145,12 +58,17 @@ pub struct PvMove {
     /// The nodes whose pods mount it now.
     #[serde(default)]
     pub nodes: BTreeSet<String>,
+    /// Its `accessModes`: whether old and new pods may mount it at once decides whether its
+    /// unit may roll ([`super::strategy`]).
+    #[serde(default)]
+    pub access_modes: Vec<String>,
 }
 
-/// PVs and workloads stopped, swapped and started together.
+/// PVs and workloads swapped together: stopped and started again, or rolled pod by pod
+/// ([`Unit::strategy`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unit {
-    /// Scaled to zero and back.
+    /// Scaled to zero and back, or their pods replaced one at a time.
     pub workloads: Vec<WorkloadRef>,
     pub pvs: Vec<PvMove>,
     /// Workloads whose pod template holds an inline `flexVolume`, rewritten to inline `csi`.
@@ -165,6 +83,19 @@ pub struct Unit {
     /// created again under the same name since the plan is refused, never touched.
     #[serde(default)]
     pub uids: BTreeMap<String, String>,
+    /// How it moves, chosen by [`super::strategy::choose`].
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Why that strategy, for the plan.
+    #[serde(default)]
+    pub strategy_reason: String,
+    /// What downtime remains with it, for the plan.
+    #[serde(default)]
+    pub downtime: String,
+    /// Rolling: the workloads whose own rollout of their rewritten template replaces their
+    /// pods; the other workloads' pods are evicted one at a time.
+    #[serde(default)]
+    pub rollouts: Vec<WorkloadRef>,
 }
 
 /// How a PersistentVolume is named among a unit's uids (and in messages).
@@ -232,65 +163,8 @@ pub struct Selection {
     pub pvs: BTreeSet<String>,
     pub namespaces: BTreeSet<String>,
     pub workloads: BTreeSet<WorkloadRef>,
-}
-
-/// One node of the graph units are the connected parts of.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Member {
-    Pv(String),
-    Workload(WorkloadRef),
-    /// A bare Pod (`namespace/name`): deleted and created again (`--recreate-pods`).
-    Pod(String),
-}
-
-#[derive(Default)]
-struct Graph {
-    members: Vec<Member>,
-    index: BTreeMap<Member, usize>,
-    parent: Vec<usize>,
-    /// Per member: why its unit cannot be migrated.
-    refusals: Vec<Vec<Refused>>,
-    /// Per member: what its unit's plan says about it.
-    notes: Vec<Vec<PlanNote>>,
-    pods: Vec<BTreeSet<String>>,
-}
-
-impl Graph {
-    fn add(&mut self, member: Member) -> usize {
-        if let Some(&i) = self.index.get(&member) {
-            return i;
-        }
-        let i = self.members.len();
-        self.index.insert(member.clone(), i);
-        self.members.push(member);
-        self.parent.push(i);
-        self.refusals.push(Vec::new());
-        self.notes.push(Vec::new());
-        self.pods.push(BTreeSet::new());
-        i
-    }
-
-    fn root(&mut self, mut i: usize) -> usize {
-        while self.parent[i] != i {
-            self.parent[i] = self.parent[self.parent[i]];
-            i = self.parent[i];
-        }
-        i
-    }
-
-    fn join(&mut self, a: usize, b: usize) {
-        let (a, b) = (self.root(a), self.root(b));
-        if a != b {
-            self.parent[b.max(a)] = b.min(a);
-        }
-    }
-
-    fn refuse(&mut self, i: usize, what: impl Into<String>, reason: impl Into<String>) {
-        self.refusals[i].push(Refused {
-            what: what.into(),
-            reason: reason.into(),
-        });
-    }
+    /// How the units move (`--strategy`).
+    pub strategy: Requested,
 }
 
 /// Whether a PV's `claimRef` joins its claim (and so the claim's pods and workloads) to the
@@ -495,6 +369,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
                 claim,
                 reclaim_policy: spec.persistent_volume_reclaim_policy.clone(),
                 nodes: BTreeSet::new(),
+                access_modes: spec.access_modes.clone().unwrap_or_default(),
             },
         );
     }
@@ -804,6 +679,7 @@ pub fn plan(inventory: &Inventory, selection: &Selection) -> Plan {
     result.refused.dedup();
     result.notes.sort();
     result.notes.dedup();
+    super::strategy::assign(&mut result, inventory, selection.strategy);
     result
 }
 

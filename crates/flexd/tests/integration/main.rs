@@ -25,6 +25,7 @@ mod loop_driver;
 mod manifests;
 mod migrate;
 mod migrate_cluster;
+mod migrate_rolling;
 mod mount_namespace;
 mod ownership;
 mod preflight;

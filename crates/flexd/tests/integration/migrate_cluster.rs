@@ -2,7 +2,8 @@
 //! server that answers reads from canned objects and records every write (issue #51): a stale
 //! `claimRef` joins no workload to the plan, and a journal that was tampered with, that
 //! predates the digest, or whose objects are no longer those it recorded, is refused before
-//! anything is written.
+//! anything is written. The fake server also takes a handler of its own
+//! ([`FakeApi::serve`]): `migrate_rolling` gives it one that keeps state.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -16,29 +17,58 @@ use flexd::migrate::plan::{PvMove, Unit};
 use serde_json::{json, Value};
 use test_support::{flexd_command, Sandbox};
 
-/// A fake API server on 127.0.0.1, one request per connection: a GET of a path in `objects`
-/// is answered with it, any other GET is 404, and anything else is recorded as a write and
-/// refused (403).
-struct FakeApi {
+/// A fake API server on 127.0.0.1, one request per connection, each answered by its handler;
+/// every GET is recorded as a read, anything else as a write (with its body).
+pub(super) struct FakeApi {
     port: u16,
     writes: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<(String, Value)>>>,
     reads: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     dir: tempfile::TempDir,
 }
 
-fn status(code: u16, reason: &str) -> Value {
+/// One request as the fake API server read it.
+pub(super) struct Request {
+    pub method: String,
+    /// Without the query.
+    pub path: String,
+    /// The body as JSON, null when there is none.
+    pub body: Value,
+}
+
+/// What answers a request: status code and body.
+pub(super) type Handler = Box<dyn FnMut(&Request) -> (u16, Value) + Send>;
+
+/// The canned answers: a GET of a path in `objects` is answered with it, any other GET is 404,
+/// anything else refused (403).
+fn canned(objects: BTreeMap<String, Value>) -> Handler {
+    Box::new(move |request| {
+        if request.method != "GET" {
+            return (403, status(403, "Forbidden"));
+        }
+        match objects.get(&request.path) {
+            Some(object) => (200, object.clone()),
+            None => (404, status(404, "NotFound")),
+        }
+    })
+}
+
+pub(super) fn status(code: u16, reason: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": reason, "reason": reason, "code": code})
 }
 
-fn answer(
-    stream: TcpStream,
-    objects: &BTreeMap<String, Value>,
-    reads: &Mutex<Vec<String>>,
-    writes: &Mutex<Vec<String>>,
-) -> std::io::Result<()> {
+/// What [`FakeApi`] records.
+#[derive(Clone, Default)]
+struct Records {
+    reads: Arc<Mutex<Vec<String>>>,
+    writes: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<(String, Value)>>>,
+}
+
+fn answer(stream: TcpStream, handler: &mut Handler, records: &Records) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -59,16 +89,19 @@ fn answer(
     }
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
-    let (code, answer) = if method == "GET" {
-        reads.lock().unwrap().push(path.clone());
-        match objects.get(&path) {
-            Some(object) => (200, object.clone()),
-            None => (404, status(404, "NotFound")),
-        }
-    } else {
-        writes.lock().unwrap().push(format!("{method} {path}"));
-        (403, status(403, "Forbidden"))
+    let request = Request {
+        method: method.to_owned(),
+        path: path.clone(),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     };
+    if method == "GET" {
+        records.reads.lock().unwrap().push(path);
+    } else {
+        let write = format!("{method} {path}");
+        records.writes.lock().unwrap().push(write.clone());
+        (records.bodies.lock().unwrap()).push((write, request.body.clone()));
+    }
+    let (code, answer) = handler(&request);
     let text = answer.to_string();
     let mut stream = stream;
     write!(
@@ -82,20 +115,24 @@ fn answer(
 
 impl FakeApi {
     fn start(objects: BTreeMap<String, Value>) -> Self {
+        Self::serve(canned(objects))
+    }
+
+    /// A fake API server answering with `handler`.
+    pub(super) fn serve(mut handler: Handler) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (writes, reads) = (Arc::default(), Arc::default());
+        let records = Records::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (writes, reads, stop): (Arc<Mutex<_>>, Arc<Mutex<_>>, _) =
-                (Arc::clone(&writes), Arc::clone(&reads), Arc::clone(&stop));
+            let (records, stop) = (records.clone(), Arc::clone(&stop));
             std::thread::spawn(move || {
                 for stream in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     if let Ok(stream) = stream {
-                        let _ = answer(stream, &objects, &reads, &writes);
+                        let _ = answer(stream, &mut handler, &records);
                     }
                 }
             })
@@ -112,8 +149,9 @@ impl FakeApi {
         .unwrap();
         Self {
             port,
-            writes,
-            reads,
+            writes: records.writes,
+            bodies: records.bodies,
+            reads: records.reads,
             stop,
             thread: Some(thread),
             dir,
@@ -121,7 +159,7 @@ impl FakeApi {
     }
 
     /// `flexd migrate ARGS` against it: exit status, stdout, stderr.
-    fn migrate(&self, args: &[&str]) -> (Option<i32>, String, String) {
+    pub(super) fn migrate(&self, args: &[&str]) -> (Option<i32>, String, String) {
         let sandbox = Sandbox::new();
         let kubeconfig = self.dir.path().join("kubeconfig");
         let out = flexd_command(&sandbox.plugin())
@@ -136,8 +174,13 @@ impl FakeApi {
         (out.status.code(), text(&out.stdout), text(&out.stderr))
     }
 
-    fn writes(&self) -> Vec<String> {
+    pub(super) fn writes(&self) -> Vec<String> {
         self.writes.lock().unwrap().clone()
+    }
+
+    /// Each write (`METHOD path`) with its body, in order.
+    pub(super) fn bodies(&self) -> Vec<(String, Value)> {
+        self.bodies.lock().unwrap().clone()
     }
 
     fn reads(&self) -> Vec<String> {
@@ -156,7 +199,7 @@ impl Drop for FakeApi {
     }
 }
 
-fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Value {
+pub(super) fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Value {
     json!({"apiVersion": api_version, "kind": format!("{kind}List"),
            "metadata": {"resourceVersion": "1"}, "items": items})
 }
@@ -278,7 +321,7 @@ fn a_stale_claim_ref_plans_the_pv_alone_and_says_why() {
     assert_eq!(api.writes(), Vec::<String>::new());
 }
 
-const JOURNAL: &str = "/api/v1/namespaces/flexd-system/configmaps/flexd-migration";
+pub(super) const JOURNAL: &str = "/api/v1/namespaces/flexd-system/configmaps/flexd-migration";
 
 fn journal_map(text: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -300,6 +343,7 @@ fn finished_journal() -> Journal {
             attaches: false,
             reclaim_policy: Some("Delete".into()),
             nodes: Default::default(),
+            access_modes: vec!["ReadWriteOnce".into()],
         }],
         uids: BTreeMap::from([
             ("Deployment shop/web".into(), "uid-web".into()),

@@ -4,7 +4,8 @@
 //! pure (`flexd::migrate::{plan, journal, guard}`); these files are their I/O: the engine's
 //! steps here, the journal's store ([`super::store`]), reading the objects
 //! ([`super::objects`]), changing them ([`super::swap`]), the waits ([`super::waits`]), the
-//! rollback ([`super::rollback`]) and what the command says ([`super::report`]).
+//! rollback ([`super::rollback`]), the rolling strategy ([`super::rolling`], its pods replaced
+//! by [`super::evict`]) and what the command says ([`super::report`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, bail, Context as _};
 use flexd::migrate::journal::{self, Journal, Operation, Step};
-use flexd::migrate::plan::{self, Selection};
+use flexd::migrate::plan::Selection;
+use flexd::migrate::strategy::Strategy;
 use flexd::migrate::twin;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -101,7 +103,7 @@ impl Migrator {
     async fn run(mut self, mode: Mode, options: &Options<'_>) -> anyhow::Result<ExitCode> {
         match mode {
             Mode::Plan(selection) => {
-                let plan = plan::plan(&self.inventory().await?, &selection);
+                let plan = self.plan_for(&selection).await?;
                 self.print_plan(&plan)?;
                 Ok(ExitCode::SUCCESS)
             }
@@ -119,7 +121,7 @@ impl Migrator {
                         );
                     }
                 }
-                let plan = plan::plan(&self.inventory().await?, &selection);
+                let plan = self.plan_for(&selection).await?;
                 self.print_plan(&plan)?;
                 if plan.units.is_empty() {
                     self.say("nothing to migrate");
@@ -141,6 +143,7 @@ impl Migrator {
                     return Ok(ExitCode::SUCCESS);
                 }
                 self.verify(&journal, journal.operation).await?;
+                self.check_evictions(&journal, journal.operation).await?;
                 self.print_journal(&journal);
                 if !confirm(options.yes, "Resume?")? {
                     bail!("nothing changed (--yes resumes)");
@@ -154,6 +157,7 @@ impl Migrator {
             Mode::Rollback => {
                 let mut journal = self.load().await?.ok_or_else(|| self.no_journal())?;
                 self.verify(&journal, Operation::Rollback).await?;
+                self.check_evictions(&journal, Operation::Rollback).await?;
                 self.print_journal(&journal);
                 if !confirm(options.yes, "Roll back every unit above to FlexVolume?")? {
                     bail!("nothing changed (--yes rolls back)");
@@ -194,6 +198,9 @@ impl Migrator {
     }
 
     async fn apply_unit(&mut self, journal: &mut Journal, unit: usize) -> anyhow::Result<()> {
+        if journal.units[unit].strategy == Strategy::Rolling {
+            return self.rolling_unit(journal, unit).await;
+        }
         if journal.units[unit].step < Step::Retained {
             let record = journal.units[unit].clone();
             for m in &record.moves {
@@ -230,40 +237,11 @@ impl Migrator {
             self.step(journal, unit, Step::Stopped).await?;
         }
         if journal.units[unit].step < Step::Swapping {
-            let record = &journal.units[unit];
-            let mut old_pvs = BTreeMap::new();
-            for m in &record.moves {
-                old_pvs.insert(m.name.clone(), self.flex_pv(record, &m.name).await?);
-            }
-            let mut old_templates = BTreeMap::new();
-            for w in &record.templates {
-                old_templates.insert(w.to_string(), self.template(record, w).await?);
-            }
-            let record = &mut journal.units[unit];
-            record.old_pvs = old_pvs;
-            record.old_templates = old_templates;
+            self.record_old(journal, unit).await?;
             self.step(journal, unit, Step::Swapping).await?;
         }
         if journal.units[unit].step < Step::Swapped {
-            let record = journal.units[unit].clone();
-            for m in &record.moves {
-                let old = record
-                    .old_pvs
-                    .get(&m.name)
-                    .ok_or_else(|| anyhow!("the journal lost PersistentVolume {}", m.name))?;
-                let new = twin::converted(old, "PersistentVolume")?;
-                self.swap_pv(journal, unit, &m.name, true, new, &old["spec"])
-                    .await?;
-            }
-            for w in &record.templates {
-                let old = record
-                    .old_templates
-                    .get(&w.to_string())
-                    .ok_or_else(|| anyhow!("the journal lost {w}'s template"))?;
-                let new = twin::converted_template(w, old)?;
-                self.set_template(&record, w, &new, &[old, &new]).await?;
-            }
-            self.wait_claims_bound(&record).await?;
+            self.swap_to_csi(journal, unit).await?;
             self.step(journal, unit, Step::Swapped).await?;
         }
         if journal.units[unit].step < Step::Done {
@@ -271,6 +249,56 @@ impl Migrator {
             self.step(journal, unit, Step::Done).await?;
         }
         Ok(())
+    }
+
+    /// Journals the unit's FlexVolume PVs and its templates as they are before the swap: what
+    /// the swap converts and a rollback puts back.
+    pub(super) async fn record_old(
+        &mut self,
+        journal: &mut Journal,
+        unit: usize,
+    ) -> anyhow::Result<()> {
+        let record = &journal.units[unit];
+        let mut old_pvs = BTreeMap::new();
+        for m in &record.moves {
+            old_pvs.insert(m.name.clone(), self.flex_pv(record, &m.name).await?);
+        }
+        let mut old_templates = BTreeMap::new();
+        for w in &record.templates {
+            old_templates.insert(w.to_string(), self.template(record, w).await?);
+        }
+        let record = &mut journal.units[unit];
+        record.old_pvs = old_pvs;
+        record.old_templates = old_templates;
+        Ok(())
+    }
+
+    /// Swaps each journaled PV for its CSI twin (same name and claimRef) and rewrites each
+    /// template, then waits for the claims to be Bound again.
+    pub(super) async fn swap_to_csi(
+        &mut self,
+        journal: &mut Journal,
+        unit: usize,
+    ) -> anyhow::Result<()> {
+        let record = journal.units[unit].clone();
+        for m in &record.moves {
+            let old = record
+                .old_pvs
+                .get(&m.name)
+                .ok_or_else(|| anyhow!("the journal lost PersistentVolume {}", m.name))?;
+            let new = twin::converted(old, "PersistentVolume")?;
+            self.swap_pv(journal, unit, &m.name, true, new, &old["spec"])
+                .await?;
+        }
+        for w in &record.templates {
+            let old = record
+                .old_templates
+                .get(&w.to_string())
+                .ok_or_else(|| anyhow!("the journal lost {w}'s template"))?;
+            let new = twin::converted_template(w, old)?;
+            self.set_template(&record, w, &new, &[old, &new]).await?;
+        }
+        self.wait_claims_bound(&record).await
     }
 
     /// Scales the unit back and waits until it is Ready; records the downtime.

@@ -17,13 +17,16 @@ use clap::Args;
 use flexvolume_host::{DriverName, Resolver};
 
 use flexd::migrate::plan::{Selection, WorkloadRef};
+use flexd::migrate::strategy::Requested;
 
 use crate::settings::{parse_duration, Global, OutputFormat};
 
 mod apply;
+mod evict;
 mod objects;
 mod report;
 mod rollback;
+mod rolling;
 mod store;
 mod swap;
 mod waits;
@@ -47,9 +50,10 @@ pub struct MigrateArgs {
     /// Print what --apply would do with the selection, in the cluster; change nothing.
     #[arg(long, requires = "selection")]
     pub plan: bool,
-    /// Migrate the selection in the cluster, unit by unit: Retain, scale to 0, wait for
-    /// unmount and detach, swap the PVs (same names and claims) and templates, scale back,
-    /// wait for Ready (docs/migration.md#apply).
+    /// Migrate the selection in the cluster, unit by unit: Retain, then either scale to 0, wait
+    /// for unmount and detach, swap the PVs (same names and claims) and templates, scale back,
+    /// wait for Ready; or, rolling, swap them under the running pods and replace the pods one
+    /// at a time (--strategy, docs/migration.md#strategies).
     #[arg(long, requires = "selection")]
     pub apply: bool,
     /// Go on with the migration (or rollback) the journal holds, after a run was stopped.
@@ -76,6 +80,14 @@ pub struct MigrateArgs {
     /// refused.
     #[arg(long)]
     pub recreate_pods: bool,
+    /// How each unit moves: rolling (swapped under its running pods, which are then evicted
+    /// one at a time, PodDisruptionBudgets honoured, or rolled out by their Deployment: no
+    /// downtime), scale-down (scaled to 0, swapped, scaled back), or auto: rolling where two
+    /// pods may mount its volumes at once (ReadWriteMany or ReadOnlyMany, a driver that does
+    /// not attach) and each workload keeps a pod up, else scale-down. The plan says which and
+    /// why; a unit rolling cannot move safely is refused with --strategy rolling.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Auto, conflicts_with_all = ["file", "resume", "rollback"])]
+    pub strategy: StrategyArg,
     /// Accept the plan without asking (needed when stdin is not a terminal).
     #[arg(long)]
     pub yes: bool,
@@ -97,6 +109,24 @@ pub struct MigrateArgs {
     /// of the two).
     #[arg(long, value_name = "VENDOR/DRIVER", value_parser = parse_driver_name)]
     pub not_attaching: Vec<DriverName>,
+}
+
+/// `--strategy`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StrategyArg {
+    Auto,
+    Rolling,
+    ScaleDown,
+}
+
+impl From<StrategyArg> for Requested {
+    fn from(arg: StrategyArg) -> Self {
+        match arg {
+            StrategyArg::Auto => Self::Auto,
+            StrategyArg::Rolling => Self::Rolling,
+            StrategyArg::ScaleDown => Self::ScaleDown,
+        }
+    }
 }
 
 fn parse_driver_name(text: &str) -> Result<DriverName, String> {
@@ -121,6 +151,7 @@ pub fn run(global: &Global, args: MigrateArgs) -> anyhow::Result<ExitCode> {
         pvs: args.pvs.iter().cloned().collect(),
         namespaces: args.namespaces.iter().cloned().collect(),
         workloads: args.workloads.iter().cloned().collect(),
+        strategy: args.strategy.into(),
     };
     let mode = if args.plan {
         apply::Mode::Plan(selection())

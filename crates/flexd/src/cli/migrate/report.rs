@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use flexd::migrate::journal::{self, Journal, Step};
-use flexd::migrate::plan::Plan;
+use flexd::migrate::journal::{self, Journal, Step, UnitRecord};
+use flexd::migrate::plan::{Plan, WorkloadRef};
+use flexd::migrate::strategy::Strategy;
 use serde_json::{json, Value};
 
 use super::apply::Migrator;
@@ -42,7 +43,20 @@ impl Migrator {
             journal.by
         );
         for (i, unit) in journal.units.iter().enumerate() {
-            eprintln!("  {}. {}: {}", i + 1, unit.title(), unit.step.as_str());
+            let rolling = match unit.strategy {
+                Strategy::ScaleDown => String::new(),
+                Strategy::Rolling if unit.replacing.is_empty() => " (rolling)".to_owned(),
+                Strategy::Rolling => {
+                    let done = unit.replacing.iter().filter(|r| r.done).count();
+                    format!(" (rolling, {done} of {} replaced)", unit.replacing.len())
+                }
+            };
+            eprintln!(
+                "  {}. {}: {}{rolling}",
+                i + 1,
+                unit.title(),
+                unit.step.as_str()
+            );
         }
     }
 
@@ -53,8 +67,9 @@ impl Migrator {
                 "{}",
                 json!({
                     "event": "step", "unit": unit + 1, "units": journal.units.len(),
-                    "step": record.step.as_str(), "workloads": record.workloads,
-                    "bare_pods": record.bare_pods, "pvs": record.pvs,
+                    "step": record.step.as_str(), "strategy": record.strategy,
+                    "workloads": record.workloads, "bare_pods": record.bare_pods,
+                    "pvs": record.pvs,
                 })
             ),
             OutputFormat::Text => {
@@ -65,22 +80,60 @@ impl Migrator {
                     record.title(),
                     record.step.as_str()
                 );
-                match &self.bar {
-                    // A terminal: the bar says where it is and what it waits for; each step
-                    // still gets its line above it.
-                    Some(shown) => {
-                        let finished = journal
-                            .units
-                            .iter()
-                            .filter(|u| matches!(u.step, Step::Done | Step::RolledBack))
-                            .count();
-                        shown.bar().set_position(finished as u64);
-                        shown.bar().set_message(line.clone());
-                        shown.bar().println(format!("flexd: {line}"));
-                    }
-                    None => eprintln!("flexd: {line}"),
-                }
+                self.progress_line(journal, line);
             }
+        }
+    }
+
+    /// A rolling unit's replacement `i`, done: a pod replaced, or a rollout complete.
+    pub(super) fn report_replaced(&self, journal: &Journal, unit: usize, i: usize) {
+        let record = &journal.units[unit];
+        let Some(r) = record.replacing.get(i) else {
+            return;
+        };
+        let of = record.replacing.len();
+        match self.output {
+            OutputFormat::Json => println!(
+                "{}",
+                json!({
+                    "event": "replaced", "unit": unit + 1, "units": journal.units.len(),
+                    "workload": r.workload, "pod": r.pod.as_ref().map(|p| &p.name),
+                    "done": i + 1, "of": of,
+                })
+            ),
+            OutputFormat::Text => {
+                let what = match &r.pod {
+                    Some(pod) => format!("Pod {} replaced", pod.name),
+                    None => format!("{} rolled out", r.workload),
+                };
+                let line = format!(
+                    "[{}/{}] {}: {what} ({}/{of})",
+                    unit + 1,
+                    journal.units.len(),
+                    record.title(),
+                    i + 1
+                );
+                self.progress_line(journal, line);
+            }
+        }
+    }
+
+    /// A line of progress: above the bar on a terminal, else on stderr.
+    fn progress_line(&self, journal: &Journal, line: String) {
+        match &self.bar {
+            // A terminal: the bar says where it is and what it waits for; each step still gets
+            // its line above it.
+            Some(shown) => {
+                let finished = journal
+                    .units
+                    .iter()
+                    .filter(|u| matches!(u.step, Step::Done | Step::RolledBack))
+                    .count();
+                shown.bar().set_position(finished as u64);
+                shown.bar().set_message(line.clone());
+                shown.bar().println(format!("flexd: {line}"));
+            }
+            None => eprintln!("flexd: {line}"),
         }
     }
 
@@ -109,7 +162,23 @@ impl Migrator {
                 let units: Vec<Value> = journal
                     .units
                     .iter()
-                    .map(|u| json!({"workloads": u.workloads, "bare_pods": u.bare_pods, "pvs": u.pvs, "step": u.step.as_str(), "downtime_seconds": u.downtime_seconds}))
+                    .map(|u| {
+                        let done = || u.replacing.iter().filter(|r| r.done);
+                        let pods: Vec<&str> = done()
+                            .filter_map(|r| r.pod.as_ref())
+                            .map(|p| p.name.as_str())
+                            .collect();
+                        let rollouts: Vec<_> = done()
+                            .filter(|r| r.pod.is_none())
+                            .map(|r| &r.workload)
+                            .collect();
+                        json!({
+                            "workloads": u.workloads, "bare_pods": u.bare_pods, "pvs": u.pvs,
+                            "step": u.step.as_str(), "strategy": u.strategy,
+                            "downtime_seconds": u.downtime_seconds,
+                            "pods_replaced": pods, "rollouts": rollouts,
+                        })
+                    })
                     .collect();
                 println!(
                     "{}",
@@ -123,7 +192,10 @@ impl Migrator {
                         .map(|s| format!(", down {s:.1} s"))
                         .unwrap_or_default();
                     for w in &u.workloads {
-                        println!("{w}: {done}{down}");
+                        match u.strategy {
+                            Strategy::ScaleDown => println!("{w}: {done}{down}"),
+                            Strategy::Rolling => println!("{w}: {done}, rolling: {}", rolled(u, w)),
+                        }
                     }
                     for p in &u.bare_pods {
                         println!("Pod {p}: {done} (created again){down}");
@@ -136,6 +208,19 @@ impl Migrator {
                 }
             }
         }
+    }
+}
+
+/// How a rolling unit's workload `w` was replaced, for the summary.
+fn rolled(unit: &UnitRecord, w: &WorkloadRef) -> String {
+    let mine = || unit.replacing.iter().filter(|r| r.done && &r.workload == w);
+    if mine().any(|r| r.pod.is_none()) {
+        return "its own rollout replaced its pods".to_owned();
+    }
+    match mine().count() {
+        0 => "no pod to replace".to_owned(),
+        1 => "1 pod replaced".to_owned(),
+        n => format!("{n} pods replaced one at a time"),
     }
 }
 
@@ -168,7 +253,11 @@ pub(super) fn plan_text(plan: &Plan) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let n = plan.units.len();
-    let _ = writeln!(out, "{n} unit{} to migrate, one after the other (each stops, is swapped and starts again on its own):", if n == 1 { "" } else { "s" });
+    let _ = writeln!(
+        out,
+        "{n} unit{} to migrate, one after the other:",
+        if n == 1 { "" } else { "s" }
+    );
     for (i, unit) in plan.units.iter().enumerate() {
         let _ = writeln!(out, "{:>3}. {}", i + 1, unit.title());
         for m in &unit.pvs {
@@ -200,16 +289,41 @@ pub(super) fn plan_text(plan: &Plan) -> String {
                 "       {w}: inline flexVolume → inline csi in its pod template"
             );
         }
-        if !unit.workloads.is_empty() {
-            let _ = writeln!(
-                out,
-                "       scaled to 0 and back; pods that restart: {}",
-                if unit.pods.is_empty() {
-                    "none now".to_owned()
-                } else {
-                    unit.pods.join(", ")
+        let _ = writeln!(
+            out,
+            "       {}: {}",
+            unit.strategy.as_str(),
+            unit.strategy_reason
+        );
+        let _ = writeln!(out, "       downtime: {}", unit.downtime);
+        let pods = if unit.pods.is_empty() {
+            "none now".to_owned()
+        } else {
+            unit.pods.join(", ")
+        };
+        match unit.strategy {
+            Strategy::ScaleDown if !unit.workloads.is_empty() => {
+                let _ = writeln!(
+                    out,
+                    "       scaled to 0 and back; pods that restart: {pods}"
+                );
+            }
+            Strategy::Rolling if !unit.workloads.is_empty() => {
+                if !unit.pvs.is_empty() {
+                    let _ = writeln!(out, "       swapped under the claims while the pods run");
                 }
-            );
+                for w in &unit.rollouts {
+                    let _ = writeln!(out, "       {w}: its own rollout replaces its pods");
+                }
+                if unit.workloads.iter().any(|w| !unit.rollouts.contains(w)) {
+                    let _ = writeln!(
+                        out,
+                        "       pods evicted one at a time, each replacement Ready before the \
+                         next (PodDisruptionBudgets honoured): {pods}"
+                    );
+                }
+            }
+            _ => {}
         }
     }
     if !plan.notes.is_empty() {

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use flexd::migrate::journal::{Journal, Step};
+use flexd::migrate::journal::{Journal, Step, UnitRecord};
+use flexd::migrate::strategy::Strategy;
 use flexd::migrate::twin;
 use serde_json::json;
 
@@ -36,6 +37,9 @@ impl Migrator {
     }
 
     async fn rollback_unit(&mut self, journal: &mut Journal, unit: usize) -> anyhow::Result<()> {
+        if journal.units[unit].strategy == Strategy::Rolling {
+            return self.rolling_unit(journal, unit).await;
+        }
         let step = journal.units[unit].step;
         if step == Step::Planned {
             return self.step(journal, unit, Step::RolledBack).await;
@@ -73,38 +77,54 @@ impl Migrator {
             self.delete_bare_pods(&record).await?;
             self.wait_stopped(&record).await?;
             self.wait_csi_detached(&record).await?;
-            for m in &record.moves {
-                let Some(old) = record.old_pvs.get(&m.name) else {
-                    continue;
-                };
-                // What the apply made of it, the only PV a rollback replaces.
-                let made = twin::converted(old, "PersistentVolume")?;
-                let mut old = old.clone();
-                twin::fresh(&mut old);
-                if let Some(policy) = &m.reclaim_policy {
-                    old["spec"]["persistentVolumeReclaimPolicy"] = json!(policy);
-                }
-                self.swap_pv(journal, unit, &m.name, false, old, &made["spec"])
-                    .await?;
-            }
-            for w in &record.templates {
-                let Some(old) = record.old_templates.get(&w.to_string()) else {
-                    continue;
-                };
-                let made = twin::converted_template(w, old)?;
-                self.set_template(&record, w, old, &[&made, old]).await?;
-            }
-            self.wait_claims_bound(&record).await?;
+            self.swap_back(journal, unit).await?;
         }
-        // Retain back to what it was, on PVs that were never swapped (a swapped one was made
-        // with its old policy above); each the PV the journal now records under the name.
-        let record = journal.units[unit].clone();
-        for m in &record.moves {
-            if let Some(policy) = &m.reclaim_policy {
-                self.set_reclaim(&record, &m.name, policy).await?;
-            }
-        }
+        self.restore_reclaim(&journal.units[unit]).await?;
         self.start_again(journal, unit).await?;
         self.step(journal, unit, Step::RolledBack).await
+    }
+
+    /// Puts back each PV and template the journal holds the old object of (only those were
+    /// swapped): the CSI PV is replaced by the FlexVolume one, created again with the same name
+    /// and claimRef and its old reclaim policy. Then waits for the claims to be Bound again.
+    pub(super) async fn swap_back(
+        &mut self,
+        journal: &mut Journal,
+        unit: usize,
+    ) -> anyhow::Result<()> {
+        let record = journal.units[unit].clone();
+        for m in &record.moves {
+            let Some(old) = record.old_pvs.get(&m.name) else {
+                continue;
+            };
+            // What the apply made of it, the only PV a rollback replaces.
+            let made = twin::converted(old, "PersistentVolume")?;
+            let mut old = old.clone();
+            twin::fresh(&mut old);
+            if let Some(policy) = &m.reclaim_policy {
+                old["spec"]["persistentVolumeReclaimPolicy"] = json!(policy);
+            }
+            self.swap_pv(journal, unit, &m.name, false, old, &made["spec"])
+                .await?;
+        }
+        for w in &record.templates {
+            let Some(old) = record.old_templates.get(&w.to_string()) else {
+                continue;
+            };
+            let made = twin::converted_template(w, old)?;
+            self.set_template(&record, w, old, &[&made, old]).await?;
+        }
+        self.wait_claims_bound(&record).await
+    }
+
+    /// Retain back to what it was, on PVs that were never swapped (a swapped one was made with
+    /// its old policy); each the PV the journal now records under the name.
+    pub(super) async fn restore_reclaim(&self, record: &UnitRecord) -> anyhow::Result<()> {
+        for m in &record.moves {
+            if let Some(policy) = &m.reclaim_policy {
+                self.set_reclaim(record, &m.name, policy).await?;
+            }
+        }
+        Ok(())
     }
 }

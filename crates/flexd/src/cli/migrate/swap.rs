@@ -75,7 +75,8 @@ impl Migrator {
     /// (CSI when `to_csi`, else FlexVolume). The PV there must be the one the journal recorded
     /// and its spec still `replaced_spec` (what flexd wrote or found); it is deleted with its
     /// uid and resourceVersion as preconditions (its pv-protection finalizer removed: its pods
-    /// are stopped); `new` is created with the same name and claimRef, marked with the old
+    /// are stopped, or, rolling, keep their mounts, which kubelet does not undo when the PV
+    /// object goes); `new` is created with the same name and claimRef, marked with the old
     /// uid, and its uid journaled at once.
     pub(super) async fn swap_pv(
         &mut self,

@@ -16,7 +16,7 @@ use kube::api::{Api, ListParams};
 use super::apply::Migrator;
 
 /// How often a wait looks again.
-const POLL: Duration = Duration::from_secs(1);
+pub(super) const POLL: Duration = Duration::from_secs(1);
 
 /// How long a FlexVolume volume must stay out of its node's status before its detach is taken
 /// as done (see `wait_flex_detached`): the driver's `detach` runs right after the status drops,
@@ -49,19 +49,42 @@ impl Migrator {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<bool>>,
     {
+        self.wait_seen(what, || {
+            let done = done();
+            async move { Ok((!done.await?).then(String::new)) }
+        })
+        .await
+    }
+
+    /// Until `progress` says done (`None`); else where it is (`Some`), which the message of a
+    /// wait that times out ends with.
+    pub(super) async fn wait_seen<F, Fut>(&self, what: &str, mut progress: F) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<String>>>,
+    {
         let deadline = Instant::now() + self.wait_timeout;
+        let mut seen = String::new();
         loop {
-            let last_error = match done().await {
-                Ok(true) => return Ok(()),
-                Ok(false) => None,
+            let last_error = match progress().await {
+                Ok(None) => return Ok(()),
+                Ok(Some(now)) => {
+                    seen = now;
+                    None
+                }
                 Err(e) => Some(e),
             };
             if Instant::now() >= deadline {
+                let seen = if seen.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (last seen: {seen})")
+                };
                 let why = last_error
                     .map(|e| format!(" (last error: {e:#})"))
                     .unwrap_or_default();
                 bail!(
-                    "waited {} for {what}{why}",
+                    "waited {} for {what}{seen}{why}",
                     humantime::format_duration(self.wait_timeout)
                 );
             }
