@@ -22,7 +22,7 @@ set -euo pipefail
 # shellcheck source=tests/e2e/cluster.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
 
-SCENARIOS=${E2E_SCENARIOS:-deploy preflight static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example nodes multiattach discovery oracle migrate_apply nodeloss reconciler upgrade rollout failover fence controller uninstall}
+SCENARIOS=${E2E_SCENARIOS:-deploy preflight static_pv inline fsgroup migrate installer faults_pod faults_kubelet faults_node storage example nodes multiattach discovery oracle migrate_apply migrate_rolling nodeloss reconciler upgrade rollout failover fence controller uninstall}
 
 # scenarios LABEL-FILTER [ENV...]: the Go scenarios of the filter, in the cluster's network
 # namespace; counts the specs that passed and failed into $passed and $failed.

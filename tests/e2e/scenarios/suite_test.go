@@ -52,6 +52,7 @@ var _ = ginkgo.Describe("flexd", ginkgo.Ordered, ginkgo.ContinueOnFailure, func(
 	ginkgo.It("discovery", ginkgo.Label("discovery"), scenarioDiscovery)
 	ginkgo.It("oracle", ginkgo.Label("oracle"), scenarioOracle)
 	ginkgo.It("migrate_apply", ginkgo.Label("migrate_apply"), scenarioMigrateApply)
+	ginkgo.It("migrate_rolling", ginkgo.Label("migrate_rolling"), scenarioMigrateRolling)
 	ginkgo.It("nodeloss", ginkgo.Label("nodeloss"), scenarioNodeLoss)
 	ginkgo.It("reconciler", ginkgo.Label("reconciler"), scenarioReconciler)
 	ginkgo.It("upgrade", ginkgo.Label("upgrade"), scenarioUpgrade)
