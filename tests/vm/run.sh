@@ -115,6 +115,13 @@ echo "vm: the VM ran ${elapsed}s (vng exit status $vng_status)"
 
 if [ ! -e "$work/started" ]; then
   tail -n 20 "$work/console.log" | sed 's/^/vm console: /'
+  # The VM booted and ran bash, which found no inside.sh: the checkout is not visible in the VM
+  # (seen for one under /var/tmp, which virtme-ng does not share). A failure, never a skip: the
+  # suite would silently not run.
+  if [ "$vng_status" = 127 ] || grep -q "tests/vm/inside.sh: No such file" "$work/console.log"; then
+    echo "vm: the VM booted but does not see the checkout at $repo: run from a checkout outside /tmp and /var/tmp" >&2
+    exit 1
+  fi
   skip "the VM did not boot (vng exit status $vng_status)"
 fi
 [ -n "${FLEXD_VM_EXEC:-}" ] && exit "$(cat "$work/exec.status" 2>/dev/null || echo 1)"
