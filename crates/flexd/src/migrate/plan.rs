@@ -213,7 +213,7 @@ fn learn_uid(uids: &mut BTreeMap<String, String>, key: String, uid: Option<&str>
     }
 }
 
-fn name_of(meta: &ObjectMeta) -> (String, String) {
+pub(crate) fn name_of(meta: &ObjectMeta) -> (String, String) {
     (
         meta.namespace.clone().unwrap_or_default(),
         meta.name.clone().unwrap_or_default(),

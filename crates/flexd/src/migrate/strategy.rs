@@ -120,12 +120,14 @@ fn resolve(value: Option<&IntOrString>, default: &str, replicas: i32, round_up: 
 
 /// The facts of every Deployment, StatefulSet and ReplicaSet listed.
 pub fn facts(inventory: &Inventory) -> BTreeMap<WorkloadRef, WorkloadFacts> {
-    let reference =
-        |kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| WorkloadRef {
+    let reference = |kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        let (namespace, name) = super::plan::name_of(meta);
+        WorkloadRef {
             kind,
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-        };
+            namespace,
+            name,
+        }
+    };
     let mut out = BTreeMap::new();
     for d in &inventory.deployments {
         let spec = d.spec.as_ref();

@@ -190,10 +190,16 @@ impl Migrator {
                 )
             })?;
         }
+        self.finish(journal, "migrated").await
+    }
+
+    /// The journal marked finished and saved, then the summary: the end of an apply and of a
+    /// rollback alike.
+    pub(super) async fn finish(&mut self, journal: &mut Journal, done: &str) -> anyhow::Result<()> {
         journal.finished = true;
         self.save(journal).await?;
         self.bar = None;
-        self.summary(journal, "migrated");
+        self.summary(journal, done);
         Ok(())
     }
 

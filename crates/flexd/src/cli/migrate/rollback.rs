@@ -29,11 +29,7 @@ impl Migrator {
                 )
             })?;
         }
-        journal.finished = true;
-        self.save(journal).await?;
-        self.bar = None;
-        self.summary(journal, "rolled back");
-        Ok(())
+        self.finish(journal, "rolled back").await
     }
 
     async fn rollback_unit(&mut self, journal: &mut Journal, unit: usize) -> anyhow::Result<()> {
