@@ -15,7 +15,10 @@
 # Environment: E2E_NAME (default flexd-e2e) names the network namespace, the cgroup root and the
 # default scratch dir, so clusters with different names coexist on one host; E2E_DIR (scratch
 # dir, default /var/lib/$E2E_NAME: never a temporary dir, which flexd manifests refuses to
-# deploy), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`), E2E_NODES
+# deploy), E2E_PLUGIN_DIR (the FlexVolume plugin dir every node's kubelet and
+# kube-controller-manager are given, an absolute path outside E2E_DIR, e.g. OpenShift 4's
+# /etc/kubernetes/kubelet-plugins/volume/exec: see "The plugin dir" below; default
+# $E2E_DIR/plugins), FLEXD (a flexd binary to use instead of `cargo build --release -p flexd`), E2E_NODES
 # (default 1: how many nodes; stop-node, start-node and down find the workers by themselves),
 # E2E_KCM_API_QPS (kube-controller-manager's --kube-api-qps, its burst twice that; default its
 # own, 20: bench/attach-scale.sh measures both).
@@ -41,6 +44,15 @@
 # With E2E_NODES > 1, all that is node 0, and each worker is a kubelet and containerd in network,
 # pid, mount and uts namespaces of its own, on a bridge in node 0's network namespace (which then
 # holds the node's address): the node table below says what is whose.
+#
+# The plugin dir. Each node's plugin dir is on disk under E2E_DIR (node 0's $E2E_DIR/plugins, a
+# worker's under nodes/NAME), where `up` installs drivers and the scenarios read and write it
+# from the host. Distributions give kubelet another path (docs/operator-guide.md#distributions):
+# with E2E_PLUGIN_DIR set, each node's own plugin dir is bind-mounted at that path in the node's
+# mount namespace only, so its kubelet, kube-controller-manager and the pods' hostPath volumes
+# (flexd's, the installer's) all go by the distribution's path, as on such a node, while the
+# host sees nothing mounted there. The dirs of that path the host lacked are made empty (the
+# mount points), recorded, and removed again by `down`.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -85,6 +97,31 @@ E2E_NODES=${E2E_NODES:-1}
 case ${E2E_KCM_API_QPS:-1} in *[!0-9]* | 0*) echo "E2E_KCM_API_QPS=$E2E_KCM_API_QPS: a number of requests a second" >&2; exit 2 ;; esac
 case $E2E_NODES in '' | *[!0-9]* | 0*) echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2 ;; esac
 ((E2E_NODES <= 50)) || { echo "E2E_NODES=$E2E_NODES: a number from 1 to 50" >&2; exit 2; }
+# Kubelet's and kube-controller-manager's plugin dir (see "The plugin dir" above). The default is
+# node 0's own dir itself, with no mount at all. Another path is refused where it would break the
+# cluster or what flexd deploys: relative, or "." or ".." in it (the mount and Kubernetes'
+# hostPath would not agree on it), under the scratch dir (node 0's plugin dir, or a worker's, or
+# a dir of the cluster's would be hidden by the mount), holding the scratch dir (hidden in turn),
+# or a temporary dir (flexd manifests refuses to deploy one). The paths go into command lines,
+# YAML and the scenarios' word lists as they are: no space nor anything to quote.
+PLUGIN_DIR=${E2E_PLUGIN_DIR:-$D/plugins}
+while [[ $PLUGIN_DIR == ?*/ ]]; do PLUGIN_DIR=${PLUGIN_DIR%/}; done
+if [ "$PLUGIN_DIR" != "$D/plugins" ]; then
+  plugin_dir_refused() { echo "E2E_PLUGIN_DIR=$E2E_PLUGIN_DIR: $*" >&2; exit 2; }
+  case $PLUGIN_DIR in /*) ;; *) plugin_dir_refused "not an absolute path" ;; esac
+  case $PLUGIN_DIR in *[!A-Za-z0-9_./-]*) plugin_dir_refused "letters, digits, . _ - / only" ;; esac
+  # Compared as the kernel resolves them (a link on the way counts).
+  canonical_plugin_dir=$(realpath -m "$PLUGIN_DIR") canonical_dir=$(realpath -m "$D")
+  case $canonical_plugin_dir/ in "$canonical_dir"/*) plugin_dir_refused "under the scratch dir $D (E2E_DIR); leave E2E_PLUGIN_DIR unset for $D/plugins" ;; esac
+  # (/ as the empty string, so that "$holder"/* is the dirs under it too.)
+  holder=${canonical_plugin_dir%/}
+  case $canonical_dir/ in "$holder"/*) plugin_dir_refused "holds the scratch dir $D (E2E_DIR), which the mount would hide" ;; esac
+  case $PLUGIN_DIR/ in *//* | */./* | */../*) plugin_dir_refused "holds an empty, . or .. component" ;; esac
+  for temporary in /tmp /var/tmp /dev/shm /run/user /run/shm; do
+    case $canonical_plugin_dir/ in "$temporary"/*) plugin_dir_refused "under $temporary, a temporary dir (flexd manifests refuses to deploy it)" ;; esac
+  done
+  unset canonical_plugin_dir canonical_dir holder temporary
+fi
 # The bridge in node 0's network namespace that the workers' network namespaces hang on, once
 # there is more than one node.
 NODES_BRIDGE=e2e-nodes
@@ -251,6 +288,14 @@ loop_devices_of() {
     awk -v fs="$fs" 'NR == FNR { file[$1] = 1; next } $2 == fs && ($3 in file) { print $1 }' <(printf '%s\n' "$1") -
 }
 
+# mount_point_anywhere DIR: DIR (letters, digits, . _ - /) is a mount point in some process's
+# view: its mount namespace's, or its container's under its own root (either way the dir is kept
+# rather than risked). grep -q, as no pipe: a vanished process's file is no error then.
+mount_point_anywhere() {
+  # ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS...
+  grep -qsE "^[0-9]+ [0-9]+ [0-9]+:[0-9]+ [^ ]+ ${1//./\\.} " /proc/[0-9]*/mountinfo
+}
+
 # The workers whose network namespace exists, whatever E2E_NODES says now.
 worker_netns_made() {
   ip netns list 2>/dev/null | awk -v p="$NETNS-w" 'index($1, p) == 1 && substr($1, length(p) + 1) ~ /^[0-9]+$/ { print substr($1, length(p) + 1) }'
@@ -343,10 +388,32 @@ down() {
   if [ -f "$D/run/made-run-containerd" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
     rmdir /run/containerd 2>/dev/null || true
   fi
+  # The dirs up made for E2E_PLUGIN_DIR, deepest first, each only while empty (a parent is not,
+  # once a child stays). Every node's mount there went with its namespace; a mount there that
+  # some process still sees (another run's node, given the same E2E_PLUGIN_DIR) keeps the dir,
+  # and the dirs above it, with a warning: removing a dir that is a mount point in another mount
+  # namespace detaches that mount there.
+  local made_dir made_left=() kept='' deadline
+  if [ -f "$D/run/made-plugin-dirs" ]; then
+    while read -r made_dir; do
+      [ -e "$made_dir" ] || continue
+      [[ -z $kept || $kept != "$made_dir"/* ]] || continue
+      # A node's unshare, in its mount namespace too, may still be ending (down kills it last).
+      deadline=$((SECONDS + 10))
+      while mount_point_anywhere "$made_dir" && ((SECONDS < deadline)); do sleep 0.5; done
+      if mount_point_anywhere "$made_dir"; then
+        log "WARNING: $made_dir (and the dirs above it that up made) kept: another mount namespace (another run's?) has a mount there"
+        kept=$made_dir
+        continue
+      fi
+      rmdir "$made_dir" 2>/dev/null || made_left+=("$made_dir")
+    done < <(tac "$D/run/made-plugin-dirs")
+  fi
   rm -rf --one-file-system "$D"
   # Nothing left: no process started from the scratch dir, no netns, no cgroup, no loop device
-  # backed by its files, no dir.
+  # backed by its files, no dir (nor one made for E2E_PLUGIN_DIR).
   local left=()
+  ((${#made_left[@]} == 0)) || left+=("E2E_PLUGIN_DIR's dirs ${made_left[*]} (not empty)")
   [ ! -e "$D" ] || left+=("$D")
   [ -z "$loop_left" ] || left+=("loop devices $loop_left")
   [ ! -e /run/netns/$NETNS ] || left+=("netns $NETNS")
@@ -639,6 +706,52 @@ init_ready() {
   echo "$child" >"$2"
 }
 
+# make_plugin_dir: the dirs of E2E_PLUGIN_DIR the host lacks, made (empty: mount points), each
+# recorded in $D/run/made-plugin-dirs as soon as it is made, shallowest first, so that `down`
+# removes those and no other, even after an `up` stopped half way.
+make_plugin_dir() {
+  [ "$PLUGIN_DIR" != "$D/plugins" ] || return 0
+  local dir='' part parts
+  IFS=/ read -r -a parts <<<"${PLUGIN_DIR#/}"
+  for part in "${parts[@]}"; do
+    dir+=/$part
+    [ ! -d "$dir" ] || continue
+    if [ -e "$dir" ] || [ -L "$dir" ]; then die "E2E_PLUGIN_DIR=$PLUGIN_DIR: $dir is there and is not a directory"; fi
+    mkdir "$dir"
+    echo "$dir" >>"$D/run/made-plugin-dirs"
+  done
+}
+
+# same_plugin_dir: the cluster in $D was brought up with this E2E_PLUGIN_DIR, or die: whatever
+# starts its components again, or tests them, gives them the same.
+same_plugin_dir() {
+  local recorded; recorded=$(cat "$D/run/plugin-dir" 2>/dev/null) || recorded="nothing recorded"
+  [ "$recorded" = "$PLUGIN_DIR" ] || die "the cluster in $D has the plugin dir $recorded, E2E_PLUGIN_DIR says $PLUGIN_DIR"
+}
+
+# mount_plugin_dir I: with E2E_PLUGIN_DIR, node I's own plugin dir (<node dir>/plugins, where the
+# host installs drivers and the scenarios look) bind-mounted at E2E_PLUGIN_DIR in node I's mount
+# namespace, where its kubelet, kube-controller-manager and containerd (the pods' hostPath
+# volumes) look; in no other: a node sees its own drivers only, and the host's dir stays the
+# empty one up found or made. Again at every boot of the node (restart-node, start-node): the
+# mount goes with its namespace.
+mount_plugin_dir() {
+  local i=$1 before
+  [ "$PLUGIN_DIR" != "$D/plugins" ] || return 0
+  before=$(findmnt -rn -o TARGET | grep -cxF "$PLUGIN_DIR" || true)
+  # The mount holding the mount point is the host's, copied (propagation unchanged): where the
+  # host shares it (a systemd host's /), its copy here is the host's peer and would pass the new
+  # mount on to it. As a slave it still gets the host's mounts and gives none back.
+  # shellcheck disable=SC2016 # expanded by that shell
+  innode "$i" sh -euc '
+    source=$1 target=$2
+    parent=$(findmnt -n -o TARGET -T "$target")
+    case $(findmnt -n -o PROPAGATION "$parent") in *shared*) mount --make-slave "$parent" ;; esac
+    mount --bind "$source" "$target"' sh "$(node_dir "$i")/plugins" "$PLUGIN_DIR"
+  [ "$(findmnt -rn -o TARGET | grep -cxF "$PLUGIN_DIR" || true)" = "$before" ] ||
+    die "node $(node_name "$i")'s mount at $PLUGIN_DIR (E2E_PLUGIN_DIR) propagated to the host"
+}
+
 # The cluster's processes, started by `up` and again by the node-restart scenario (a node's boot:
 # the disk as it was, no process, no mount of the pods, no cgroup).
 start_init() {
@@ -662,6 +775,7 @@ start_init() {
   touch "$D/var-log/.$E2E_NAME"
   incluster mount --bind "$D/var-log" /var/log
   [ ! -e "/var/log/.$E2E_NAME" ] || die "the cluster's /var/log propagated to the host's"
+  mount_plugin_dir 0
 
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
@@ -693,7 +807,7 @@ start_control_plane() {
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1 \
     --cert-dir="$D/pki/controller-manager" \
     --service-account-private-key-file="$D/pki/sa.key" --root-ca-file="$D/pki/ca.crt" \
-    --flex-volume-plugin-dir="$D/plugins" \
+    --flex-volume-plugin-dir="$PLUGIN_DIR" \
     ${E2E_KCM_API_QPS:+--kube-api-qps="$E2E_KCM_API_QPS" --kube-api-burst=$((2 * E2E_KCM_API_QPS))}
   start kube-scheduler "$D/bin/kube" kube-scheduler \
     --kubeconfig="$D/kubeconfig" --leader-elect=false --bind-address=127.0.0.1
@@ -767,7 +881,8 @@ nodes_network() {
 # start_worker_init I: worker I's pid, mount and uts namespaces, as start_init node 0's, and its
 # own mounts in them: $D a slave of the host's (the host's mounts reach it, its own never leave
 # it), its hostname, its /run/containerd and /var/log, its kubelet, plugin and flexd state dirs
-# over node 0's paths, shared again (for the Bidirectional mounts of flexd's node pod).
+# over node 0's paths, shared again (for the Bidirectional mounts of flexd's node pod), and its
+# plugin dir at E2E_PLUGIN_DIR too (mount_plugin_dir).
 start_worker_init() {
   local i=$1 dir name hierarchy
   dir=$(node_dir $i) name=$(node_name $i)
@@ -790,6 +905,7 @@ start_worker_init() {
     done' sh "$D" "$dir" "$name" "$E2E_NAME-$name-containerd"
   [ ! -e "/var/log/.$E2E_NAME-$name" ] || die "node $name's /var/log propagated to the host's"
   [ "$(findmnt -rn -o TARGET | grep -c "^$D/kubelet\$")" = 0 ] || die "node $name's mounts propagated to the host"
+  mount_plugin_dir "$i"
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$(node_cgroup_root $i)"
   done
@@ -857,7 +973,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$(node_cgroup_root $i)
 failCgroupV1: false
 failSwapOn: false
-volumePluginDir: $D/plugins
+volumePluginDir: $PLUGIN_DIR
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 serializeImagePulls: false
@@ -873,6 +989,8 @@ up() {
   disk_room
   mkdir -p "$D"/{logs,run,etcd,plugins,flexd-state,kubelet,volumes,cni/net.d,containerd}
   echo "$E2E_NODES" >"$D/run/nodes"
+  echo "$PLUGIN_DIR" >"$D/run/plugin-dir"
+  make_plugin_dir
   for i in $(worker_indexes); do
     mkdir -p "$(node_dir $i)"/{run,plugins,flexd-state,kubelet,var-log,pki}
   done
@@ -1004,6 +1122,7 @@ restart_kubelet() {
 # scratch dir gone (the pods' volumes, the containers' root filesystems), the cgroups gone; then
 # everything started again as `up` does, until kubelet is healthy and the node Ready.
 restart_node() {
+  same_plugin_dir
   kill -KILL "$(cat "$D/run/init.pid")"
   wait_for 60 "every process of the cluster to end" cluster_gone || die "processes of the cluster survived: $(cluster_pids | tr '\n' ' ')"
   unmount_under "$D" || die "mounts under $D survived"
@@ -1079,6 +1198,7 @@ stop_node() {
 start_node() {
   local i
   i=$(worker_index "$1") || die "start-node: no worker named $1"
+  same_plugin_dir
   [ ! -f "$(node_dir $i)/run/init.pid" ] || die "start-node: $1 is running (stop-node first)"
   start_worker_init $i
   start_containerd $i

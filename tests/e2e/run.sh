@@ -11,13 +11,13 @@
 #   tests/e2e/run.sh test    the scenarios against a cluster that is up
 #
 # E2E_NODES=3 brings up (and tests) three nodes instead of one: cluster.sh's node table; `test`
-# needs the E2E_NODES the cluster was brought up with.
+# needs the E2E_NODES (and E2E_PLUGIN_DIR) the cluster was brought up with.
 # E2E_SCENARIOS="deploy inline" runs those only (in the suite's order; deploy first: the others
 # need flexd deployed); E2E_KEEP=1 leaves the cluster up at the end. A failed run keeps its logs
 # in $E2E_DIR.logs; E2E_REPORT_DIR=DIR also copies the scenarios' Ginkgo report and summaries
 # there (matrix.sh reads them). E2E_KUBERNETES=1.29 runs that Kubernetes minor instead of the one
 # tests/e2e/go.mod pins (tools.sh; pins in kubernetes/). The rest of the environment (E2E_NAME,
-# E2E_DIR, FLEXD): cluster.sh.
+# E2E_DIR, E2E_PLUGIN_DIR, FLEXD): cluster.sh.
 set -euo pipefail
 # shellcheck source=tests/e2e/cluster.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
@@ -35,9 +35,10 @@ scenarios() {
   for i in $(node_indexes); do names+=("$(node_name $i)") ips+=("$(node_ip $i)") dirs+=("$(node_dir $i)"); done
   [ "$(cat "$D/run/nodes" 2>/dev/null)" = "$E2E_NODES" ] ||
     die "the cluster in $D has $(cat "$D/run/nodes" 2>/dev/null || echo no) node(s) recorded, E2E_NODES says $E2E_NODES"
+  same_plugin_dir
   env E2E_DIR="$D" E2E_NODE=$NODE E2E_NODE_IP=$NODE_IP E2E_NAMESPACE=$NAMESPACE E2E_DRIVER=$DRIVER \
     E2E_NODES=$E2E_NODES E2E_NODE_NAMES="${names[*]}" E2E_NODE_IPS="${ips[*]}" E2E_NODE_DIRS="${dirs[*]}" \
-    E2E_SHARED_DIR="$D/loop-images" \
+    E2E_SHARED_DIR="$D/loop-images" E2E_PLUGIN_DIR="$PLUGIN_DIR" \
     E2E_CSI_NAME=$CSI_NAME E2E_FLEXD_IMAGE=$FLEXD_IMAGE E2E_FLEXD_PREVIOUS_IMAGE=$FLEXD_PREVIOUS_IMAGE \
     E2E_TOOLS_IMAGE=$TOOLS_IMAGE \
     E2E_INSTALLER_IMAGE=$INSTALLER_IMAGE E2E_SIDECAR_IMAGE_FLAGS="${SIDECAR_IMAGES[*]}" \

@@ -32,7 +32,16 @@ type Cluster struct {
 	Nodes []Node
 	// A dir every node sees at this same path: the nodes' shared storage (the loop images).
 	SharedDir string
-	Namespace string // flexd's namespace
+	// KubeletPluginDir is the plugin dir as the cluster's components see it (E2E_PLUGIN_DIR):
+	// kubelet's volumePluginDir, kube-controller-manager's --flex-volume-plugin-dir, and so what
+	// flexd manifests' --node-plugin-dir and any pod's hostPath of the plugin dir must say. By
+	// default it is c.Path("plugins"); given a distribution's path (OpenShift 4's
+	// /etc/kubernetes/kubelet-plugins/volume/exec), it is each node's own plugins dir
+	// bind-mounted there in that node's mount namespace only (cluster.sh), and the host, where
+	// the scenarios run, has nothing at it: what they read, write or run themselves stays
+	// c.Path("plugins") (node.Path("plugins") for a worker's).
+	KubeletPluginDir string
+	Namespace        string // flexd's namespace
 	// The node-only hostdir driver every cluster has installed, and its CSI name.
 	Driver  string
 	CSIName string
@@ -119,6 +128,7 @@ func loadCluster() *Cluster {
 		Repo:               env("E2E_REPO"),
 		Nodes:              loadNodes(),
 		SharedDir:          env("E2E_SHARED_DIR"),
+		KubeletPluginDir:   env("E2E_PLUGIN_DIR"),
 	}
 	gomega.Expect(c.Nodes[0].Name).To(gomega.Equal(c.Node), "node 0")
 	c.Here = filepath.Join(c.Repo, "tests", "e2e")

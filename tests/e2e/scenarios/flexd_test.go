@@ -32,10 +32,11 @@ func (c *Cluster) Installed(driver string) bool {
 }
 
 // OperatorFlags are this cluster's choices for `flexd manifests` of the drivers deployed (every
-// installed one when none is named): its plugin dir and kubelet dir, inline volumes for the
-// hostdir drivers (the oracle's inline volume, the fault pods), which are offered only when asked
-// for. No driver needs a privileged controller: the loop driver's attach (and its recorder's)
-// only claims the volume. `flexd manifests` refuses a choice about a driver it does not deploy.
+// installed one when none is named): its plugin dir (as kubelet sees it: KubeletPluginDir) and
+// kubelet dir, inline volumes for the hostdir drivers (the oracle's inline volume, the fault
+// pods), which are offered only when asked for. No driver needs a privileged controller: the loop
+// driver's attach (and its recorder's) only claims the volume. `flexd manifests` refuses a choice
+// about a driver it does not deploy.
 func (c *Cluster) OperatorFlags(deployed ...string) []string {
 	chosen := func(driver string) bool {
 		return c.Installed(driver) && (len(deployed) == 0 || slices.Contains(deployed, driver))
@@ -44,7 +45,7 @@ func (c *Cluster) OperatorFlags(deployed ...string) []string {
 	// e2e's own sidecar images, SidecarImageFlags, are built for the same minor by tools.sh).
 	version, err := c.Kube.Discovery().ServerVersion()
 	gomega.Expect(err).NotTo(gomega.HaveOccurred(), "the API server's version")
-	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.Path("plugins"),
+	flags := []string{"--image", c.FlexdImage, "--kubelet-dir", c.Path("kubelet"), "--node-plugin-dir", c.KubeletPluginDir,
 		"--kubernetes-version", version.GitVersion}
 	for _, driver := range []string{c.Driver, "e2e/rec-hostdir"} {
 		if chosen(driver) {

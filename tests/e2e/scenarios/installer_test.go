@@ -30,7 +30,8 @@ const (
 )
 
 // installerDaemonSet is deploy/installer-daemonset.yaml as shipped, with this cluster's image
-// for it and this kubelet's plugin dir, and hostNetwork (it needs no address).
+// for it and this kubelet's plugin dir (KubeletPluginDir: the hostPath is resolved on the node,
+// as kubelet sees it), and hostNetwork (it needs no address).
 func (c *Cluster) installerDaemonSet() *appsv1.DaemonSet {
 	ginkgo.GinkgoHelper()
 	shipped, err := os.ReadFile(filepath.Join(c.Repo, "deploy", "installer-daemonset.yaml"))
@@ -45,7 +46,7 @@ func (c *Cluster) installerDaemonSet() *appsv1.DaemonSet {
 	replaced := 0
 	for i := range spec.Volumes {
 		if hostPath := spec.Volumes[i].HostPath; hostPath != nil && hostPath.Path == shippedPluginDir {
-			hostPath.Path = c.Path("plugins")
+			hostPath.Path = c.KubeletPluginDir
 			replaced++
 		}
 	}
@@ -132,8 +133,9 @@ func scenarioInstaller(ctx context.Context) {
 	c.deleteInstaller(ctx, daemonset)
 
 	ginkgo.By("the node pod cannot write the plugin dir: its mount is read-only")
+	// In the pod the plugin dir is where its hostPath is mounted: at kubelet's path.
 	out, err = c.Kubectl(ctx, "-n", c.Namespace, "exec", c.NodePod(ctx).Name, "-c", "flexd", "--",
-		"flexd", "--plugin-dir", c.Path("plugins"), "--state-dir", c.Path("flexd-state"), "uninstall", "--driver", lateDriver)
+		"flexd", "--plugin-dir", c.KubeletPluginDir, "--state-dir", c.Path("flexd-state"), "uninstall", "--driver", lateDriver)
 	gomega.Expect(err).To(gomega.HaveOccurred(), "the node pod could write the plugin dir: %s", out)
 	gomega.Expect(err.Error()).To(gomega.ContainSubstring("Read-only file system"), "the node pod's uninstall failed for another reason")
 	gomega.Expect(executable(lateExecutable)(ctx)).To(gomega.Succeed(), "the driver after the refusal")

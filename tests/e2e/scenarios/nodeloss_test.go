@@ -202,7 +202,7 @@ func scenarioNodeLoss(ctx context.Context) {
 	c.InstallLoop(ctx)
 	gomega.Expect(os.MkdirAll(c.oracleDir(), 0o755)).To(gomega.Succeed())
 	_ = os.Remove(filepath.Join(c.oracleDir(), nodeLossRecords))
-	c.oracleInstall(ctx, oracleLoop, c.Path("plugins", "flexd~loop", "loop"), nodeLossRecords)
+	c.oracleInstall(ctx, oracleLoop, oracleLoopReal, nodeLossRecords)
 	c.ApplyAllManifests(ctx, "flexd-nodeloss")
 	c.WaitCSINodeLists(ctx, loopCSIName)
 

@@ -48,7 +48,8 @@ func (c *Cluster) oracleDir() string { return c.Path("loop-images", "oracle") }
 
 // oracleInstall installs the recorder as driver name in front of the executable real, on every
 // node (the controller pod, wherever it runs, reads its own node's plugin dir; real is at the
-// same path on every node); it records into records, a file in oracleDir.
+// same path on every node, or relative to the recorder's dir: see oracleLoopReal); it records
+// into records, a file in oracleDir.
 func (c *Cluster) oracleInstall(ctx context.Context, name, real, records string) {
 	ginkgo.GinkgoHelper()
 	config, err := json.Marshal(map[string]string{"exec": real, "log": filepath.Join(c.oracleDir(), records)})
@@ -61,6 +62,12 @@ func (c *Cluster) oracleInstall(ctx context.Context, name, real, records string)
 		gomega.Expect(err).NotTo(gomega.HaveOccurred(), "installing %s on %s", name, node.Name)
 	}
 }
+
+// oracleLoopReal is the loop driver behind the recorder: beside it in the plugin dir, by a path
+// relative to it, which resolves on the host (`flexd migrate` asks the driver's init), on the
+// nodes and in flexd's controller pod, whichever path each has the plugin dir at
+// (KubeletPluginDir but on the host).
+var oracleLoopReal = filepath.Join("..", pluginDirName(loopDriver), "loop")
 
 // oracleObjects are the FlexVolume objects: the Secret, two PVs and their claims, Bound.
 func (c *Cluster) oracleObjects(ctx context.Context) {
@@ -214,7 +221,7 @@ func scenarioOracle(ctx context.Context) {
 		gomega.Expect(os.Remove(file)).To(gomega.Succeed())
 	}
 	c.oracleInstall(ctx, oracleHostdir, c.Path("run", "hostdir"), "records.jsonl")
-	c.oracleInstall(ctx, oracleLoop, c.Path("plugins", "flexd~loop", "loop"), "records.jsonl")
+	c.oracleInstall(ctx, oracleLoop, oracleLoopReal, "records.jsonl")
 
 	ginkgo.By("applying flexd's manifests for every installed driver, with the controller")
 	c.ApplyAllManifests(ctx, "flexd-oracle")
@@ -293,10 +300,12 @@ func (c *Cluster) quirkPods(ctx context.Context) quirkPods {
 }
 
 // hungDrivers are the processes of the hostdir driver's mount for pod oracle-hang-PATH of this
-// cluster (its plugin dir in the command line: other clusters on the host have their own),
-// oldest first.
+// cluster, oldest first: kubelet and flexd run it by kubelet's plugin dir (KubeletPluginDir) in
+// node 0's network namespace, which the scenarios run in too (another cluster on the host, even
+// one given the same E2E_PLUGIN_DIR, has its own).
 func (c *Cluster) hungDrivers(path string) []int {
-	pattern := regexp.MustCompile(regexp.QuoteMeta(c.Path("plugins")) + `/\S*hostdir mount .*oracle-hang-` + path)
+	pattern := regexp.MustCompile(regexp.QuoteMeta(c.KubeletPluginDir) + `/\S*hostdir mount .*oracle-hang-` + path)
+	ownNet, _ := os.Readlink("/proc/self/ns/net")
 	type proc struct {
 		pid   int
 		start uint64
@@ -310,6 +319,9 @@ func (c *Cluster) hungDrivers(path string) []int {
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", entry.Name(), "cmdline"))
 		if err != nil || !pattern.Match(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})) {
+			continue
+		}
+		if net, _ := os.Readlink(filepath.Join("/proc", entry.Name(), "ns", "net")); net != ownNet {
 			continue
 		}
 		found = append(found, proc{pid, processStart(pid)})

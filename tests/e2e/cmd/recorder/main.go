@@ -4,9 +4,12 @@
 // their call-outs can be compared record by record.
 //
 // It reads recorder.json beside its own executable: {"exec": real driver, "log": JSON-lines
-// file}. Paths are absolute and must resolve both on the host (kubelet, kube-controller-manager,
-// flexd's node pod) and in flexd's controller pod, which mounts the plugin dir and the log's dir
-// at their host paths.
+// file}. Paths must resolve both on the node (kubelet, kube-controller-manager, flexd's node pod,
+// `flexd migrate` on the host) and in flexd's controller pod, which mounts the plugin dir and the
+// log's dir at their host paths. The log's is absolute; exec is absolute, or relative to the
+// recorder's own dir (a driver beside it in the plugin dir: the plugin dir's path differs between
+// the host and the nodes when E2E_PLUGIN_DIR gives kubelet a distribution's path, and the
+// controller pod has only kubelet's).
 //
 // The real driver gets exactly what the recorder got: argv (its own path as argv[0]), stdin,
 // environment, working directory, umask and process group; its stdout and stderr are passed
@@ -93,6 +96,9 @@ func main() {
 	var cfg config
 	if err := json.Unmarshal(raw, &cfg); err != nil || cfg.Exec == "" || cfg.Log == "" {
 		fail("config %s: needs exec and log (%v)", raw, err)
+	}
+	if !filepath.IsAbs(cfg.Exec) {
+		cfg.Exec = filepath.Join(filepath.Dir(self), cfg.Exec)
 	}
 
 	rec := record{Time: time.Now().UTC().Format(time.RFC3339Nano), Argv: os.Args[1:]}
