@@ -159,16 +159,12 @@ fn differences_name_each_changed_field_and_ignore_the_api_servers_defaults() {
 fn journal_at(step: Step) -> Journal {
     let unit = Unit {
         workloads: vec!["Deployment shop/web".parse().unwrap()],
-        pvs: vec![PvMove {
-            name: "data".into(),
-            driver: "acme/nfs".into(),
-            csi_driver: "flexvolume-acme--nfs".into(),
-            claim: Some("shop/data".into()),
-            attaches: false,
-            reclaim_policy: Some("Delete".into()),
-            nodes: Default::default(),
-            access_modes: vec!["ReadWriteOnce".into()],
-        }],
+        pvs: vec![PvMove::example(
+            "data",
+            "acme/nfs",
+            false,
+            &["ReadWriteOnce"],
+        )],
         uids: BTreeMap::from([
             ("Deployment shop/web".into(), "uid-web".into()),
             ("PersistentVolume data".into(), "uid-flex".into()),

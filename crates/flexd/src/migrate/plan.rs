@@ -64,6 +64,29 @@ pub struct PvMove {
     pub access_modes: Vec<String>,
 }
 
+#[cfg(test)]
+impl PvMove {
+    /// The tests' PV: `name` of `driver`, bound to claim `shop/<name>`, reclaim policy Delete,
+    /// mounted on no node.
+    pub(crate) fn example(
+        name: &str,
+        driver: &str,
+        attaches: bool,
+        access_modes: &[&str],
+    ) -> PvMove {
+        PvMove {
+            name: name.into(),
+            driver: driver.into(),
+            csi_driver: format!("flexvolume-{}", driver.replace('/', "--")),
+            claim: Some(format!("shop/{name}")),
+            attaches,
+            reclaim_policy: Some("Delete".into()),
+            nodes: Default::default(),
+            access_modes: access_modes.iter().map(|mode| (*mode).to_owned()).collect(),
+        }
+    }
+}
+
 /// PVs and workloads swapped together: stopped and started again, or rolled pod by pod
 /// ([`Unit::strategy`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

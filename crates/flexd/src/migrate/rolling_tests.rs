@@ -27,16 +27,12 @@ fn pod(name: &str, uid: &str) -> PodRef {
 fn record() -> UnitRecord {
     UnitRecord::new(Unit {
         workloads: vec![w("Deployment shop/cache"), w("Deployment shop/web")],
-        pvs: vec![PvMove {
-            name: "data".into(),
-            driver: "acme/nfs".into(),
-            csi_driver: "flexvolume-acme--nfs".into(),
-            claim: Some("shop/data".into()),
-            attaches: false,
-            reclaim_policy: Some("Delete".into()),
-            nodes: Default::default(),
-            access_modes: vec!["ReadWriteMany".into()],
-        }],
+        pvs: vec![PvMove::example(
+            "data",
+            "acme/nfs",
+            false,
+            &["ReadWriteMany"],
+        )],
         templates: vec![w("Deployment shop/cache")],
         rollouts: vec![w("Deployment shop/cache")],
         strategy: Strategy::Rolling,

@@ -13,14 +13,8 @@ fn w(text: &str) -> WorkloadRef {
 
 fn pv(name: &str, driver: &str, attaches: bool, modes: &[&str]) -> PvMove {
     PvMove {
-        name: name.into(),
-        driver: driver.into(),
-        csi_driver: format!("flexvolume-{}", driver.replace('/', "--")),
-        claim: Some(format!("shop/{name}")),
-        attaches,
         reclaim_policy: Some("Retain".into()),
-        nodes: Default::default(),
-        access_modes: modes.iter().map(|m| (*m).to_owned()).collect(),
+        ..PvMove::example(name, driver, attaches, modes)
     }
 }
 
