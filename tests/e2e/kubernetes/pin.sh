@@ -47,12 +47,27 @@ for module in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$gomod" | 
   replaces="$replaces	$module => $module $at
 "
 done
+# A module the release requires whose source the proxy does not serve (its go.mod only) is built
+# from a stand-in of ours beside this script, a directory holding that module's go.mod, if there
+# is one (iptables-wrappers, which kubelet 1.38 imports); else resolving below fails and names it.
+standins=
+for standin in "$here"/*/go.mod; do
+  [ -f "$standin" ] || continue
+  module=$(awk '$1 == "module" {print $2; exit}' "$standin")
+  at=$(required "$module")
+  [ -n "$at" ] && [ -z "$(download "$module@$at")" ] || continue
+  dir=$(basename "$(dirname "$standin")")
+  replaces="$replaces	$module => ./kubernetes/$dir
+"
+  standins="$standins $module@$at (kubernetes/$dir)"
+done
 {
   cat <<HEAD
 // Kubernetes $version for the e2e (E2E_KUBERNETES=1.$minor): written by
 // tests/e2e/kubernetes/pin.sh $version. etcd, Ginkgo and Gomega are the versions it requires.
 HEAD
   [ -z "$notes" ] || echo "// Not served at $staging, so at another patch of 1.$minor:$notes."
+  [ -z "$standins" ] || echo "// Its source not served, so built from a stand-in in tests/e2e:$standins."
   [ -z "$skipped" ] || echo "// Served at no v0.$minor version, and not imported by what the e2e builds:$skipped."
   cat <<HEAD
 module github.com/flexd/flexd/tests/e2e
