@@ -6,7 +6,11 @@
 //! with its directory: one journal commit instead of two, which was most of a burst of publishes'
 //! time on a journaled disk (bench/csi.sh). Its operation starts only once both syncs returned, so
 //! what a crash can leave half-written is a record whose operation never began:
-//! [`StateError::Torn`], read as no record. Secrets are never written. One such write per
+//! [`StateError::Torn`], read as no record. A fresh *publish or stage* record is not synced at
+//! all: a killed flexd loses nothing written (the page cache keeps it), and a crash of the kernel,
+//! the only thing a sync guards against, also takes away the mount that record is for, so losing
+//! it, or finding it torn, loses nothing teardown needs (docs/lifecycle.md#unsynced-publish).
+//! Removals are synced. Secrets are never written. One such write per
 //! operation: the step that only says an operation finished (`Mounting` to `Mounted`, nothing else
 //! changed) is an empty marker file `<id>.mounted` beside the record, not synced: a crash that
 //! loses it leaves the record at `Mounting`, the state every operation and reconcile already finish
@@ -52,9 +56,10 @@ pub enum StateError {
     #[error("state record {path} is corrupt: {message}")]
     Corrupt { path: PathBuf, message: String },
     /// Empty, zeros or cut short: what a crash leaves of a fresh record before its sync, whose
-    /// operation had not begun (see the module doc). Readers take it for no record; the next
-    /// save at its name replaces it.
-    #[error("state record {path} was left half-written by a crash before its operation began")]
+    /// operation had not begun, or of a fresh publish or stage record, whose mount the crash took
+    /// away too (see the module doc). Readers take it for no record; the next save at its name
+    /// replaces it.
+    #[error("state record {path} was left half-written by a crash")]
     Torn { path: PathBuf },
     /// Something other than a regular file of a record's size where a state file is named:
     /// skipped, never followed, waited on or read. The path is escaped (`{:?}`): its name is
@@ -170,6 +175,8 @@ pub struct StateDir {
 struct SharedSync {
     /// Changes made to the directory, counted once made.
     changes: AtomicU64,
+    /// Every sync run, of a record or of the directory: what the tests of the sync policy count.
+    syncs: AtomicU64,
     state: Mutex<SyncState>,
     finished: Condvar,
 }
@@ -198,6 +205,7 @@ impl SharedSync {
                 state.running = true;
                 let covers = self.changes.load(Ordering::SeqCst);
                 drop(state);
+                self.syncs.fetch_add(1, Ordering::Relaxed);
                 let result = entry::open_dir(dir).and_then(|d| d.sync_all());
                 let mut state = locked(&self.state);
                 state.running = false;
@@ -257,6 +265,12 @@ impl StateDir {
         Ok(Some(mode))
     }
 
+    /// How many syncs this state dir ran.
+    #[cfg(test)]
+    fn syncs(&self) -> u64 {
+        self.volumes_sync.syncs.load(Ordering::Relaxed)
+    }
+
     fn volumes(&self) -> PathBuf {
         self.root.join("volumes")
     }
@@ -302,6 +316,8 @@ impl StateDir {
         // Nothing to lose at the name: renamed first, then synced (see the module doc).
         let fresh =
             matches!(fs::symlink_metadata(&path), Err(e) if e.kind() == io::ErrorKind::NotFound);
+        // A fresh publish or stage record is not synced at all (see the module doc).
+        let sync = !(fresh && matches!(record.role, Role::Publish | Role::Stage));
         let temp = dir.join(format!(
             ".{}.{}.tmp",
             id_of(&record.target),
@@ -316,6 +332,7 @@ impl StateDir {
                 file.write_all(&json)?;
                 file.set_modified(unique_mtime())?;
                 if !fresh {
+                    self.volumes_sync.syncs.fetch_add(1, Ordering::Relaxed);
                     file.sync_all()?;
                 }
                 Ok(file)
@@ -334,11 +351,14 @@ impl StateDir {
                 return Err(e);
             }
         };
-        if fresh {
-            // A failure leaves the record in place, at `Mounting`: undone as any other.
-            file.sync_all().map_err(io_err(&path))?;
+        if sync {
+            if fresh {
+                // A failure leaves the record in place, at `Mounting`: undone as any other.
+                self.volumes_sync.syncs.fetch_add(1, Ordering::Relaxed);
+                file.sync_all().map_err(io_err(&path))?;
+            }
+            self.volumes_sync.sync(&dir, change).map_err(io_err(&dir))?;
         }
-        self.volumes_sync.sync(&dir, change).map_err(io_err(&dir))?;
         // The identity of what we wrote, after the rename changed its ctime: whatever replaces
         // it later is another inode, or the same inode with another mtime.
         if let Ok(meta) = file.metadata() {

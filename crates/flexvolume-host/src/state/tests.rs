@@ -190,6 +190,65 @@ fn a_corrupt_record_is_reported() {
     assert!(state.list().unwrap()[0].is_err());
 }
 
+/// The syncs each save and removal costs (docs/lifecycle.md#unsynced-publish): none for a fresh
+/// publish or stage record, a record and its directory for a fresh record of any other role, and
+/// for any record that replaces another, whatever its role; the directory for a removal.
+#[test]
+fn only_what_a_kernel_crash_would_not_take_anyway_is_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::new(dir.path());
+    let mut counted = state.syncs();
+    let mut costs = |what: &str, syncs: u64| {
+        assert_eq!(state.syncs() - counted, syncs, "{what}");
+        counted = state.syncs();
+    };
+    for role in [Role::Publish, Role::Stage] {
+        let fresh = VolumeRecord {
+            role,
+            progress: Progress::Mounting,
+            ..record(&format!("/t/{role:?}"))
+        };
+        state.save(&fresh).unwrap();
+        costs(&format!("a fresh {role:?} record"), 0);
+        // Mounted: only its marker, never synced.
+        state
+            .save(&VolumeRecord {
+                progress: Progress::Mounted,
+                ..fresh.clone()
+            })
+            .unwrap();
+        costs(&format!("{role:?}'s marker"), 0);
+        state
+            .save(&VolumeRecord {
+                device: Some("/dev/loop9".into()),
+                ..fresh.clone()
+            })
+            .unwrap();
+        costs(&format!("a {role:?} record replaced"), 2);
+        assert_eq!(
+            state
+                .load(&fresh.target)
+                .unwrap()
+                .unwrap()
+                .device
+                .as_deref(),
+            Some("/dev/loop9")
+        );
+        state.remove(&fresh.target).unwrap();
+        costs(&format!("a {role:?} record removed"), 1);
+    }
+    for role in [Role::Mount, Role::Attach] {
+        state
+            .save(&VolumeRecord {
+                role,
+                progress: Progress::Mounting,
+                ..record(&format!("/t/{role:?}"))
+            })
+            .unwrap();
+        costs(&format!("a fresh {role:?} record"), 2);
+    }
+}
+
 /// What a crash can leave of a fresh record renamed into place before its sync (nothing,
 /// zeros, the JSON cut short) is no record, for loads and listings, watched or not; a save at
 /// its name replaces it. Garbage that is not a cut-short record stays corrupt.
