@@ -8,10 +8,11 @@
 # every inode deleted in the last minutes (ext4's recently_deleted), so each round of publishes
 # (a new record file and target directory each, removed by unpublish) made the next one slower.
 # DISK=/some/dir measures that directory's filesystem instead.
-# Usage: bench/csi.sh [CYCLES=100] [ROUNDS=5] [CONCURRENT=256] [DELAY=0.2]
+# ROUNDS alternate which side runs first: 6 gives three of each order, as a figure needs.
+# Usage: bench/csi.sh [CYCLES=100] [ROUNDS=6] [CONCURRENT=256] [DELAY=0.2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-args=("${1:-100}" "${2:-5}" "${3:-256}" "${4:-0.2}")
+args=("${1:-100}" "${2:-6}" "${3:-256}" "${4:-0.2}")
 cargo bench -q -p flexd --bench csi --no-run
 disk=${DISK:-}
 if [ -z "$disk" ]; then
