@@ -15,7 +15,7 @@ use serde::Deserialize;
 pub const OLDEST_MINOR: u32 = 29;
 /// The newest minor the e2e has run. A newer one is deployed with the newest sidecars and a
 /// warning.
-pub const NEWEST_TESTED_MINOR: u32 = 37;
+pub const NEWEST_TESTED_MINOR: u32 = 38;
 
 /// A Kubernetes 1.x minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

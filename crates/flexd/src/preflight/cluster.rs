@@ -558,14 +558,14 @@ mod tests {
                 "(with --feature-gates=RecoverVolumeExpansionFailure=false)",
             ],
         );
-        for (git, minor) in [("v1.29.0", 29), ("v1.37.1+k3s1", NEWEST_TESTED_MINOR)] {
+        for (git, minor) in [("v1.29.0", 29), ("v1.38.1+k3s1", NEWEST_TESTED_MINOR)] {
             assert_finding(
                 &version_of(git),
                 Severity::Ok,
                 &[git, &format!("--kubernetes-version 1.{minor} ")],
             );
         }
-        let newest = version_of("v1.37.0");
+        let newest = version_of("v1.38.0");
         assert!(
             newest
                 .summary
@@ -598,7 +598,7 @@ mod tests {
             Severity::Warning,
             &[
                 "v1.40.2",
-                "newer than the newest Kubernetes flexd is tested on (1.37)",
+                "newer than the newest Kubernetes flexd is tested on (1.38)",
                 "flexd manifests --kubernetes-version 1.40 deploys the newest tested sidecars",
                 "csi-resizer:v2.3.0",
                 "docs/compatibility.md",
@@ -626,7 +626,7 @@ mod tests {
                 "cannot tell the Kubernetes minor",
                 "\"v0.0.0-master\"",
                 "flexd manifests --kubernetes-version",
-                "1.37",
+                "1.38",
             ],
         );
     }
