@@ -786,6 +786,82 @@ async fn kill_9_before_the_mount_took_effect_is_rolled_back_on_restart() {
     assert_eq!(server.ops(), ["mount"]);
 }
 
+/// What a kernel crash (or a power loss) can leave of a published volume now that a fresh
+/// publish record is not synced (docs/lifecycle.md#unsynced-publish): the mount gone with the
+/// kernel, and the record gone, torn, or at `mounting` (its marker lost). No test can crash this
+/// kernel, so each case makes that state on disk (unmount behind flexd, the record file or marker
+/// removed or emptied) and then kills flexd and starts it again, as a reboot would. In every case
+/// the restarted flexd and the CO's unpublish leave nothing behind, and the driver is not run for
+/// a mount that no longer exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_kernel_crash_leaves_of_a_publish_leaves_nothing_behind() {
+    test_support::require_root!();
+    for case in ["record gone", "record torn", "marker gone"] {
+        let (mut server, sock) = Server::acme("node", "tmpfs", TMPFS);
+        let mut node = node_client(&sock).await;
+        let target = server.path("pods/crashed");
+        node.node_publish_volume(publish_request("c-1", &target, None))
+            .await
+            .unwrap();
+        assert!(is_mounted(&target), "{case}: published");
+        let volumes = server.state_dir().join("volumes");
+        let named = |suffix: &str| {
+            std::fs::read_dir(&volumes)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().ends_with(suffix))
+                .collect::<Vec<_>>()
+        };
+        let (record, marker) = (named(".json"), named(".mounted"));
+        assert_eq!((record.len(), marker.len()), (1, 1), "{case}: {volumes:?}");
+        // The reboot: nothing mounted any more, and what the disk kept of the state dir.
+        let out = std::process::Command::new("umount")
+            .arg(&target)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{case}: {out:?}");
+        match case {
+            "record gone" => std::fs::remove_file(&record[0]).unwrap(),
+            "record torn" => std::fs::write(&record[0], b"").unwrap(),
+            _ => {}
+        }
+        std::fs::remove_file(&marker[0]).unwrap();
+        let mut server = tokio::task::spawn_blocking(move || {
+            server.crash_and_restart();
+            eventually("the restarted endpoint", || sock.exists());
+            (server, sock)
+        })
+        .await
+        .unwrap();
+        let mut node = node_client(&server.1).await;
+        node.node_unpublish_volume(unpublish_request("c-1", &target))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: unpublish: {e}"));
+        let server = &mut server.0;
+        assert!(!is_mounted(&target), "{case}");
+        if case == "record torn" {
+            // No record to flexd; the empty file stays until a save at its name replaces it.
+            assert_eq!(named(".json"), record, "{case}");
+            assert_eq!(std::fs::metadata(&record[0]).unwrap().len(), 0, "{case}");
+            std::fs::remove_file(&record[0]).unwrap();
+        }
+        assert!(
+            server.records().is_empty(),
+            "{case}: {:?}",
+            server.records()
+        );
+        assert_eq!(
+            server.ops(),
+            ["mount"],
+            "{case}: the driver is not run for a mount the crash took away"
+        );
+        if case == "marker gone" {
+            // Recovery rolled the record at `mounting` back, with the directory it created.
+            assert!(!target.exists(), "{case}");
+        }
+    }
+}
+
 const METERED: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false,"supportsMetrics":true}}';;
 mount) mkdir -p "$2"; mount -t tmpfs -o size=8m tmpfs "$2" && echo '{"status":"Success"}';;
 unmount) umount "$2"; echo '{"status":"Success"}';;
