@@ -395,6 +395,7 @@ pub fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
                 consistent = report.consistent,
                 interrupted = report.interrupted.len(),
                 rolled_back = report.rolled_back.len(),
+                torn_down = report.torn_down.len(),
                 lost = report.lost.len(),
                 unreadable = report.unreadable,
                 "state reconciled with the mount table"

@@ -862,6 +862,74 @@ async fn what_a_kernel_crash_leaves_of_a_publish_leaves_nothing_behind() {
     }
 }
 
+/// The removal of a publish record is not synced either: a crash can undo it after the
+/// unpublish succeeded, leaving the record, and its marker, of a volume torn down. With the target
+/// gone too, the restarted flexd removes the record on its own; with the target back as well
+/// (the CO's state went back with it), the CO's retried unpublish finds the record and finishes,
+/// without running the driver for a target that is not mounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpublish_whose_removal_a_crash_undid_leaves_nothing_behind() {
+    test_support::require_root!();
+    for target_back in [false, true] {
+        let case = if target_back {
+            "target back"
+        } else {
+            "target gone"
+        };
+        let (server, sock) = Server::acme("node", "tmpfs", TMPFS);
+        let mut node = node_client(&sock).await;
+        let target = server.path("pods/undone");
+        node.node_publish_volume(publish_request("u-1", &target, None))
+            .await
+            .unwrap();
+        let volumes = server.state_dir().join("volumes");
+        let saved: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&volumes)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+            .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+            .collect();
+        assert_eq!(saved.len(), 2, "{case}: the record and its marker");
+        node.node_unpublish_volume(unpublish_request("u-1", &target))
+            .await
+            .unwrap();
+        assert!(!target.exists() && server.records().is_empty(), "{case}");
+        // The reboot: the removals undone.
+        for (path, bytes) in &saved {
+            std::fs::write(path, bytes).unwrap();
+        }
+        if target_back {
+            std::fs::create_dir_all(&target).unwrap();
+        }
+        let mut server = server;
+        let (server, sock) = tokio::task::spawn_blocking(move || {
+            server.crash_and_restart();
+            eventually("the restarted endpoint", || sock.exists());
+            (server, sock)
+        })
+        .await
+        .unwrap();
+        if target_back {
+            assert_eq!(server.records().len(), 1, "{case}: kept for the CO");
+            node_client(&sock)
+                .await
+                .node_unpublish_volume(unpublish_request("u-1", &target))
+                .await
+                .unwrap();
+        } else {
+            eventually("the record removed", || server.records().is_empty());
+        }
+        // Nothing is mounted at the target: the driver is not run again.
+        assert_eq!(server.ops(), ["mount", "unmount"], "{case}");
+        assert!(
+            server.records().is_empty(),
+            "{case}: {:?}",
+            server.records()
+        );
+        assert!(!is_mounted(&target) && !target.exists(), "{case}");
+    }
+}
+
 const METERED: &str = r#"init) echo '{"status":"Success","capabilities":{"attach":false,"supportsMetrics":true}}';;
 mount) mkdir -p "$2"; mount -t tmpfs -o size=8m tmpfs "$2" && echo '{"status":"Success"}';;
 unmount) umount "$2"; echo '{"status":"Success"}';;

@@ -19,6 +19,10 @@ pub struct ReconcileReport {
     pub interrupted: Vec<PathBuf>,
     /// Interrupted before any mount took effect: record and created directory removed.
     pub rolled_back: Vec<PathBuf>,
+    /// A publish or stage recorded as mounted whose target is gone: torn down before a crash
+    /// undid the record's removal, which is not synced (docs/lifecycle.md#unsynced-publish).
+    /// Record removed.
+    pub torn_down: Vec<PathBuf>,
     /// Recorded as mounted but not in the mount table (a reboot, an unmount behind flexd's
     /// back): kept for the CO's teardown (a whole-flow mount may still be attached).
     pub lost: Vec<PathBuf>,
@@ -50,6 +54,16 @@ impl Lifecycle {
                 flexvolume_os::mount::is_mount_point(&target)?,
             ) {
                 (Progress::Mounted, true) => report.consistent += 1,
+                // The teardown removed the target before the record: it ran to its end. Kept,
+                // the record would wait for an unpublish the CO has already made.
+                (Progress::Mounted, false)
+                    if matches!(record.role, Role::Publish | Role::Stage)
+                        && matches!(std::fs::symlink_metadata(&target), Err(e) if e.kind() == std::io::ErrorKind::NotFound) =>
+                {
+                    lc.state.remove(&target)?;
+                    tracing::info!(target = %target.display(), "torn down before a crash undid its record's removal; record removed");
+                    report.torn_down.push(target);
+                }
                 (Progress::Mounted, false) => {
                     tracing::warn!(target = %target.display(), "recorded as mounted but not mounted");
                     report.lost.push(target);

@@ -10,7 +10,9 @@
 //! all: a killed flexd loses nothing written (the page cache keeps it), and a crash of the kernel,
 //! the only thing a sync guards against, also takes away the mount that record is for, so losing
 //! it, or finding it torn, loses nothing teardown needs (docs/lifecycle.md#unsynced-publish).
-//! Removals are synced. Secrets are never written. One such write per
+//! Nor is its removal: one that a crash undoes leaves a record of a volume already torn down,
+//! which reconcile removes (its target is gone) or the CO's retried teardown finds. Secrets are
+//! never written. One such write per
 //! operation: the step that only says an operation finished (`Mounting` to `Mounted`, nothing else
 //! changed) is an empty marker file `<id>.mounted` beside the record, not synced: a crash that
 //! loses it leaves the record at `Mounting`, the state every operation and reconcile already finish
@@ -410,6 +412,12 @@ impl StateDir {
 
     pub fn remove(&self, target: &Path) -> Result<(), StateError> {
         let path = self.record_path(target);
+        // The removal of a publish or stage record (its role as last read or written here) is
+        // not synced either (see the module doc).
+        let sync = !locked(&self.parsed)
+            .records
+            .get(&id_of(target))
+            .is_some_and(|p| matches!(p.record.role, Role::Publish | Role::Stage));
         let removed = fs::remove_file(&path);
         // After the record: a marker left alone by a crash is removed by the next save.
         let _ = fs::remove_file(self.marker_path(target));
@@ -417,7 +425,9 @@ impl StateDir {
             Ok(()) => {
                 let dir = self.volumes();
                 let change = self.volumes_sync.changed();
-                self.volumes_sync.sync(&dir, change).map_err(io_err(&dir))?;
+                if sync {
+                    self.volumes_sync.sync(&dir, change).map_err(io_err(&dir))?;
+                }
                 // The volume may have been the last user of a pinned driver version.
                 if let Err(e) = self.collect_pins(PIN_GRACE) {
                     tracing::warn!(error = %e, "cannot collect unused pinned drivers");

@@ -191,8 +191,9 @@ fn a_corrupt_record_is_reported() {
 }
 
 /// The syncs each save and removal costs (docs/lifecycle.md#unsynced-publish): none for a fresh
-/// publish or stage record, a record and its directory for a fresh record of any other role, and
-/// for any record that replaces another, whatever its role; the directory for a removal.
+/// publish or stage record or its removal; a record and its directory for a fresh record of any
+/// other role, and for any record that replaces another, whatever its role; the directory for the
+/// removal of any other record.
 #[test]
 fn only_what_a_kernel_crash_would_not_take_anyway_is_synced() {
     let dir = tempfile::tempdir().unwrap();
@@ -235,18 +236,36 @@ fn only_what_a_kernel_crash_would_not_take_anyway_is_synced() {
             Some("/dev/loop9")
         );
         state.remove(&fresh.target).unwrap();
-        costs(&format!("a {role:?} record removed"), 1);
+        costs(&format!("a {role:?} record removed"), 0);
     }
     for role in [Role::Mount, Role::Attach] {
+        let target = format!("/t/{role:?}");
         state
             .save(&VolumeRecord {
                 role,
                 progress: Progress::Mounting,
-                ..record(&format!("/t/{role:?}"))
+                ..record(&target)
             })
             .unwrap();
         costs(&format!("a fresh {role:?} record"), 2);
+        state.remove(Path::new(&target)).unwrap();
+        costs(&format!("a {role:?} record removed"), 1);
     }
+    // A record this process never read: its removal is synced, whatever it was.
+    let other = StateDir::new(dir.path());
+    state
+        .save(&VolumeRecord {
+            role: Role::Publish,
+            ..record("/t/elsewhere")
+        })
+        .unwrap();
+    let before = other.syncs();
+    other.remove(Path::new("/t/elsewhere")).unwrap();
+    assert_eq!(
+        other.syncs() - before,
+        1,
+        "a removal of a record of unknown role"
+    );
 }
 
 /// What a crash can leave of a fresh record renamed into place before its sync (nothing,
