@@ -57,7 +57,7 @@ impl Lifecycle {
                 // The teardown removed the target before the record: it ran to its end. Kept,
                 // the record would wait for an unpublish the CO has already made.
                 (Progress::Mounted, false)
-                    if matches!(record.role, Role::Publish | Role::Stage)
+                    if record.role.is_node_mount_only()
                         && matches!(std::fs::symlink_metadata(&target), Err(e) if e.kind() == std::io::ErrorKind::NotFound) =>
                 {
                     lc.state.remove(&target)?;

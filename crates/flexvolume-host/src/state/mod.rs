@@ -319,7 +319,7 @@ impl StateDir {
         let fresh =
             matches!(fs::symlink_metadata(&path), Err(e) if e.kind() == io::ErrorKind::NotFound);
         // A fresh publish or stage record is not synced at all (see the module doc).
-        let sync = !(fresh && matches!(record.role, Role::Publish | Role::Stage));
+        let sync = !(fresh && record.role.is_node_mount_only());
         let temp = dir.join(format!(
             ".{}.{}.tmp",
             id_of(&record.target),
@@ -417,7 +417,7 @@ impl StateDir {
         let sync = !locked(&self.parsed)
             .records
             .get(&id_of(target))
-            .is_some_and(|p| matches!(p.record.role, Role::Publish | Role::Stage));
+            .is_some_and(|p| p.record.role.is_node_mount_only());
         let removed = fs::remove_file(&path);
         // After the record: a marker left alone by a crash is removed by the next save.
         let _ = fs::remove_file(self.marker_path(target));

@@ -41,6 +41,15 @@ pub enum Role {
     Attach,
 }
 
+impl Role {
+    /// A CSI stage or publish: a mount on this node and nothing else, which a kernel crash takes
+    /// away with its record. Its fresh records and their removals are not synced
+    /// (docs/lifecycle.md#unsynced-publish).
+    pub fn is_node_mount_only(self) -> bool {
+        matches!(self, Role::Stage | Role::Publish)
+    }
+}
+
 /// Everything needed to tear a volume down exactly as it was set up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
