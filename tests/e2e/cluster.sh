@@ -457,10 +457,12 @@ build() {
   # Ginkgo's CLI runs a compiled suite by its .test name.
   ! storage_suite_wanted || ln -sf "$D/bin/storage-e2e" "$D/bin/storage-e2e.test"
   log "build: the scenarios (tests/e2e/scenarios, a Go test binary)"
-  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go test -c -o "$D/bin/scenarios.test" ./scenarios)
+  local goflags
+  goflags=$("$here/tools.sh" goflags)
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS="$goflags" PATH=$PATH:/usr/local/go/bin go test -c -o "$D/bin/scenarios.test" ./scenarios)
   log "build: pause, recorder"
-  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
-  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/recorder" ./cmd/recorder)
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS="$goflags" PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/pause" ./cmd/pause)
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS="$goflags" PATH=$PATH:/usr/local/go/bin go build -o "$D/bin/recorder" ./cmd/recorder)
 }
 
 # --- images --------------------------------------------------------------------------------
