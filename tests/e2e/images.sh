@@ -27,10 +27,10 @@ base() {
   log "base $name (mmdebstrap bookworm${packages:+ with $packages})"
   local tar container env
   tar=$(mktemp --suffix=.tar)
-  # The CAs this machine adds (a proxy's, say) go in too: cargo in the build reaches crates.io
-  # the way this machine does.
+  # The CAs this machine adds (a proxy's, say) go in too, where the base has ca-certificates:
+  # cargo in the build reaches crates.io the way this machine does.
   mmdebstrap --quiet --variant=minbase ${packages:+--include="$packages"} \
-    --customize-hook='for ca in /usr/local/share/ca-certificates/*.crt; do [ ! -e "$ca" ] || cp "$ca" "$1/usr/local/share/ca-certificates/"; done; [ ! -x "$1/usr/sbin/update-ca-certificates" ] || chroot "$1" update-ca-certificates >/dev/null' \
+    --customize-hook='[ -x "$1/usr/sbin/update-ca-certificates" ] || exit 0; for ca in /usr/local/share/ca-certificates/*.crt; do [ ! -e "$ca" ] || cp "$ca" "$1/usr/local/share/ca-certificates/"; done; chroot "$1" update-ca-certificates >/dev/null' \
     --format=tar bookworm "$tar"
   container=$(buildah from scratch)
   buildah add --quiet "$container" "$tar" / >/dev/null
