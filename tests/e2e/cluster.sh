@@ -782,6 +782,23 @@ start_init() {
   for hierarchy in /sys/fs/cgroup/*/; do
     [ "$hierarchy" = /sys/fs/cgroup/unified/ ] || mkdir -p "$hierarchy$CGROUP_ROOT"
   done
+  weigh_cluster_cgroup
+}
+
+# weigh_cluster_cgroup: the cluster's CPU cgroup weighs as much as its nodes would, one default
+# weight each. It stands for E2E_NODES machines, yet all of it shares one cgroup of the host: at
+# the default weight, on a host busy with other work (a build, another job's session: each its
+# own group of the scheduler), three nodes' kubelets, control plane and pods together got as
+# much CPU as one busy loop beside them.
+# Best effort, as the cluster runs without it.
+weigh_cluster_cgroup() {
+  local cgroup=/sys/fs/cgroup/cpu/$CGROUP_ROOT weight=cpu.shares default=1024
+  if [ ! -d "$cgroup" ]; then
+    cgroup=/sys/fs/cgroup/$CGROUP_ROOT weight=cpu.weight default=100
+  fi
+  [ -e "$cgroup/$weight" ] || return 0
+  echo $((E2E_NODES * default)) >"$cgroup/$weight" 2>/dev/null ||
+    log "WARNING: the cluster's CPU cgroup keeps the default weight (could not write $cgroup/$weight)"
 }
 
 start_control_plane() {
