@@ -237,25 +237,51 @@ disk_room() {
     die "the filesystem of $D has $((free_kib / 1024 / 1024)) GiB free; $E2E_NODES node(s) need about $need_gib GiB (E2E_DISK_GIB=${E2E_DISK_GIB:-3} a node). Free some (Go's build cache: go clean -cache)"
 }
 
+# remove_cgroups [node0]: the cluster's cgroups, in every hierarchy. With node0 (a restart of
+# node 0), only that node's: the cgroup root stays, and so do the workers' cgroups under it,
+# their processes still running (before, the restart waited its 30 s for them and warned).
 remove_cgroups() {
   # Deepest first, again and again for up to 30 s: a process killed a moment ago may still be in
   # its cgroup (an exiting process leaves it last), and a busy machine makes that moment long.
-  local hierarchy left deadline=$((SECONDS + 30))
+  local hierarchy left deadline=$((SECONDS + 30)) workers=() w
+  if [ "${1:-}" = node0 ]; then
+    for w in $(workers_made); do workers+=("$(node_name "$w")"); done
+  fi
   while :; do
     left=()
     for hierarchy in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
       [ -d "$hierarchy" ] || continue
-      find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
-      [ ! -d "$hierarchy" ] || left+=("$hierarchy")
+      if [ "${1:-}" = node0 ]; then
+        # Its dirs under the root but not a worker's, children before their parents.
+        cgroups_of_node0 "$hierarchy" "${workers[*]}" | xargs -r rmdir 2>/dev/null || true
+        [ -z "$(cgroups_of_node0 "$hierarchy" "${workers[*]}")" ] || left+=("$hierarchy")
+      else
+        find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        [ ! -d "$hierarchy" ] || left+=("$hierarchy")
+      fi
     done
     ((${#left[@]} > 0)) && ((SECONDS < deadline)) || break
     sleep 1
   done
   for hierarchy in "${left[@]}"; do
-    log "WARNING: cgroup $hierarchy could not be removed in 30 s; processes in it: $(find "$hierarchy" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' ')"
+    if [ "${1:-}" = node0 ]; then
+      log "WARNING: node 0's cgroups under $hierarchy could not be removed in 30 s; processes in them: $(cgroups_of_node0 "$hierarchy" "${workers[*]}" | sed 's|$|/cgroup.procs|' | xargs -r cat 2>/dev/null | tr '\n' ' ')"
+    else
+      log "WARNING: cgroup $hierarchy could not be removed in 30 s; processes in it: $(find "$hierarchy" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' ')"
+    fi
   done
   # A bench's client cgroup (as_remote_client) that its bench, killed, did not leave.
   rmdir /sys/fs/cgroup/cpu/"$CGROUP_ROOT"-client /sys/fs/cgroup/"$CGROUP_ROOT"-client 2>/dev/null || true
+}
+
+# cgroups_of_node0 HIERARCHY WORKERS: node 0's cgroups under the cluster's root HIERARCHY, deepest
+# first: not the root, and not the cgroups of WORKERS (their names, space-separated), which are
+# under it too.
+cgroups_of_node0() {
+  find "$1" -mindepth 1 -type d 2>/dev/null |
+    awk -v root="$1" -v workers="$2" 'BEGIN { n = split(workers, w, " ") }
+      { for (i = 1; i <= n; i++) { p = root "/" w[i]; if ($0 == p || index($0, p "/") == 1) next } print }' |
+    sort -r
 }
 
 # The cluster's processes: those of its network namespace in another pid namespace than this
@@ -1146,7 +1172,7 @@ restart_node() {
   wait_for 60 "every process of the cluster to end" cluster_gone || die "processes of the cluster survived: $(cluster_pids | tr '\n' ' ')"
   unmount_under "$D" || die "mounts under $D survived"
   [ -z "$(findmnt -rn -o TARGET | grep "^$D/kubelet/pods/")" ] || die "pod volumes still mounted"
-  remove_cgroups
+  remove_cgroups node0
   log "node restart: starting again"
   start_init
   start_control_plane
