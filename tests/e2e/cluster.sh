@@ -403,6 +403,7 @@ down() {
     done
   fi
   # cgroups kubelet and runc made (kubelet's cgroupRoot), in every hierarchy, deepest first.
+  log "down: cgroups"
   remove_cgroups
   if [ -e /run/netns/$NETNS ]; then ip netns del $NETNS; fi
   if [ -f "$D/run/made-run-netns-mount" ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
@@ -435,6 +436,7 @@ down() {
       rmdir "$made_dir" 2>/dev/null || made_left+=("$made_dir")
     done < <(tac "$D/run/made-plugin-dirs")
   fi
+  log "down: removing $D"
   rm -rf --one-file-system "$D"
   # Nothing left: no process started from the scratch dir, no netns, no cgroup, no loop device
   # backed by its files, no dir (nor one made for E2E_PLUGIN_DIR).
