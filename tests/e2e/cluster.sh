@@ -361,6 +361,7 @@ down() {
     if [ -e /run/netns/$(node_netns $w) ]; then ip netns del $(node_netns $w); fi
   done
   # Every process of the cluster is in the pid namespace of init: killing init kills them all.
+  log "down: node $(node_name 0)"
   if [ -f "$D/run/init.pid" ]; then
     local init; init=$(cat "$D/run/init.pid")
     if [ -d "/proc/$init" ]; then kill -KILL "$init" 2>/dev/null || true; fi
@@ -377,6 +378,7 @@ down() {
   # Mounts under the scratch dir, deepest first (kubelet's dir, containers' rootfs, the dir itself).
   if [ -d "$D" ]; then
     local round mounts
+    log "down: $(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | wc -l) mounts under $D"
     for round in 1 2 3 4 5; do
       mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
       [ -n "$mounts" ] || break
