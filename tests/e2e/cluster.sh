@@ -378,11 +378,12 @@ down() {
   # Mounts under the scratch dir, deepest first (kubelet's dir, containers' rootfs, the dir itself).
   if [ -d "$D" ]; then
     local round mounts
-    log "down: $(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | wc -l) mounts under $D"
+    mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
+    log "down: $(grep -c . <<<"$mounts") mounts under $D"
     for round in 1 2 3 4 5; do
-      mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
       [ -n "$mounts" ] || break
       while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done <<<"$mounts"
+      mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1' | sort -r)
     done
     mounts=$(findmnt -rn -o TARGET | awk -v d="$D" '$0 == d || index($0, d "/") == 1')
     [ -z "$mounts" ] || die "still mounted, not removing $D: $mounts"
@@ -545,9 +546,8 @@ image_built() {
 }
 
 # import_image NAME:TAG WORK: the OCI layout WORK/oci into every node's containerd (nothing is
-# pulled, each node has what it runs); WORK removed. Into every node at once: each node has a
-# containerd of its own, and one after the other the imports were most of `up` (two of its
-# two and a half minutes with three nodes on a busy machine).
+# pulled, each node has what it runs); WORK removed. Into every node at once, each node having a
+# containerd of its own: the imports are most of `up`.
 import_image() {
   local ref=$1 work=$2 name=${1%:*}
   tar -C "$work/oci" -cf "$work/image.tar" .

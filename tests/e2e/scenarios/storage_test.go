@@ -140,11 +140,10 @@ var (
 
 // StorageSuite runs the suite against one definition (written to run/storage-LABEL.json) with
 // ginkgo's CLI, E2E_STORAGE_PROCS (default 8) specs at a time (they mostly wait for pods and
-// mounts: the loop driver's 40 specs add up to about 1,500 s, the longest alone 125 s, and took
-// as long beside a CPU hog as on an idle machine; [Serial] ones run alone at the end), its log in logs/storage-LABEL.log and its JUnit
-// report next to it, and appends "storage LABEL: N passed, M failed, K skipped in S seconds" to
-// logs/scenario-storage.summary (which run.sh prints). It returns the suite's error, if any, and
-// shows the failures' lines.
+// mounts, not on the CPU; [Serial] ones run alone at the end), its log in
+// logs/storage-LABEL.log and its JUnit report next to it, and appends "storage LABEL: N passed,
+// M failed, K skipped in S seconds" to logs/scenario-storage.summary (which run.sh prints). It
+// returns the suite's error, if any, and shows the failures' lines.
 func (c *Cluster) StorageSuite(ctx context.Context, label string, definition storageDefinition) error {
 	ginkgo.GinkgoHelper()
 	data, err := json.MarshalIndent(definition, "", "  ")
