@@ -20,18 +20,43 @@ version=$(cd "$repo" && cargo metadata --format-version 1 --no-deps --locked |
 commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 FLEXD_IMAGE=localhost/flexd:$version
 
+# debian:bookworm-slim's own shape, from debuerreotype, which makes it: /usr merged by the
+# bootstrap itself (not by the usrmerge package, which would bring perl, 55 MB), no docs, man
+# pages or translations (dpkg's path-excludes), and apt told to keep no packages or caches
+# after an install (its docker-clean; the bootstrap's own caches, which mmdebstrap would
+# remove, go by hand then). Without them the flexd image was 383 MB instead of about
+# half that: 96 MB of it apt's cache, which the real base never keeps. Every node of the e2e
+# imports it and `down` deletes it again.
+slim_dpkg=('path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright'
+  'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*'
+  'path-exclude=/usr/share/linda/*' 'path-exclude=/usr/share/lintian/overrides/*'
+  'path-exclude=/usr/share/locale/*' 'path-exclude=/usr/share/man/*')
+docker_clean='DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";'
+
 # base NAME PACKAGES ENV...: an image of Debian bookworm (minbase, with PACKAGES), once.
 base() {
   local name=$1 packages=$2; shift 2
   buildah inspect --type image "$name" >/dev/null 2>&1 && return 0
   log "base $name (mmdebstrap bookworm${packages:+ with $packages})"
-  local tar container env
+  local tar container env opt dpkgopts=() conf
   tar=$(mktemp --suffix=.tar)
+  conf=$(mktemp -d)
+  mkdir -p "$conf/etc/apt/apt.conf.d"
+  printf '%s\n' "$docker_clean" >"$conf/etc/apt/apt.conf.d/docker-clean"
+  for opt in "${slim_dpkg[@]}"; do dpkgopts+=(--dpkgopt="$opt"); done
   # The CAs this machine adds (a proxy's, say) go in too, where the base has ca-certificates:
   # cargo in the build reaches crates.io the way this machine does.
+  # shellcheck disable=SC2016 # the hooks are mmdebstrap's scripts: it gives them the root as $1
   mmdebstrap --quiet --variant=minbase ${packages:+--include="$packages"} \
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${dpkgopts[@]}" \
+    --customize-hook="sync-in $conf /" \
+    --customize-hook='rm -f "$1"/var/cache/apt/*.bin' \
     --customize-hook='[ -x "$1/usr/sbin/update-ca-certificates" ] || exit 0; for ca in /usr/local/share/ca-certificates/*.crt; do [ ! -e "$ca" ] || cp "$ca" "$1/usr/local/share/ca-certificates/"; done; chroot "$1" update-ca-certificates >/dev/null' \
     --format=tar bookworm "$tar"
+  rm -rf "$conf"
   container=$(buildah from scratch)
   buildah add --quiet "$container" "$tar" / >/dev/null
   rm -f "$tar"
