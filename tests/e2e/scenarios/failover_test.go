@@ -93,9 +93,9 @@ func scenarioFailover(ctx context.Context) {
 	}
 	took := time.Since(start).Round(time.Second)
 	c.NewSummary("failover").Printf("%d pods with provisioned, attached loop volumes ran %s after the controller replicas leading csi-provisioner and csi-attacher (%v) were %s", failoverPods, took, killed, how)
-	newProvisioner := c.leaseHolder(ctx, "csi-provisioner's leader lease for "+loopCSIName, func(lease string) bool {
+	newProvisioner := c.leaseTakenOver(ctx, "csi-provisioner's leader lease for "+loopCSIName+" taken over", func(lease string) bool {
 		return lease == loopCSIName
-	})
+	}, killed)
 	gomega.Expect(killed).NotTo(gomega.ContainElement(newProvisioner), "csi-provisioner's leader after the kill")
 
 	if lose != "" {
