@@ -24,9 +24,8 @@ FLEXD_IMAGE=localhost/flexd:$version
 # bootstrap itself (not by the usrmerge package, which would bring perl, 55 MB), no docs, man
 # pages or translations (dpkg's path-excludes), and apt told to keep no packages or caches
 # after an install (its docker-clean; the bootstrap's own caches, which mmdebstrap would
-# remove, go by hand then). Without them the flexd image was 383 MB instead of about
-# half that: 96 MB of it apt's cache, which the real base never keeps. Every node of the e2e
-# imports it and `down` deletes it again.
+# remove, go by hand then). Without them the flexd image is twice an operator's, which every
+# node of the e2e imports and `down` deletes again.
 slim_dpkg=('path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright'
   'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*'
   'path-exclude=/usr/share/linda/*' 'path-exclude=/usr/share/lintian/overrides/*'

@@ -235,7 +235,7 @@ func (c *Cluster) attacherLeader(ctx context.Context) string {
 // name, once one holds it.
 func (c *Cluster) leaseHolder(ctx context.Context, what string, pick func(lease string) bool) string {
 	ginkgo.GinkgoHelper()
-	return c.leaseHolderNotOf(ctx, what, pick, nil)
+	return c.leaseTakenOver(ctx, what, pick, nil)
 }
 
 // leaseTakenOver is the replica that took the leader lease `pick` chooses over from the
@@ -244,11 +244,6 @@ func (c *Cluster) leaseHolder(ctx context.Context, what string, pick func(lease 
 // lease moved: and when the lost leader had finished its work before it went, nothing waited
 // for the lease to move (the lease lasts 15 s past its holder's last renewal).
 func (c *Cluster) leaseTakenOver(ctx context.Context, what string, pick func(lease string) bool, lost []string) string {
-	ginkgo.GinkgoHelper()
-	return c.leaseHolderNotOf(ctx, what, pick, lost)
-}
-
-func (c *Cluster) leaseHolderNotOf(ctx context.Context, what string, pick func(lease string) bool, not []string) string {
 	ginkgo.GinkgoHelper()
 	var holder string
 	WaitFor(ctx, 120*time.Second, what, func(ctx context.Context) error {
@@ -263,7 +258,7 @@ func (c *Cluster) leaseHolderNotOf(ctx context.Context, what string, pick func(l
 			if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
 				return fmt.Errorf("lease %s has no holder", lease.Name)
 			}
-			if slices.Contains(not, *lease.Spec.HolderIdentity) {
+			if slices.Contains(lost, *lease.Spec.HolderIdentity) {
 				return fmt.Errorf("lease %s is still held by %s, a replica lost", lease.Name, *lease.Spec.HolderIdentity)
 			}
 			for _, pod := range c.ControllerPods(ctx) {
