@@ -623,6 +623,56 @@ fn a_stopped_serve_leaves_none_of_its_call_out_cgroups() {
     );
 }
 
+/// More call-outs at once than flexd keeps idle cgroups for: the ones its pool has no room
+/// for are retired off the call-outs' path, and a stop still leaves none behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_idle_pool_is_retired_and_a_stop_leaves_no_call_out_cgroups() {
+    /// Above the 32 idle cgroups flexd keeps.
+    const CALLS: usize = 48;
+    let base = match callouts_dir() {
+        Ok(base) => base,
+        Err(why) => test_support::skip!(format!("no usable pids cgroup hierarchy here: {why}")),
+    };
+    let mut server = Server::start(|_| {});
+    // Each mount waits until every one has started, so that all run at once (each in a cgroup
+    // of its own), with a deadline in case some never start.
+    let started = server.path("started");
+    std::fs::create_dir(&started).unwrap();
+    let cases = format!(
+        "{}\nmount) : > \"{dir}/$(basename \"$2\")\"; i=0; while [ $(ls '{dir}' | wc -l) -lt {CALLS} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo '{{\"status\":\"Success\"}}';;",
+        test_support::init_case(r#"{"attach":false}"#),
+        dir = started.display()
+    );
+    server.driver("acme~burst", &cases);
+    let sock = server.socket("flexvolume-acme--burst");
+    let node = node_client(&sock).await;
+    let pid = server.pid();
+    let volumes: Vec<_> = (0..CALLS)
+        .map(|i| (format!("vol-{i}"), server.target(&format!("t{i}"))))
+        .collect();
+    test_support::serve::publish_all_at_once(&node, &volumes).await;
+    let ran_at_once = std::fs::read_dir(&started).unwrap().count();
+    assert_eq!(ran_at_once, CALLS, "mounts started");
+
+    // The pool keeps 32; the others go, though no call-out waited for them.
+    let (base_seen, pid_seen) = (base.clone(), pid);
+    tokio::task::spawn_blocking(move || {
+        eventually(
+            "flexd to retire the cgroups its pool has no room for",
+            || call_cgroups_of(&base_seen, pid_seen).len() <= 32,
+        )
+    })
+    .await
+    .unwrap();
+    assert!(server.terminate().success());
+    assert_eq!(
+        call_cgroups_of(&base, pid),
+        Vec::<String>::new(),
+        "left behind in {}",
+        base.display()
+    );
+}
+
 #[test]
 fn install_refuses_an_executable_symlinked_outside_the_plugin_dir_as_discovery_does() {
     let s = Sandbox::new();

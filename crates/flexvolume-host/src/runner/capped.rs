@@ -15,7 +15,9 @@
 //!   that is missing, the child joins before its exec, and pays the move.
 //!
 //! Cgroups (with their spawners) are pooled: making a cgroup and a thread costs one move,
-//! once, when the pool grows.
+//! once, when the pool grows. What a full pool has no room for is retired by a thread of its
+//! own, off the call-outs' path: ending a spawner waits for it to be scheduled, and removing
+//! a cgroup takes the kernel's cgroup lock, which nobody's answer needs to wait for.
 
 use std::io;
 use std::num::NonZeroU32;
@@ -23,7 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
@@ -125,6 +127,8 @@ pub fn remove_own_cgroups() -> usize {
     };
     // Spawner threads live in their cgroups (v1): they must end before a cgroup can go.
     let pooled = std::mem::take(&mut *lock(&IDLE));
+    // What the retirer was handed is gone (or a leftover) before we look.
+    retirer_flush();
     let mut removed = 0;
     for Pooled { dir, starter, .. } in pooled {
         if let Some(starter) = starter {
@@ -155,7 +159,7 @@ fn remove_emptied(dir: &Path) -> bool {
     }
 }
 
-/// Puts an empty cgroup in the pool, or removes it when the pool is full.
+/// Puts an empty cgroup in the pool, or hands it to the retirer when the pool is full.
 fn park(pooled: Pooled) {
     let mut idle = lock(&IDLE);
     if idle.len() < MAX_IDLE {
@@ -163,12 +167,87 @@ fn park(pooled: Pooled) {
         return;
     }
     drop(idle);
-    let Pooled { dir, starter, .. } = pooled;
-    if let Some(starter) = starter {
-        starter.retire();
+    retire_later(Retirement {
+        dir: pooled.dir,
+        starter: pooled.starter,
+    });
+}
+
+/// An empty cgroup the pool has no room for: its starter to end, then the cgroup removed (kept
+/// among the leftovers if it cannot be).
+struct Retirement {
+    dir: PathBuf,
+    starter: Option<Starter>,
+}
+
+impl Retirement {
+    fn carry_out(self) {
+        if let Some(starter) = self.starter {
+            starter.retire();
+        }
+        if !remove_emptied(&self.dir) {
+            remember_leftover(self.dir);
+        }
     }
-    if std::fs::remove_dir(&dir).is_err() {
-        remember_leftover(dir);
+}
+
+enum RetirerJob {
+    Retire(Retirement),
+    /// Answered once every retirement sent before it is carried out.
+    Flush(SyncSender<()>),
+}
+
+/// The retirer's inbox, `None` where its thread could not start.
+static RETIRER: OnceLock<Option<Sender<RetirerJob>>> = OnceLock::new();
+
+/// The retirer's inbox; its thread starts with the first retirement.
+fn retirer() -> Option<&'static Sender<RetirerJob>> {
+    RETIRER
+        .get_or_init(|| {
+            let (jobs, inbox) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("flexd-retirer".into())
+                .stack_size(64 * 1024)
+                .spawn(move || retirer_main(&inbox))
+                .map_err(|e| tracing::warn!(error = %e, "cannot start the call-out cgroup retirer; cgroups are retired in the call-outs"))
+                .ok()
+                .map(|_| jobs)
+        })
+        .as_ref()
+}
+
+fn retirer_main(inbox: &Receiver<RetirerJob>) {
+    for job in inbox {
+        match job {
+            RetirerJob::Retire(retirement) => retirement.carry_out(),
+            RetirerJob::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// Hands the retirement to the retirer, or carries it out here when there is none.
+fn retire_later(retirement: Retirement) {
+    let Some(jobs) = retirer() else {
+        return retirement.carry_out();
+    };
+    // Sending fails only if the retirer's thread died: then it is done here.
+    if let Err(mpsc::SendError(RetirerJob::Retire(retirement))) =
+        jobs.send(RetirerJob::Retire(retirement))
+    {
+        retirement.carry_out();
+    }
+}
+
+/// Waits until every retirement handed over so far is carried out.
+fn retirer_flush() {
+    let Some(Some(jobs)) = RETIRER.get() else {
+        return;
+    };
+    let (done, carried_out) = mpsc::sync_channel(1);
+    if jobs.send(RetirerJob::Flush(done)).is_ok() {
+        let _ = carried_out.recv();
     }
 }
 
