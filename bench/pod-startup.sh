@@ -200,10 +200,7 @@ mount_metrics() {
 # The means since the last call: kubelet's whole MountVolume per plugin, flexd's driver call-out
 # ("SOURCE MEAN COUNT" lines in $D/run/means), printed.
 where_time_goes() {
-  mount_metrics >"$D/run/metrics.now"
-  awk 'NR == FNR { s0[$1] = $2; c0[$1] = $3; next }
-    { n = $3 - c0[$1]; if (n > 0) printf "%s %.6f %d\n", $1, ($2 - s0[$1]) / n, n }' \
-    "$D/run/metrics.before" "$D/run/metrics.now" >"$D/run/means"
+  take_means
   awk '{ printf "    %s: %.3fs mean over %d\n", $1, $2, $3 }' "$D/run/means" |
     sed 's/kubelet:e2e\/hostdir/kubelet volume_mount, FlexVolume plugin/;
       s/kubelet:kubernetes.io\/csi:'"$CSI_NAME"':/kubelet volume_mount, CSI plugin (flexd):/;
@@ -211,6 +208,13 @@ where_time_goes() {
       s/kubelet:grpc:'"$CSI_NAME"':/kubelet'"'"'s NodePublishVolume calls to flexd:/;
       s/kubelet:grpc:'"$FLOOR_NAME"':/kubelet'"'"'s NodePublishVolume calls to the CSI floor:/;
       s/flexd:mount/flexd mount call-out (the driver itself)/'
+}
+# The means since the last call, as "SOURCE MEAN COUNT" lines in $D/run/means.
+take_means() {
+  mount_metrics >"$D/run/metrics.now"
+  awk 'NR == FNR { s0[$1] = $2; c0[$1] = $3; next }
+    { n = $3 - c0[$1]; if (n > 0) printf "%s %.6f %d\n", $1, ($2 - s0[$1]) / n, n }' \
+    "$D/run/metrics.before" "$D/run/metrics.now" >"$D/run/means"
   mv "$D/run/metrics.now" "$D/run/metrics.before"
 }
 
@@ -346,11 +350,7 @@ paired_phase() { # SPEED ROUND
   delete_all
   local f l
   f=$(median <"$D/run/startup-paired-flexd") l=$(median <"$D/run/startup-paired-floor")
-  mount_metrics >"$D/run/metrics.now"
-  awk 'NR == FNR { s0[$1] = $2; c0[$1] = $3; next }
-    { n = $3 - c0[$1]; if (n > 0) printf "%s %.6f %d\n", $1, ($2 - s0[$1]) / n, n }' \
-    "$D/run/metrics.before" "$D/run/metrics.now" >"$D/run/means"
-  mv "$D/run/metrics.now" "$D/run/metrics.before"
+  take_means
   awk -v what="$1 driver, $CONCURRENT pods at once, half through each, round $2" -v f="$f" -v l="$l" \
     -v csi="kubelet:kubernetes.io/csi:$CSI_NAME" -v floor="kubelet:kubernetes.io/csi:$FLOOR_NAME" \
     -v ratio_file="$D/run/paired-ratio" '
