@@ -633,26 +633,22 @@ async fn a_burst_beyond_the_idle_pool_is_retired_and_a_stop_leaves_no_call_out_c
         Ok(base) => base,
         Err(why) => test_support::skip!(format!("no usable pids cgroup hierarchy here: {why}")),
     };
-    let mut server = Server::start(|_| {});
     // Each mount waits until every one has started, so that all run at once (each in a cgroup
     // of its own), with a deadline in case some never start.
-    let started = server.path("started");
-    std::fs::create_dir(&started).unwrap();
+    let started = tempfile::tempdir().unwrap();
     let cases = format!(
         "{}\nmount) : > \"{dir}/$(basename \"$2\")\"; i=0; while [ $(ls '{dir}' | wc -l) -lt {CALLS} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo '{{\"status\":\"Success\"}}';;",
         test_support::init_case(r#"{"attach":false}"#),
-        dir = started.display()
+        dir = started.path().display()
     );
-    server.driver("acme~burst", &cases);
-    let sock = server.socket("flexvolume-acme--burst");
-    let node = node_client(&sock).await;
+    let (mut server, node) = Server::acme_node("burst", &cases).await;
     let pid = server.pid();
     let volumes: Vec<_> = (0..CALLS)
         .map(|i| (format!("vol-{i}"), server.target(&format!("t{i}"))))
         .collect();
     test_support::serve::publish_all_at_once(&node, &volumes).await;
-    let ran_at_once = std::fs::read_dir(&started).unwrap().count();
-    assert_eq!(ran_at_once, CALLS, "mounts started");
+    let mounts_started = std::fs::read_dir(started.path()).unwrap().count();
+    assert_eq!(mounts_started, CALLS, "mounts started");
 
     // The pool keeps 32; the others go, though no call-out waited for them.
     let (base_seen, pid_seen) = (base.clone(), pid);
